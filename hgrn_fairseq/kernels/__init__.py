@@ -1,0 +1,32 @@
+"""Recurrence ops of HGRN / HGRN2: Triton kernels and their pure-PyTorch references.
+
+Public API (batch-first; complex numbers as a trailing dimension of size 2, see reference.py):
+
+* ``hgru_scan(forget_logits, inputs, theta, lower_bound, initial_state, reverse, backend)``:
+  gates + scan of one HGRU direction, returns ``(h, final_state)``.
+* ``hgrn2_scan(q, v, log_decay, initial_state, reverse, backend)``: HGRN2 recurrence.
+* ``*_reference``: the float64-capable oracles.
+
+``backend`` is ``"auto"`` (Triton for CUDA tensors, the reference otherwise), ``"triton"`` or
+``"reference"``.
+"""
+from .dispatch import BACKENDS, hgrn2_scan, hgru_scan, resolve_backend
+from .reference import (
+    complex_scan_reference,
+    hgrn2_scan_reference,
+    hgru_gates_reference,
+    hgru_reference,
+    real_scan_reference,
+)
+
+__all__ = [
+    "BACKENDS",
+    "resolve_backend",
+    "hgru_scan",
+    "hgrn2_scan",
+    "real_scan_reference",
+    "complex_scan_reference",
+    "hgru_gates_reference",
+    "hgru_reference",
+    "hgrn2_scan_reference",
+]

@@ -1,0 +1,76 @@
+"""Choosing between the Triton kernels and the PyTorch reference for each op."""
+from __future__ import annotations
+
+import os
+from typing import Optional, Tuple, Union
+
+import torch
+
+from . import reference
+
+Tensor = torch.Tensor
+BACKENDS = ("auto", "triton", "reference")
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def resolve_backend(backend: str, tensor: Tensor) -> str:
+    """Map ``backend`` to ``"triton"`` or ``"reference"`` for a tensor on its device.
+
+    ``auto`` picks Triton for CUDA tensors (and for CPU tensors when ``TRITON_INTERPRET=1``
+    is set, which is how the kernels are tested without a GPU), the reference otherwise.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
+    if backend == "reference":
+        return "reference"
+    if backend == "triton":
+        if not triton_available():
+            raise RuntimeError("backend='triton' needs the triton package (pip install triton, Linux only)")
+        if not tensor.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError(
+                "backend='triton' got a CPU tensor; move the model to CUDA, set TRITON_INTERPRET=1 "
+                "(slow, for tests) or use backend='reference'"
+            )
+        return "triton"
+    return "triton" if tensor.is_cuda and triton_available() else "reference"
+
+
+def hgru_scan(
+    forget_logits: Tensor,
+    inputs: Tensor,
+    theta: Optional[Tensor] = None,
+    lower_bound: Union[float, Tensor, None] = None,
+    initial_state: Optional[Tensor] = None,
+    reverse: bool = False,
+    backend: str = "auto",
+) -> Tuple[Tensor, Tensor]:
+    """One direction of the HGRU: lambda = gamma + (1-gamma) sigmoid(f), h_t = lambda_t
+    [exp(i theta)] h_{t-1} + (1 - lambda_t) SiLU(inputs_t). See ``reference.hgru_reference``."""
+    if resolve_backend(backend, forget_logits) == "triton":
+        from .hgru_triton import hgru_fused
+
+        return hgru_fused(forget_logits, inputs, theta, lower_bound, initial_state, reverse)
+    return reference.hgru_reference(forget_logits, inputs, theta, lower_bound, initial_state, reverse)
+
+
+def hgrn2_scan(
+    q: Tensor,
+    v: Tensor,
+    log_decay: Tensor,
+    initial_state: Optional[Tensor] = None,
+    reverse: bool = False,
+    backend: str = "auto",
+) -> Tuple[Tensor, Tensor]:
+    """HGRN2 recurrence with k = 1 - exp(log_decay), scale 1. See ``reference.hgrn2_scan_reference``."""
+    if resolve_backend(backend, q) == "triton":
+        from .hgrn2_triton import hgrn2_fused
+
+        return hgrn2_fused(q, v, log_decay, initial_state, reverse)
+    return reference.hgrn2_scan_reference(q, v, log_decay, initial_state, reverse)

@@ -1,0 +1,24 @@
+"""hgrn-fairseq: HGRN / HGRN2 gated linear RNNs as a fairseq plugin."""
+from setuptools import find_packages, setup
+
+setup(
+    name="hgrn_fairseq",
+    version="0.1.0",
+    description="HGRN and HGRN2 gated linear RNN models, Triton kernels and recipes as a fairseq plugin",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["hgrn_fairseq", "hgrn_fairseq.*"]),
+    install_requires=[
+        "fairseq-fixed==0.12.3.1",  # imports as `fairseq`; stock 0.12.2 does not import on Python >= 3.11
+        "torch>=2.4",
+        "triton; platform_system == 'Linux'",
+        "hydra-core",
+        "sentencepiece",
+        "timm",
+    ],
+    extras_require={
+        "test": ["pytest", "numpy"],
+        "plot": ["matplotlib"],
+    },
+)
