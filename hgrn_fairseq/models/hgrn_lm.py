@@ -1,0 +1,271 @@
+"""fairseq registration of the HGRN language models: model ``hgrn_lm`` and its named archs.
+
+(No ``from __future__ import annotations`` here: fairseq reads the dataclass field types.)
+
+The decoder has no positional embeddings, so it takes sequences of any length: ``max_positions()``
+is unbounded (fairseq would otherwise drop longer evaluation samples without a word).
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.models import (
+    FairseqIncrementalDecoder,
+    FairseqLanguageModel,
+    register_model,
+    register_model_architecture,
+)
+from fairseq.utils import safe_getattr
+from torch import Tensor, nn
+
+from ..kernels import BACKENDS
+from ..modules import LayerLowerBounds
+from ..modules.block import TOKEN_MIXERS, HgrnBlock, build_token_mixer
+from ..modules.glu import ACTIVATIONS
+
+# What max_positions() reports: large enough that no length filter in fairseq ever applies, small
+# enough for the arithmetic fairseq does with it (e.g. the generator's max_len - 1).
+UNBOUNDED_POSITIONS = 2**31 - 1
+
+
+@dataclass
+class HgrnLanguageModelConfig(FairseqDataclass):
+    dropout: float = field(default=0.1, metadata={"help": "dropout after the embedding and on residuals"})
+    decoder_embed_dim: int = field(default=512, metadata={"help": "model width d"})
+    decoder_layers: int = field(default=6, metadata={"help": "number of blocks"})
+    glu_dim: int = field(default=1024, metadata={"help": "GLU hidden width (0: no channel mixer)"})
+    glu_activation: ChoiceEnum(list(ACTIVATIONS)) = field(
+        default="none", metadata={"help": "GLU activation; 'none' is the bilinear GLU of the WikiText LM"}
+    )
+    glu_bias: bool = field(default=True, metadata={"help": "biases in the GLU projections"})
+    token_mixer: ChoiceEnum(list(TOKEN_MIXERS)) = field(
+        default="hgru",
+        metadata={"help": "hgru: complex HGRN1; hgru_real: real HGRN1; hgru2: HGRN2 (state expansion)"},
+    )
+    state_dim: Optional[int] = field(
+        default=None, metadata={"help": "hgru_real only: state width (default d; 2*d for the '2d state' row)"}
+    )
+    expand_ratio: int = field(default=128, metadata={"help": "hgru2 only: head (expand) dimension"})
+    use_lower_bound: bool = field(
+        default=True, metadata={"help": "layer-wise lower bounds on the forget gate (off: the paper's ablation)"}
+    )
+    norm_before_gate: bool = field(
+        default=True,
+        metadata={"help": "HGRU output: LN then gate (released code); false: gate then LN (paper's equation)"},
+    )
+    share_decoder_input_output_embed: bool = field(
+        default=True, metadata={"help": "tie the input and output embeddings"}
+    )
+    no_scale_embedding: bool = field(default=False, metadata={"help": "do not scale embeddings by sqrt(d)"})
+    kernel_backend: ChoiceEnum(list(BACKENDS)) = field(
+        default="auto", metadata={"help": "auto: Triton kernels on CUDA, PyTorch reference on CPU"}
+    )
+
+
+def validate_config(cfg) -> None:
+    """Raise a one-line ValueError naming the bad option and the fix."""
+
+    def get(name):
+        return safe_getattr(cfg, name, None)
+
+    rules = [
+        ("decoder_layers", lambda v: v >= 1, "it must be >= 1"),
+        ("decoder_embed_dim", lambda v: v >= 1, "it must be >= 1"),
+        ("glu_dim", lambda v: v >= 0, "it must be >= 0 (0 removes the GLU)"),
+        ("dropout", lambda v: 0.0 <= v < 1.0, "it must be in [0, 1)"),
+        ("expand_ratio", lambda v: v >= 1, "it must be >= 1"),
+        ("state_dim", lambda v: v is None or v >= 1, "it must be >= 1, or unset for d"),
+    ]
+    for name, ok, fix in rules:
+        value = get(name)
+        if (value is None and name != "state_dim") or not ok(value):
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"hgrn_lm: {flag}={value} is invalid: {fix}")
+    if get("token_mixer") == "hgru2" and get("decoder_embed_dim") % get("expand_ratio") != 0:
+        raise ValueError(
+            f"hgrn_lm: --expand-ratio={get('expand_ratio')} does not divide "
+            f"--decoder-embed-dim={get('decoder_embed_dim')}: pick a divisor of the model width"
+        )
+
+
+class HgrnDecoder(FairseqIncrementalDecoder):
+    """Embedding -> dropout -> blocks -> final LayerNorm -> (tied) output projection.
+
+    Incremental decoding keeps one recurrent state per layer and the number of tokens already
+    consumed in ``incremental_state``. Each call consumes the tokens of ``prev_output_tokens``
+    beyond that count (fairseq's generator passes the whole prefix every step); pass
+    ``continue_stream=True`` to consume *all* of ``prev_output_tokens`` as new tokens instead
+    (carrying the state across consecutive blocks of a long text).
+    """
+
+    def __init__(self, cfg, dictionary):
+        super().__init__(dictionary)
+        validate_config(cfg)
+        d = cfg.decoder_embed_dim
+        self.embed_dim = d
+        self.padding_idx = dictionary.pad()
+        self.embed_tokens = nn.Embedding(len(dictionary), d, padding_idx=self.padding_idx)
+        nn.init.normal_(self.embed_tokens.weight, mean=0.0, std=d**-0.5)
+        nn.init.zeros_(self.embed_tokens.weight[self.padding_idx])
+        self.embed_scale = 1.0 if cfg.no_scale_embedding else math.sqrt(d)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(
+            HgrnBlock(
+                build_token_mixer(
+                    cfg.token_mixer,
+                    d,
+                    causal=True,
+                    state_dim=cfg.state_dim,
+                    expand_ratio=cfg.expand_ratio,
+                    variant="lm",
+                    norm_before_gate=cfg.norm_before_gate,
+                    backend=cfg.kernel_backend,
+                ),
+                d,
+                cfg.glu_dim,
+                glu_activation=cfg.glu_activation,
+                glu_bias=cfg.glu_bias,
+                dropout=cfg.dropout,
+            )
+            for _ in range(cfg.decoder_layers)
+        )
+        self.lower_bounds = LayerLowerBounds(
+            cfg.decoder_layers, self.layers[0].mixer.gate_dim, enabled=cfg.use_lower_bound
+        )
+        self.final_norm = nn.LayerNorm(d)
+        if cfg.share_decoder_input_output_embed:
+            self.output_projection = None
+        else:
+            self.output_projection = nn.Linear(d, len(dictionary), bias=False)
+            nn.init.normal_(self.output_projection.weight, mean=0.0, std=d**-0.5)
+
+    # -- fairseq decoder interface ---------------------------------------------------------------
+    def forward(
+        self,
+        prev_output_tokens: Tensor,
+        encoder_out=None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        features_only: bool = False,
+        src_lengths=None,
+        continue_stream: bool = False,
+        **unused,
+    ):
+        x, extra = self.extract_features(
+            prev_output_tokens, incremental_state=incremental_state, continue_stream=continue_stream
+        )
+        if not features_only:
+            x = self.output_layer(x)
+        return x, extra
+
+    def extract_features(
+        self,
+        prev_output_tokens: Tensor,
+        encoder_out=None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        continue_stream: bool = False,
+        **unused,
+    ):
+        tokens, states, seen = prev_output_tokens, None, 0
+        if incremental_state is not None:
+            cached = self.get_incremental_state(incremental_state, "recurrent")
+            if cached is not None:
+                seen = int(cached["seen"][0])
+                states = [cached[f"layer{i}"] for i in range(len(self.layers))]
+                if not continue_stream:
+                    if tokens.size(1) <= seen:
+                        raise ValueError(
+                            f"incremental decoding got {tokens.size(1)} tokens but has already consumed "
+                            f"{seen}: pass the whole prefix plus new tokens, or continue_stream=True"
+                        )
+                    tokens = tokens[:, seen:]
+        x = self.embed_scale * self.embed_tokens(tokens)
+        x = self.dropout(x)
+        bounds = self.lower_bounds().to(x.device)
+        keep_state = incremental_state is not None
+        new_states: List[Optional[Tensor]] = []
+        inner_states = [x]
+        for i, layer in enumerate(self.layers):
+            x, state = layer(x, bounds[i], None if states is None else states[i], keep_state)
+            new_states.append(state)
+            inner_states.append(x)
+        x = self.final_norm(x)
+        if keep_state:
+            cache: Dict[str, Optional[Tensor]] = {f"layer{i}": s for i, s in enumerate(new_states)}
+            cache["seen"] = torch.full((tokens.size(0),), seen + tokens.size(1), dtype=torch.long)
+            self.set_incremental_state(incremental_state, "recurrent", cache)
+        return x, {"attn": [None], "inner_states": inner_states}
+
+    def output_layer(self, features: Tensor) -> Tensor:
+        if self.output_projection is None:
+            return F.linear(features, self.embed_tokens.weight)
+        return self.output_projection(features)
+
+    def max_positions(self) -> int:
+        return UNBOUNDED_POSITIONS
+
+    def reorder_incremental_state(
+        self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], new_order: Tensor
+    ):
+        cached = self.get_incremental_state(incremental_state, "recurrent")
+        if cached is None:
+            return
+        reordered = {
+            key: value.index_select(0, new_order.to(value.device)) if value is not None else None
+            for key, value in cached.items()
+        }
+        self.set_incremental_state(incremental_state, "recurrent", reordered)
+
+
+@register_model("hgrn_lm", dataclass=HgrnLanguageModelConfig)
+class HgrnLanguageModel(FairseqLanguageModel):
+    """HGRN / HGRN2 language model (pre-norm blocks, no positions, tied embeddings)."""
+
+    @classmethod
+    def build_model(cls, args, task):
+        return cls(HgrnDecoder(args, task.target_dictionary))
+
+    def max_positions(self):
+        return self.decoder.max_positions()
+
+
+def _set_defaults(args, **defaults):
+    for name, value in defaults.items():
+        setattr(args, name, safe_getattr(args, name, value))
+
+
+def hgrn_lm_default(args):
+    """The dataclass defaults (``--arch hgrn_lm`` gets them from the dataclass itself)."""
+    _set_defaults(
+        args,
+        dropout=0.1,
+        decoder_embed_dim=512,
+        decoder_layers=6,
+        glu_dim=1024,
+        glu_activation="none",
+        glu_bias=True,
+        token_mixer="hgru",
+        state_dim=None,
+        expand_ratio=128,
+        use_lower_bound=True,
+        norm_before_gate=True,
+        share_decoder_input_output_embed=True,
+        no_scale_embedding=False,
+        kernel_backend="auto",
+    )
+
+
+@register_model_architecture("hgrn_lm", "hgrn_lm_base")
+def hgrn_lm_base(args):
+    """HGRN1 WikiText-103 model: 6 layers, d 512, bilinear GLU 1024 (46,247,936 params, vocab 50264)."""
+    hgrn_lm_default(args)
+
+
+@register_model_architecture("hgrn_lm", "hgrn_lm_tiny")
+def hgrn_lm_tiny(args):
+    """A few-hundred-thousand-parameter HGRN1 for tests and the CPU demo."""
+    _set_defaults(args, decoder_embed_dim=64, decoder_layers=2, glu_dim=128)
+    hgrn_lm_default(args)

@@ -1,0 +1,84 @@
+"""Pre-norm residual block (token mixer + GLU) shared by the LM, LRA and image models (SPEC 4)."""
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import nn
+
+from .glu import GLU
+from .hgru import HGRU
+
+Tensor = torch.Tensor
+
+TOKEN_MIXERS = ("hgru", "hgru_real", "hgru2")
+
+
+def build_token_mixer(
+    kind: str,
+    dim: int,
+    *,
+    causal: bool = True,
+    state_dim: Optional[int] = None,
+    expand_ratio: int = 128,
+    variant: str = "lm",
+    norm_before_gate: bool = True,
+    backend: str = "auto",
+) -> nn.Module:
+    """``hgru``: complex HGRN1; ``hgru_real``: real HGRN1 (``state_dim`` = dim or 2*dim);
+    ``hgru2``: HGRN2 with heads of size ``expand_ratio``."""
+    if kind == "hgru":
+        return HGRU(dim, complex=True, causal=causal, norm_before_gate=norm_before_gate, backend=backend)
+    if kind == "hgru_real":
+        return HGRU(
+            dim,
+            complex=False,
+            state_dim=state_dim,
+            causal=causal,
+            norm_before_gate=norm_before_gate,
+            backend=backend,
+        )
+    if kind == "hgru2":
+        from .hgru2 import HGRU2
+
+        return HGRU2(dim, expand_ratio=expand_ratio, variant=variant, causal=causal, backend=backend)
+    raise ValueError(f"token mixer {kind!r} is not one of {TOKEN_MIXERS}")
+
+
+class HgrnBlock(nn.Module):
+    """x = x + drop(mixer(LN x)); x = x + drop(GLU(LN x)). ``[B, T, dim] -> [B, T, dim]``.
+
+    ``glu_dim = 0`` leaves out the channel mixer (the MQAR models have no MLP).
+    """
+
+    def __init__(
+        self,
+        mixer: nn.Module,
+        dim: int,
+        glu_dim: int,
+        glu_activation: str = "none",
+        glu_bias: bool = True,
+        dropout: float = 0.0,
+    ):
+        super().__init__()
+        self.mixer_norm = nn.LayerNorm(dim)
+        self.mixer = mixer
+        if glu_dim > 0:
+            self.glu_norm = nn.LayerNorm(dim)
+            self.glu = GLU(dim, glu_dim, activation=glu_activation, bias=glu_bias)
+        else:
+            self.glu_norm = self.glu = None
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        x: Tensor,
+        lower_bound: Union[float, Tensor, None] = None,
+        initial_state: Optional[Tensor] = None,
+        output_final_state: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        y, state = self.mixer(self.mixer_norm(x), lower_bound, initial_state, output_final_state)
+        x = x + self.dropout(y)
+        if self.glu is not None:
+            x = x + self.dropout(self.glu(self.glu_norm(x)))
+        return x, state

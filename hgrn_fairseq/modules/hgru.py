@@ -1,0 +1,139 @@
+"""HGRU: the HGRN1 token mixer (SPEC 1), complex-valued by default, with a real variant."""
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kernels import BACKENDS, hgru_scan
+
+Tensor = torch.Tensor
+
+
+def theta_init(dim: int) -> Tensor:
+    """theta_j = 10000^(-2j/d), the rotation angle per step of complex channel j."""
+    return 10000.0 ** (-2.0 * torch.arange(dim, dtype=torch.float64) / dim)
+
+
+class HGRU(nn.Module):
+    """Hierarchically gated recurrent unit, batch-first ``[B, T, dim] -> [B, T, dim]``.
+
+    Complex (default), ``state_dim = dim`` complex channels stored interleaved
+    (``Re c_0, Im c_0, Re c_1, ...``)::
+
+        c = SiLU(W_in x)                     W_in: dim -> 2*dim (interleaved re/im)
+        lambda = gamma + (1 - gamma) * sigmoid(W_f x)     W_f: dim -> dim
+        h_t = lambda_t * exp(i theta) * h_{t-1} + (1 - lambda_t) * c_t
+        y = W_out(LN([Re h, Im h]) * SiLU(W_g x))         (norm_before_gate=True, released code)
+        y = W_out(LN([Re h, Im h] * SiLU(W_g x)))         (norm_before_gate=False, paper's equation)
+
+    Real (``complex=False``): every projection is ``dim -> state_dim`` (``state_dim`` = dim, or
+    2*dim for the HGRN2 paper's "2d state" row) and there is no rotation.
+
+    Non-causal (``causal=False``): the scan runs forwards and backwards over the same gates and the
+    two are summed before the norm; each direction has its own theta.
+
+    Interleaving versus the released code's ``[Re | Im]`` halves is a fixed permutation of the
+    projection rows and norm weights, so it changes neither the function class nor the parameter
+    count.
+
+    ``lower_bound`` (forward argument): ``gamma`` for this layer, a float or a ``[state_dim]``
+    tensor (see ``LayerLowerBounds``); 0 when None.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        complex: bool = True,
+        state_dim: Optional[int] = None,
+        causal: bool = True,
+        norm_before_gate: bool = True,
+        bias: bool = True,
+        backend: str = "auto",
+    ):
+        super().__init__()
+        if dim < 1:
+            raise ValueError(f"dim={dim} must be >= 1")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
+        state_dim = dim if state_dim is None else state_dim
+        if complex and state_dim != dim:
+            raise ValueError(
+                f"state_dim={state_dim}: the complex HGRU has state_dim == dim ({dim}) complex "
+                "channels; use complex=False for other state sizes"
+            )
+        if state_dim < 1:
+            raise ValueError(f"state_dim={state_dim} must be >= 1")
+        self.dim, self.state_dim, self.complex = dim, state_dim, complex
+        self.causal, self.norm_before_gate, self.backend = causal, norm_before_gate, backend
+        width = 2 * state_dim if complex else state_dim  # real channels of the hidden state
+        self.width = width
+        self.input_proj = nn.Linear(dim, width, bias=bias)
+        self.forget_proj = nn.Linear(dim, state_dim, bias=bias)
+        self.gate_proj = nn.Linear(dim, width, bias=bias)
+        self.out_proj = nn.Linear(width, dim, bias=bias)
+        self.norm = nn.LayerNorm(width)
+        if complex:
+            self.theta = nn.Parameter(theta_init(state_dim).float())
+            if not causal:
+                self.theta_reverse = nn.Parameter(theta_init(state_dim).float())
+
+    @property
+    def gate_dim(self) -> int:
+        """Width of the forget gate, i.e. of the lower bound this layer takes."""
+        return self.state_dim
+
+    def state_shape(self, batch: int) -> Tuple[int, ...]:
+        return (batch, self.state_dim, 2) if self.complex else (batch, self.state_dim)
+
+    def forward(
+        self,
+        x: Tensor,
+        lower_bound: Union[float, Tensor, None] = None,
+        initial_state: Optional[Tensor] = None,
+        output_final_state: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """x: ``[B, T, dim]``. initial_state: ``[B, state_dim(, 2)]`` (causal only).
+
+        Returns ``(y [B, T, dim], final_state or None)``.
+        """
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"HGRU expects x of shape [B, T, {self.dim}], got {tuple(x.shape)}")
+        B, T, _ = x.shape
+        if not self.causal and (initial_state is not None or output_final_state):
+            raise ValueError("a bidirectional (causal=False) HGRU has no recurrent state to carry")
+        if initial_state is not None and tuple(initial_state.shape) != self.state_shape(B):
+            raise ValueError(
+                f"initial_state has shape {tuple(initial_state.shape)}, expected {self.state_shape(B)}"
+            )
+        if isinstance(lower_bound, Tensor) and lower_bound.shape[-1] != self.gate_dim:
+            raise ValueError(
+                f"lower_bound has {lower_bound.shape[-1]} channels, expected {self.gate_dim}"
+            )
+        if isinstance(lower_bound, Tensor):
+            lower_bound = lower_bound.to(x.dtype)
+        inputs = self.input_proj(x)
+        if self.complex:
+            inputs = inputs.view(B, T, self.state_dim, 2)
+        forget = self.forget_proj(x)
+        theta = self.theta if self.complex else None
+        h, final = hgru_scan(forget, inputs, theta, lower_bound, initial_state, False, self.backend)
+        if not self.causal:
+            theta_r = self.theta_reverse if self.complex else None
+            h_r, _ = hgru_scan(forget, inputs, theta_r, lower_bound, None, True, self.backend)
+            h = h + h_r
+        h = h.reshape(B, T, self.width)
+        gate = F.silu(self.gate_proj(x))
+        if self.norm_before_gate:
+            y = self.norm(h) * gate
+        else:
+            y = self.norm(h * gate)
+        return self.out_proj(y), (final if output_final_state else None)
+
+    def extra_repr(self) -> str:
+        return (
+            f"dim={self.dim}, state_dim={self.state_dim}, complex={self.complex}, causal={self.causal}, "
+            f"norm_before_gate={self.norm_before_gate}, backend={self.backend!r}"
+        )
