@@ -45,6 +45,23 @@ def test_hgrn_lm_base_parameter_count_matches_paper():
     assert num_params(model) == 46_247_936
 
 
+def test_hgrn2_lm_base_parameter_count_matches_paper():
+    model = build("hgrn2_lm_base", gpt2_sized_dictionary())
+    assert num_params(model) == 44_660_732
+    heads = {build(f"hgrn2_lm_expand{e}", gpt2_sized_dictionary(100)).decoder.layers[0].mixer.expand_ratio
+             for e in (1, 2, 4, 8, 16, 32, 64, 128)}
+    assert heads == {1, 2, 4, 8, 16, 32, 64, 128}
+
+
+@pytest.mark.parametrize("arch, width", [("hgrn_lm_real_d", 512), ("hgrn_lm_real_2d", 1024)])
+def test_real_variant_parameter_counts(arch, width):
+    V, d, L = 50264, 512, 6
+    mixer = 3 * (d * width + width) + (width * d + d) + 2 * width  # in, forget, gate; out; LN
+    glu = 2 * (d * 1024 + 1024) + 1024 * d + d
+    expected = V * d + L * (mixer + 2 * 2 * d + glu) + 2 * d + L * width
+    assert num_params(build(arch, gpt2_sized_dictionary())) == expected
+
+
 def test_parameter_count_by_hand_for_other_widths():
     # Count of SPEC 1/2/4 written out: embedding, per layer (HGRU + 2 LN + GLU), final LN, Gamma.
     V, d, L, g = 1000, 48, 3, 80
@@ -63,11 +80,11 @@ def test_max_positions_is_unbounded():
     assert model.max_positions() == UNBOUNDED_POSITIONS >= 2**31 - 1
 
 
-@pytest.mark.parametrize("mixer", ["hgru", "hgru_real"])
+@pytest.mark.parametrize("mixer", ["hgru", "hgru_real", "hgru2"])
 def test_token_by_token_equals_full_forward(mixer):
     torch.manual_seed(0)
     dictionary = gpt2_sized_dictionary(60)
-    model = build("hgrn_lm_tiny", dictionary, token_mixer=mixer, dropout=0.0).double().eval()
+    model = build("hgrn_lm_tiny", dictionary, token_mixer=mixer, expand_ratio=16, dropout=0.0).double().eval()
     # Train the lower bounds away from their init so every layer has a distinct non-zero bound.
     with torch.no_grad():
         model.decoder.lower_bounds.gamma.normal_()
