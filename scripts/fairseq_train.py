@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""``fairseq-train`` with ``--bf16`` meaning bfloat16 on the GPU (or CPU) it runs on.
+
+fairseq 0.12's command line turns ``--bf16`` into ``--tpu`` (``fairseq/options.py``,
+``parse_args_and_arch``: "if args.bf16: args.tpu = True"). On a GPU machine the trainer then asks
+torch_xla for a TPU device and fails; with several GPUs it tries to spawn TPU processes. The hydra
+entry point (``fairseq-hydra-train``) does not have this coupling: there ``common.bf16: true`` with
+``common.tpu: false`` trains in bfloat16 on CUDA, and that is what this launcher reproduces for the
+argparse entry point.
+
+What it changes: after fairseq has parsed the command line, ``tpu`` is reset to False unless
+``--tpu`` itself was given. Nothing else: the arguments, the training loop and the checkpoints are
+fairseq's. ``scripts/train_wt103.sh`` runs every recipe through this file, on one process
+(``python3 scripts/fairseq_train.py ...``) or one per GPU (``torchrun ... scripts/fairseq_train.py``).
+
+With ``--bf16`` fairseq keeps the model in bfloat16 and an fp32 master copy of the weights in its
+FP16Optimizer (no loss scaling for bf16).
+"""
+import sys
+
+
+def _bf16_without_tpu(parse_args_and_arch):
+    def parse(parser, input_args=None, *args, **kwargs):
+        parsed = parse_args_and_arch(parser, input_args, *args, **kwargs)
+        argv = sys.argv[1:] if input_args is None else input_args
+        asked_for_tpu = any(a == "--tpu" for a in argv)
+        if isinstance(parsed, tuple):  # parse_known_args=True returns (args, extra)
+            namespace = parsed[0]
+        else:
+            namespace = parsed
+        if getattr(namespace, "bf16", False) and not asked_for_tpu:
+            namespace.tpu = False
+        return parsed
+
+    parse.__wrapped__ = parse_args_and_arch
+    return parse
+
+
+def main() -> None:
+    from fairseq import options
+    from fairseq_cli import train
+
+    if not hasattr(options.parse_args_and_arch, "__wrapped__"):
+        options.parse_args_and_arch = _bf16_without_tpu(options.parse_args_and_arch)
+    train.cli_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""bench/bench_train.py on CPU: it imports, its smoke path measures tiny models end to end, an
+unavailable peer is reported instead of crashing, and the time budget is kept. (The numbers come from
+the GPU run; see bench/README.md.)"""
+import importlib.util
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCH = os.path.join(REPO, "bench", "bench_train.py")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_train", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_full_run_plan(bench):
+    assert bench.SHAPES == ((16, 512), (4, 2048), (1, 8192)) and bench.VOCAB == 50264 and bench.EVAL_L == 14336
+    assert set(bench.MODELS) == {"hgrn_lm_base", "hgrn2_lm_base", "transformer_lm", "fla_hgrn", "fla_hgrn2"}
+
+
+def test_transformer_is_the_recipe_model(bench):
+    """The benchmarked Transformer has the model flags of train_wt103.sh's transformer recipe."""
+    script = open(os.path.join(REPO, "scripts", "train_wt103.sh")).read()
+    block = re.search(r"transformer_lm_wt103_small\)\n\s*RECIPE_ARGS=\((.*?)\)\n", script, re.S)
+    recipe = shlex.split(block.group(1).replace("\\\n", " "))
+    flags = bench.fairseq_model_flags("transformer_lm", tiny=False, kernel_backend="auto")
+    model_flags = [f for f in flags if f.startswith("--decoder") or f.startswith("--share") or f == "--arch"]
+    assert len(model_flags) == 7
+    for flag in model_flags:
+        assert flag in recipe, flag
+        value = flags[flags.index(flag) + 1] if flags.index(flag) + 1 < len(flags) else "--"
+        if not value.startswith("--"):
+            assert recipe[recipe.index(flag) + 1] == value, flag
+
+
+def test_cpu_smoke_run(bench, tmp_path):
+    out = tmp_path / "out"
+    rc = bench.main(["--out", str(out), "--quick", "--device", "cpu", "--isolation", "none",
+                     "--models", "hgrn_lm_base,transformer_lm,fla_hgrn"])
+    assert rc == 0
+    summary = json.loads((out / "bench_train.json").read_text())
+    markdown = (out / "bench_train.md").read_text()
+    env = summary["environment"]
+    assert env["torch"] and env["date_utc"] and env["device"] == "cpu"
+    train = {(r["model"], r["batch"], r["seq"]): r for r in summary["records"] if r["kind"] == "train"}
+    for model in ("hgrn_lm_base", "transformer_lm"):
+        for batch, seq in bench.QUICK["cpu"]["shapes"]:
+            record = train[(model, batch, seq)]
+            assert "error" not in record, record
+            assert record["tokens_per_s"] > 0 and record["ms"] > 0
+        assert summary["params"][model] > 0
+        evals = [r for r in summary["records"] if r["kind"] == "eval" and r["model"] == model]
+        assert {r["precision"] for r in evals} == {"fp32", "bf16"} and all(r["fits"] for r in evals)
+        assert all(abs(r["mean_nll"]) < 50 for r in evals)  # a real log-likelihood, not garbage
+    # fla and transformers are not installed here: the peer is reported, not a crash
+    if importlib.util.find_spec("fla") is None:
+        assert "fla" in summary["unavailable"]["fla_hgrn"]
+        assert "fla_hgrn (unavailable: ModuleNotFoundError" in markdown
+    assert "| hgrn_lm_base | 173,312 |" in markdown  # tiny arch on CPU
+    assert "## Targets (issue 5)" in markdown and "## Evaluation at L = 48" in markdown
+
+
+def test_workers_run_in_subprocesses_and_budget_is_kept(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, BENCH, "--out", str(out), "--quick", "--device", "cpu",
+                           "--models", "fla_hgrn2"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "bench_train.json").read_text())
+    assert summary["status"]["fla_hgrn2"] == "ok"  # the worker ran and reported
+    assert any(r["kind"] == "env" for r in summary["records"])
+    if importlib.util.find_spec("fla") is None:
+        assert summary["unavailable"]["fla_hgrn2"]
+
+    proc = subprocess.run([sys.executable, BENCH, "--out", str(out), "--quick", "--device", "cpu",
+                           "--models", "hgrn_lm_base,transformer_lm", "--budget-s", "5"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "bench_train.json").read_text())
+    assert all(s.startswith("skipped: the run's time budget") for s in summary["status"].values())
