@@ -317,7 +317,12 @@ def write_reports(results, settings, models, dims, args) -> None:
     write_csv(os.path.join(args.out, "runs.csv"), results, best)
     write_table(os.path.join(args.out, "table.md"), results, best, settings, models, dims, args)
     if not args.no_plot:
-        write_plot(os.path.join(args.out, "plot.png"), best, settings, models, dims)
+        try:
+            write_plot(os.path.join(args.out, "plot.png"), best, settings, models, dims)
+        except ImportError as e:  # a sweep must not die on a missing plotting library
+            args.no_plot = True
+            print(f"warning: no plot.png ({e}); pip install matplotlib, then rerun with --report-only",
+                  flush=True)
 
 
 # ------------------------------------------------------------------------------------------------
