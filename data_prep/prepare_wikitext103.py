@@ -1,0 +1,360 @@
+#!/usr/bin/env python3
+"""WikiText-103 (raw) -> fairseq binarised data for the language models (SPEC 5, issue 5 part 1).
+
+Input: ``wikitext-103-raw-v1.zip`` or a folder holding ``wiki.train.raw``, ``wiki.valid.raw`` and
+``wiki.test.raw`` (directly or in ``wikitext-103-raw/``). Nothing is downloaded unless
+``--download`` is given and the network allows it.
+
+Tokenizers (``--tokenizer``):
+
+* ``gpt2`` (the papers' setup): GPT-2 byte-level BPE from local ``encoder.json`` and ``vocab.bpe``,
+  binarised with fairseq's GPT-2 ``dict.txt`` (50260 entries + 4 specials = 50264). Lines are
+  stripped and empty lines kept, like fairseq's ``examples/roberta/multiprocessing_bpe_encoder.py
+  --keep-empty`` used by the published WikiText-103 recipes, so the token counts match theirs.
+* ``sentencepiece`` (offline alternative): a BPE trained on ``wiki.train.raw``
+  (``sentencepiece_bpe.py``). Perplexities with it are NOT comparable with the papers'; the
+  ``TOKENIZER_INFO.json`` marker in the output directory says so.
+* ``auto`` (default): ``gpt2`` when the three GPT-2 files are in ``--gpt2-dir``, otherwise
+  ``sentencepiece`` with a warning.
+
+Encoding runs on ``--workers`` processes (default: all cores) with a progress bar, binarisation
+through ``fairseq-preprocess --workers``. The token count of every split is printed and written
+to ``token_counts.json``. A ``PREPARED.json`` stamp records the inputs: re-running with the same
+inputs is a no-op.
+
+    python data_prep/prepare_wikitext103.py --source ~/data/wikitext-103-raw-v1.zip \\
+        --gpt2-dir ~/data/gpt2_bpe --dest data-bin/wikitext-103
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import zipfile
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fairseq_binarize  # noqa: E402
+import sentencepiece_bpe  # noqa: E402
+
+WIKITEXT_URL = "https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-raw-v1.zip"
+WIKITEXT_MIRROR = "https://huggingface.co/datasets/Salesforce/wikitext (config wikitext-103-raw-v1)"
+GPT2_URLS = {
+    "encoder.json": "https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe/encoder.json",
+    "vocab.bpe": "https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe/vocab.bpe",
+    "dict.txt": "https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe/dict.txt",
+}
+RAW_FILES = {"train": "wiki.train.raw", "valid": "wiki.valid.raw", "test": "wiki.test.raw"}
+STAMP = "PREPARED.json"
+GPT2_LABEL = "GPT-2 BPE (encoder.json / vocab.bpe) with fairseq's GPT-2 dict.txt: the papers' tokenizer"
+_CHUNK_LINES = 2048
+
+
+class PrepError(Exception):
+    """A missing or unusable input; the message names the file and where it is published."""
+
+
+# --------------------------------------------------------------------------------------------
+# inputs
+# --------------------------------------------------------------------------------------------
+def _fingerprint(path: str) -> dict:
+    st = os.stat(path)
+    return {"path": os.path.abspath(path), "bytes": st.st_size, "mtime": int(st.st_mtime)}
+
+
+def _sha256(path: str) -> str:
+    return sentencepiece_bpe.sha256_file(path)
+
+
+def maybe_download(url: str, dest: str, log=print) -> None:
+    """Fetch ``url`` to ``dest`` (only with ``--download``); a clear error when offline."""
+    import urllib.request
+
+    log(f"[wikitext] downloading {url} ...")
+    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r, open(dest + ".part", "wb") as f:
+            shutil.copyfileobj(r, f)
+    except OSError as e:
+        raise PrepError(f"could not download {url} ({e}); fetch it by hand and pass its path") from None
+    os.replace(dest + ".part", dest)
+
+
+def _find_raw_in_dir(folder: str) -> Dict[str, str]:
+    for candidate in (folder, os.path.join(folder, "wikitext-103-raw")):
+        found = {s: os.path.join(candidate, n) for s, n in RAW_FILES.items()}
+        if any(os.path.isfile(p) for p in found.values()):
+            missing = [p for p in found.values() if not os.path.isfile(p)]
+            if missing:
+                raise PrepError(
+                    f"{missing[0]} not found (the folder has some WikiText-103 files but not all); "
+                    f"the raw dataset is published at {WIKITEXT_URL}"
+                )
+            return found
+    raise PrepError(
+        f"no wiki.train.raw/wiki.valid.raw/wiki.test.raw in {folder} (or {folder}/wikitext-103-raw): "
+        f"wikitext-103-raw-v1.zip is published at {WIKITEXT_URL} (mirror: {WIKITEXT_MIRROR})"
+    )
+
+
+def locate_raw(source: str, workdir: str, log=print) -> Dict[str, str]:
+    """Return {split: path of the raw text}, unpacking the zip into ``workdir/raw`` when needed."""
+    if os.path.isdir(source):
+        return _find_raw_in_dir(source)
+    if not os.path.isfile(source):
+        raise PrepError(
+            f"{source} not found: wikitext-103-raw-v1.zip is published at {WIKITEXT_URL} "
+            f"(mirror: {WIKITEXT_MIRROR}); download it (or pass --download) and give its path with --source"
+        )
+    if not zipfile.is_zipfile(source):
+        raise PrepError(f"{source} is not a zip archive: expected wikitext-103-raw-v1.zip from {WIKITEXT_URL}")
+    out = os.path.join(workdir, "raw")
+    stamp = os.path.join(out, "UNPACKED.json")
+    fp = _fingerprint(source)
+    if os.path.isfile(stamp):
+        with open(stamp) as f:
+            if json.load(f) == fp:
+                return _find_raw_in_dir(out)
+    with zipfile.ZipFile(source) as z:
+        members = {os.path.basename(n): n for n in z.namelist() if os.path.basename(n) in RAW_FILES.values()}
+        missing = [n for n in RAW_FILES.values() if n not in members]
+        if missing:
+            raise PrepError(f"{source} has no {missing[0]}: expected wikitext-103-raw-v1.zip from {WIKITEXT_URL}")
+        os.makedirs(out, exist_ok=True)
+        for name, member in members.items():
+            log(f"[wikitext] unpacking {member}")
+            with z.open(member) as src, open(os.path.join(out, name + ".part"), "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            os.replace(os.path.join(out, name + ".part"), os.path.join(out, name))
+    with open(stamp, "w") as f:
+        json.dump(fp, f)
+    return _find_raw_in_dir(out)
+
+
+def gpt2_files(gpt2_dir: Optional[str]) -> Tuple[Dict[str, str], List[str]]:
+    """({name: path}, [missing names]) for encoder.json, vocab.bpe, dict.txt in ``gpt2_dir``."""
+    paths = {n: os.path.join(gpt2_dir or "", n) for n in GPT2_URLS}
+    missing = [n for n, p in paths.items() if not gpt2_dir or not os.path.isfile(p)]
+    return paths, missing
+
+
+def _missing_gpt2_message(gpt2_dir: Optional[str], name: str) -> str:
+    where = os.path.join(gpt2_dir, name) if gpt2_dir else f"{name} (no --gpt2-dir given)"
+    return (
+        f"{where} not found: it is published at {GPT2_URLS[name]}; put encoder.json, vocab.bpe and "
+        f"dict.txt in one folder and pass --gpt2-dir, or use --tokenizer sentencepiece (offline, "
+        f"not comparable with the paper)"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# GPT-2 BPE encoding (parallel)
+# --------------------------------------------------------------------------------------------
+_GPT2 = None
+
+
+def load_gpt2_bpe_utils():
+    """fairseq's ``gpt2_bpe_utils`` module, loaded from its file so that encoding workers do not
+    import fairseq (and torch) just for the BPE."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("fairseq")  # locates the package without importing it
+    if spec is not None and spec.submodule_search_locations:
+        path = os.path.join(list(spec.submodule_search_locations)[0], "data", "encoders", "gpt2_bpe_utils.py")
+        if os.path.isfile(path):
+            mod_spec = importlib.util.spec_from_file_location("_hgrn_gpt2_bpe_utils", path)
+            module = importlib.util.module_from_spec(mod_spec)
+            mod_spec.loader.exec_module(module)
+            return module
+    from fairseq.data.encoders import gpt2_bpe_utils
+
+    return gpt2_bpe_utils
+
+
+def _gpt2_init(encoder_json: str, vocab_bpe: str) -> None:
+    global _GPT2
+    _GPT2 = load_gpt2_bpe_utils().get_encoder(encoder_json, vocab_bpe)
+
+
+def _gpt2_encode_chunk(lines: List[str]) -> Tuple[List[str], int]:
+    nbytes = sum(len(line.encode("utf-8")) + 1 for line in lines)
+    out = []
+    for line in lines:
+        line = line.strip()
+        out.append(" ".join(map(str, _GPT2.encode(line))) if line else "")
+    return out, nbytes
+
+
+def _chunks(path: str) -> Iterator[List[str]]:
+    with open(path, encoding="utf-8", newline="\n") as f:
+        chunk: List[str] = []
+        for line in f:
+            chunk.append(line.rstrip("\n"))
+            if len(chunk) == _CHUNK_LINES:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+
+
+def gpt2_encode_files(
+    encoder_json: str, vocab_bpe: str, files: Dict[str, Tuple[str, str]], workers: int, log=print
+) -> Dict[str, int]:
+    """Encode each ``{split: (raw path, output path)}`` to GPT-2 BPE ids (space-separated), one
+    output line per input line, on one pool of ``workers`` processes; returns lines per split."""
+    lines: Dict[str, int] = {}
+    pool = None
+    try:
+        if workers > 1:
+            pool = multiprocessing.Pool(workers, initializer=_gpt2_init, initargs=(encoder_json, vocab_bpe))
+        else:
+            _gpt2_init(encoder_json, vocab_bpe)
+        for split, (in_path, out_path) in files.items():
+            log(f"[wikitext] GPT-2 BPE encoding {split} on {workers} process(es) ...")
+            bar = sentencepiece_bpe._progress(os.path.getsize(in_path), f"gpt2 bpe {os.path.basename(in_path)}")
+            if pool is None:
+                results = map(_gpt2_encode_chunk, _chunks(in_path))
+            else:
+                results = pool.imap(_gpt2_encode_chunk, _chunks(in_path), chunksize=4)
+            n = 0
+            with open(out_path + ".tmp", "w", encoding="utf-8", newline="\n") as out:
+                for encoded, nbytes in results:
+                    out.write("\n".join(encoded))
+                    out.write("\n")
+                    n += len(encoded)
+                    bar.update(nbytes)
+            bar.close()
+            os.replace(out_path + ".tmp", out_path)
+            lines[split] = n
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
+    return lines
+
+
+# --------------------------------------------------------------------------------------------
+# pipeline
+# --------------------------------------------------------------------------------------------
+def prepare(
+    source: str,
+    dest: str,
+    tokenizer: str = "auto",
+    gpt2_dir: Optional[str] = None,
+    workdir: Optional[str] = None,
+    workers: Optional[int] = None,
+    vocab_size: int = 32000,
+    download: bool = False,
+    force: bool = False,
+    log=print,
+) -> Dict[str, dict]:
+    """Run the whole preparation; returns the token counts {split: {lines, tokens}}."""
+    workers = workers or os.cpu_count() or 1
+    workdir = workdir or dest.rstrip("/") + ".work"
+    if tokenizer not in ("auto", "gpt2", "sentencepiece"):
+        raise PrepError(f"--tokenizer {tokenizer!r} is not one of auto, gpt2, sentencepiece")
+    if download:
+        if not os.path.exists(source):
+            maybe_download(WIKITEXT_URL, source, log)
+        if tokenizer in ("auto", "gpt2"):
+            gpt2_dir = gpt2_dir or os.path.join(workdir, "gpt2_bpe")
+            for name, path in gpt2_files(gpt2_dir)[0].items():
+                if not os.path.isfile(path):
+                    maybe_download(GPT2_URLS[name], path, log)
+    raw = locate_raw(source, workdir, log)  # before the tokenizer: a missing dataset is the first problem
+    if tokenizer in ("auto", "gpt2"):
+        paths, missing = gpt2_files(gpt2_dir)
+        if missing and tokenizer == "gpt2":
+            raise PrepError(_missing_gpt2_message(gpt2_dir, missing[0]))
+        if missing:
+            log(f"[wikitext] WARNING: {_missing_gpt2_message(gpt2_dir, missing[0])}")
+            log("[wikitext] WARNING: falling back to the offline sentencepiece BPE: results will NOT be "
+                "comparable with the papers' perplexities")
+            tokenizer = "sentencepiece"
+        else:
+            tokenizer = "gpt2"
+    inputs = {"raw": {s: _fingerprint(p) for s, p in raw.items()}, "tokenizer": tokenizer}
+    if tokenizer == "gpt2":
+        paths, _ = gpt2_files(gpt2_dir)
+        inputs["gpt2_sha256"] = {n: _sha256(p) for n, p in paths.items()}
+    else:
+        inputs["vocab_size"] = vocab_size
+    stamp_path = os.path.join(dest, STAMP)
+    if not force and os.path.isfile(stamp_path):
+        with open(stamp_path) as f:
+            stamp = json.load(f)
+        if stamp.get("inputs") == inputs and all(
+            os.path.isfile(os.path.join(dest, f"{s}.{ext}")) for s in RAW_FILES for ext in ("bin", "idx")
+        ):
+            log(f"[wikitext] {dest} is up to date ({tokenizer}); nothing to do")
+            log(fairseq_binarize.format_counts(stamp["token_counts"]))
+            return stamp["token_counts"]
+    os.makedirs(workdir, exist_ok=True)
+    if tokenizer == "gpt2":
+        enc_dir = os.path.join(workdir, "gpt2")
+        os.makedirs(enc_dir, exist_ok=True)
+        encoded = {split: os.path.join(enc_dir, f"{split}.bpe") for split in raw}
+        gpt2_encode_files(paths["encoder.json"], paths["vocab.bpe"],
+                          {s: (raw[s], encoded[s]) for s in raw}, workers, log)
+        srcdict = paths["dict.txt"]
+        marker = {
+            "tokenizer": "gpt2-bpe",
+            "comparable_with_paper": True,
+            "label": GPT2_LABEL,
+            "source": os.path.abspath(source),
+            "gpt2_sha256": inputs["gpt2_sha256"],
+        }
+    else:
+        spm_dir = os.path.join(workdir, "sentencepiece")
+        marker = sentencepiece_bpe.prepare_sentencepiece(
+            raw, spm_dir, vocab_size=vocab_size, workers=workers, force=force,
+            source_label=os.path.abspath(source), log=log,
+        )
+        encoded = {s: os.path.join(spm_dir, f"{s}.bpe") for s in raw}
+        srcdict = os.path.join(spm_dir, "dict.txt")
+        for name in ("spm.model", "spm.vocab"):
+            os.makedirs(dest, exist_ok=True)
+            shutil.copyfile(os.path.join(spm_dir, name), os.path.join(dest, name))
+    if os.path.isfile(stamp_path):
+        os.remove(stamp_path)  # a half-rebuilt directory must not look prepared
+    fairseq_binarize.binarize(encoded, srcdict, dest, workers, log)
+    counts = fairseq_binarize.token_counts(dest)
+    sentencepiece_bpe.write_marker(dest, marker)
+    with open(os.path.join(dest, "token_counts.json"), "w") as f:
+        json.dump(counts, f, indent=1)
+    with open(stamp_path, "w") as f:
+        json.dump({"inputs": inputs, "token_counts": counts, "tokenizer_label": marker["label"]}, f, indent=1)
+    log(f"[wikitext] wrote {dest} ({marker['label']})")
+    log(fairseq_binarize.format_counts(counts))
+    return counts
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--source", required=True,
+                   help=f"wikitext-103-raw-v1.zip or its unpacked folder (published at {WIKITEXT_URL})")
+    p.add_argument("--dest", default="data-bin/wikitext-103", help="fairseq data directory to write")
+    p.add_argument("--tokenizer", default="auto", choices=["auto", "gpt2", "sentencepiece"])
+    p.add_argument("--gpt2-dir", default=None,
+                   help="folder with encoder.json, vocab.bpe, dict.txt (https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe/)")
+    p.add_argument("--workdir", default=None, help="intermediate files (default: DEST.work)")
+    p.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
+    p.add_argument("--vocab-size", type=int, default=32000, help="sentencepiece vocabulary (offline tokenizer)")
+    p.add_argument("--download", action="store_true", help="fetch missing inputs from their published URLs")
+    p.add_argument("--force", action="store_true", help="redo every step")
+    args = p.parse_args(argv)
+    try:
+        prepare(args.source, args.dest, args.tokenizer, args.gpt2_dir, args.workdir, args.workers,
+                args.vocab_size, args.download, args.force)
+    except (PrepError, FileNotFoundError, ValueError, RuntimeError) as e:
+        print(f"prepare_wikitext103.py: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
