@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+# Tiny models on a small CPU run faster on one thread per process (and tests start subprocesses).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 echo "== installing hgrn_fairseq[test] into $($PYTHON -c 'import sys; print(sys.prefix)')"
 $PYTHON -m pip install --quiet --progress-bar off -e ".[test]"
 echo "== running the tests"

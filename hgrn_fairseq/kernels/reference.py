@@ -41,9 +41,12 @@ def real_scan_reference(
     """
     B, T, D = x.shape
     h = x.new_zeros(B, D) if initial_state is None else initial_state.to(x.dtype)
+    # unbind once: indexing x[:, t] in the loop makes autograd scatter into a full-size zero
+    # tensor at every step of the backward pass.
+    xs, as_ = x.unbind(1), a.unbind(1)
     out = [None] * T
     for t in _time_order(T, reverse):
-        h = a[:, t] * h + x[:, t]
+        h = as_[t] * h + xs[t]
         out[t] = h
     return torch.stack(out, dim=1), h
 
@@ -73,13 +76,12 @@ def complex_scan_reference(
         hi = x.new_zeros(B, D)
     else:
         hr, hi = initial_state[..., 0].to(x.dtype), initial_state[..., 1].to(x.dtype)
+    xr, xi = x[..., 0].unbind(1), x[..., 1].unbind(1)
+    as_ = a.unbind(1)
     out = [None] * T
     for t in _time_order(T, reverse):
-        at = a[:, t]
-        hr, hi = (
-            at * (cos * hr - sin * hi) + x[:, t, :, 0],
-            at * (sin * hr + cos * hi) + x[:, t, :, 1],
-        )
+        at = as_[t]
+        hr, hi = at * (cos * hr - sin * hi) + xr[t], at * (sin * hr + cos * hi) + xi[t]
         out[t] = torch.stack([hr, hi], dim=-1)
     return torch.stack(out, dim=1), torch.stack([hr, hi], dim=-1)
 
@@ -156,10 +158,11 @@ def hgrn2_scan_reference(
         S = q.new_zeros(B, H, K, V)
     else:
         S = initial_state.to(q.dtype)
-    lam = torch.exp(log_decay)
-    k = -torch.expm1(log_decay)  # 1 - lambda without cancellation when lambda -> 1
+    lam = torch.exp(log_decay).unsqueeze(-1).unbind(1)
+    k = (-torch.expm1(log_decay)).unsqueeze(-1).unbind(1)  # 1 - lambda, no cancellation near 1
+    vs, qs = v.unsqueeze(-2).unbind(1), q.unbind(1)
     out = [None] * T
     for t in _time_order(T, reverse):
-        S = lam[:, t].unsqueeze(-1) * S + k[:, t].unsqueeze(-1) * v[:, t].unsqueeze(-2)
-        out[t] = torch.einsum("bhk,bhkv->bhv", q[:, t], S)
+        S = lam[t] * S + k[t] * vs[t]
+        out[t] = torch.einsum("bhk,bhkv->bhv", qs[t], S)
     return torch.stack(out, dim=1), S
