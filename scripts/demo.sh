@@ -47,8 +47,12 @@ PYTHON=${PYTHON:-python3}
 # The plugin runs from this checkout whether or not it was pip-installed.
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONWARNINGS=${PYTHONWARNINGS:-ignore}
-"$PYTHON" -c "import fairseq, sentencepiece, torch" 2>/dev/null \
-  || die "fairseq, sentencepiece and torch must be importable by $PYTHON: run pip install -e . in $REPO"
+if ! "$PYTHON" -c "import fairseq, sentencepiece, torch" 2>/dev/null; then
+  # A fresh machine: install the package and its dependencies (fairseq-fixed, torch, ...) first.
+  echo "demo.sh: installing hgrn_fairseq and its dependencies (pip install -e $REPO) ..."
+  "$PYTHON" -m pip install --quiet --progress-bar off -e "$REPO" \
+    || die "pip install -e $REPO failed; install it by hand and rerun"
+fi
 for tool in fairseq-preprocess fairseq-train; do
   command -v "$tool" >/dev/null || die "$tool not found on PATH: pip install fairseq-fixed==0.12.3.1"
 done
