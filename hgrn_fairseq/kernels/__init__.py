@@ -5,12 +5,13 @@ Public API (batch-first; complex numbers as a trailing dimension of size 2, see 
 * ``hgru_scan(forget_logits, inputs, theta, lower_bound, initial_state, reverse, backend)``:
   gates + scan of one HGRU direction, returns ``(h, final_state)``.
 * ``hgrn2_scan(q, v, log_decay, initial_state, reverse, backend)``: HGRN2 recurrence.
+* ``hgrn2_step(q, v, log_decay, state, backend)``: one HGRN2 decoding step.
 * ``*_reference``: the float64-capable oracles.
 
 ``backend`` is ``"auto"`` (Triton for CUDA tensors, the reference otherwise), ``"triton"`` or
 ``"reference"``.
 """
-from .dispatch import BACKENDS, hgrn2_scan, hgru_scan, resolve_backend
+from .dispatch import BACKENDS, hgrn2_scan, hgrn2_step, hgru_scan, resolve_backend
 from .reference import (
     complex_scan_reference,
     hgrn2_scan_reference,
@@ -24,6 +25,7 @@ __all__ = [
     "resolve_backend",
     "hgru_scan",
     "hgrn2_scan",
+    "hgrn2_step",
     "real_scan_reference",
     "complex_scan_reference",
     "hgru_gates_reference",

@@ -74,3 +74,23 @@ def hgrn2_scan(
 
         return hgrn2_fused(q, v, log_decay, initial_state, reverse)
     return reference.hgrn2_scan_reference(q, v, log_decay, initial_state, reverse)
+
+
+def hgrn2_step(
+    q: Tensor,
+    v: Tensor,
+    log_decay: Tensor,
+    state: Tensor,
+    backend: str = "auto",
+) -> Tuple[Tensor, Tensor]:
+    """One HGRN2 decoding step: q, log_decay ``[B, H, K]``, v ``[B, H, V]``, state ``[B, H, K, V]``.
+
+    Returns ``(o [B, H, V], new_state [B, H, K, V])`` (the new state is fp32 on the Triton path)."""
+    if resolve_backend(backend, q) == "triton":
+        from .hgrn2_triton import hgrn2_step as hgrn2_step_triton
+
+        return hgrn2_step_triton(q, v, log_decay, state)
+    o, new_state = reference.hgrn2_scan_reference(
+        q.unsqueeze(1), v.unsqueeze(1), log_decay.unsqueeze(1), state, False
+    )
+    return o.squeeze(1), new_state

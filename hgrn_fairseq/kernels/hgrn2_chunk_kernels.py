@@ -1,0 +1,494 @@
+"""Chunked Triton kernels of the HGRN2 recurrence (training path).
+
+Per head, with ``g = log_decay <= 0``, ``lambda = exp(g)`` and ``k = 1 - lambda`` (derived here from
+``g``, never read from memory)::
+
+    S_t = Diag(lambda_t) S_{t-1} + k_t^T v_t,        o_t = q_t S_t          (scale 1)
+
+The sequence is cut into chunks of ``BT`` steps. Inside a chunk, with ``b`` the inclusive cumulative
+sum of ``g`` from the chunk start and ``B`` its total::
+
+    o_i     = (q_i * exp(b_i)) S_n + sum_{j <= i} A_ij v_j,   A_ij = sum_c q_ic k_jc exp(b_ic - b_jc)
+    S_{n+1} = exp(B) * S_n + sum_j (k_j * exp(B - b_j))^T v_j
+
+Every exponent in the inter-chunk terms is <= 0. The intra-chunk products exp(b_i - b_j), i >= j, are
+factorised as exp(b_i - r) * exp(r - b_j) so that ``A`` becomes a matrix product, on one of three
+paths chosen per chunk (and per group of BK channels) from the decays themselves:
+
+1. one reference in the middle of the chunk, when each half chunk decays by at most ``CSAFE`` (natural
+   log units) in every channel: every factor lies in exp(+-CSAFE); one product per chunk. (The upper
+   triangle, i < j, may overflow; it is masked away.)
+2. otherwise four blocks of ``BC`` rows: rows of block I and columns of earlier blocks factor through
+   the cumulative decay at the end of block I-1, both exponents <= 0 (exact for any decay); the
+   diagonal blocks through the same reference when the block decays by at most ``SAFE``;
+3. diagonal blocks that decay faster are computed element by element with exponents summed term by
+   term (slower, exact, cannot overflow).
+
+All three are tested (the thresholds can be set to 0 to force paths 2 and 3). Products of the intra-
+chunk terms take fp32 operands (tf32 on the GPU); A and dA are kept in fp32.
+
+Kernels (``BH`` = batch * heads, ``NT`` = chunks):
+
+* ``fwd_states``  sequential over chunks, grid (K/BK, V/BV, BH): the state at the start of each chunk
+  (stored in the dot dtype), and the final state (fp32). (``hgrn2_state_kernels`` has the split
+  version: chunk-parallel products, then a scan.)
+* ``fwd_output``  grid (NT, BH): ``A`` (stored for the backward when training) and ``o``.
+* ``bwd_dstates`` sequential in reverse, grid (K/BK, V/BV, BH): the gradient of the state at the end
+  of each chunk, and of the initial state (fp32).
+* ``bwd_dv``      grid (NT, BH): ``dv`` and ``dA = dO v^T`` (masked).
+* ``bwd_dqdg``    grid (K/BK, NT, BH): ``dq`` and ``dg`` (``dk`` folds into ``dg`` since k = 1 - exp(g)).
+
+Memory layout: q, g ``[B, T, H, K]``, v, o ``[B, T, H, V]`` (batch-first, contiguous); states
+``[BH, NT, K, V]``; A, dA ``[BH, NT, BT, BT]``. ``reverse`` maps step t to position T-1-t in every
+load and store. Offsets that can pass 2**31 are computed in int64; T is never a compile-time constant.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _one_minus(g, lam):
+    """k = 1 - lam with lam = exp(g) <= 1, without cancellation when g is close to 0."""
+    poly = -g * (1.0 + g * (0.5 + g * (0.16666666666666666 + g * (0.041666666666666664 + g * 0.008333333333333333))))
+    return tl.where(g > -0.0625, poly, 1.0 - lam)
+
+
+@triton.jit
+def _neg_expm1(g):
+    """1 - exp(g) for g <= 0, without cancellation when g is close to 0."""
+    return _one_minus(g, tl.exp(g))
+
+
+@triton.jit
+def _cast(x, DT: tl.constexpr, EMU: tl.constexpr):
+    """Operand of a matrix product: x in the dot dtype DT. EMU (the CPU interpreter, whose bf16 dot is
+    unreliable) keeps fp32 storage but rounds to bf16 like the GPU path does."""
+    if EMU:
+        return x.to(tl.bfloat16).to(tl.float32)
+    else:
+        return x.to(DT)
+
+
+@triton.jit
+def _chunk_rows(i_n, T, BT: tl.constexpr, REVERSE: tl.constexpr):
+    """Sequence positions (int64) of the rows of chunk ``i_n`` and their validity mask."""
+    t = i_n * BT + tl.arange(0, BT)
+    valid = t < T
+    if REVERSE:
+        pos = T - 1 - t
+    else:
+        pos = t
+    pos = tl.where(valid, pos, 0)
+    return pos.to(tl.int64), valid
+
+
+@triton.jit
+def _row_pos(t, T, REVERSE: tl.constexpr):
+    """Sequence positions (int64) of arbitrary steps ``t`` (gathers) and their validity mask."""
+    valid = t < T
+    if REVERSE:
+        pos = T - 1 - t
+    else:
+        pos = t
+    pos = tl.where(valid, pos, 0)
+    return pos.to(tl.int64), valid
+
+
+@triton.jit
+def _suffix_decay(g_base, i_n, T, H, K: tl.constexpr, o_k, m_k, BT: tl.constexpr, REVERSE: tl.constexpr):
+    """Exclusive suffix sums of g inside chunk i_n: row j gets sum_{m > j} g_m (the log of the decay from
+    step j to the chunk end). Summed from the shifted rows rather than as B - b_j, which would cancel
+    when the decay is steep."""
+    o_t = tl.arange(0, BT)
+    posn, validn = _row_pos(i_n * BT + o_t + 1, T, REVERSE)
+    validn = validn & (o_t + 1 < BT)
+    b_gn = tl.load(g_base + posn[:, None] * (H * K) + o_k[None, :],
+                   mask=validn[:, None] & m_k[None, :], other=0.0).to(tl.float32)
+    return tl.cumsum(b_gn, axis=0, reverse=True)
+
+
+@triton.jit(do_not_specialize=["T"])
+def hgrn2_fwd_states_kernel(
+    g, v, h, h0, ht,
+    T, H, NT, BH,  # BH = B * H: only an autotune key
+    K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    REVERSE: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, EMU: tl.constexpr,
+):
+    i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b = (i_bh // H).to(tl.int64)
+    i_h = i_bh % H
+    DT = h.dtype.element_ty
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    g_base = g + (i_b * T * H + i_h) * K
+    v_base = v + (i_b * T * H + i_h) * V
+    o_s = o_k[:, None] * V + o_v[None, :]
+    m_s = m_k[:, None] & m_v[None, :]
+    h_base = h + i_bh.to(tl.int64) * NT * K * V
+    if HAS_H0:
+        b_s = tl.load(h0 + i_bh.to(tl.int64) * K * V + o_s, mask=m_s, other=0.0).to(tl.float32)
+    else:
+        b_s = tl.zeros([BK, BV], dtype=tl.float32)
+    for i_n in range(NT):
+        tl.store(h_base + i_n * K * V + o_s, _cast(b_s, DT, EMU), mask=m_s)
+        pos, valid = _chunk_rows(i_n, T, BT, REVERSE)
+        b_g = tl.load(g_base + pos[:, None] * (H * K) + o_k[None, :],
+                      mask=valid[:, None] & m_k[None, :], other=0.0).to(tl.float32)
+        b_v = tl.load(v_base + pos[:, None] * (H * V) + o_v[None, :],
+                      mask=valid[:, None] & m_v[None, :], other=0.0)
+        b_B = tl.sum(b_g, axis=0)
+        b_kt = _neg_expm1(b_g) * tl.exp(_suffix_decay(g_base, i_n, T, H, K, o_k, m_k, BT, REVERSE))
+        b_s = b_s * tl.exp(b_B)[:, None] + tl.dot(tl.trans(_cast(b_kt, DT, EMU)), _cast(b_v, DT, EMU))
+    if STORE_HT:
+        tl.store(ht + i_bh.to(tl.int64) * K * V + o_s, b_s, mask=m_s)
+
+
+@triton.jit
+def _row_of(b_b, o_t, row: tl.constexpr):
+    """Row ``row`` of a [BT, BK] tile, as a [BK] vector."""
+    return tl.sum(tl.where((o_t == row)[:, None], b_b, 0.0), axis=0)
+
+
+@triton.jit
+def _block_refs(b_b, o_t, blk, BC: tl.constexpr, SAFE: tl.constexpr):
+    """The four blocks of a chunk (BT = 4 * BC). r1, r2, r3: the cumulative decay at the end of blocks
+    0, 1, 2, i.e. the references of blocks 1, 2, 3 (block 0's is 0); r4: at the chunk end (= B).
+    s0..s3 (int32 scalars): 1 where the block's decay stays within SAFE in every channel.
+    Per row: r_blk ([BT, BK], its block's reference) and safe_row ([BT])."""
+    r1 = _row_of(b_b, o_t, BC - 1)
+    r2 = _row_of(b_b, o_t, 2 * BC - 1)
+    r3 = _row_of(b_b, o_t, 3 * BC - 1)
+    r4 = _row_of(b_b, o_t, 4 * BC - 1)
+    s0 = (tl.min(r1, axis=0) >= -SAFE).to(tl.int32)
+    s1 = (tl.min(r2 - r1, axis=0) >= -SAFE).to(tl.int32)
+    s2 = (tl.min(r3 - r2, axis=0) >= -SAFE).to(tl.int32)
+    s3 = (tl.min(r4 - r3, axis=0) >= -SAFE).to(tl.int32)
+    r_blk = tl.where((blk == 1)[:, None], r1[None, :],
+                     tl.where((blk == 2)[:, None], r2[None, :], tl.where((blk == 3)[:, None], r3[None, :], 0.0)))
+    safe_row = tl.where(blk == 0, s0, tl.where(blk == 1, s1, tl.where(blk == 2, s2, s3)))
+    return r1, r2, r3, r4, s0, s1, s2, s3, r_blk, safe_row
+
+
+@triton.jit
+def _intra_cols(b_b, r, blk, I: tl.constexpr, safe):
+    """For rows of block I (reference r): exp(r - b_j) for the columns j it multiplies through the
+    factorisation (earlier blocks, and block I itself when safe), 0 elsewhere. <= 1 for earlier
+    blocks, <= exp(SAFE) inside a safe block; masked before exp, so nothing overflows."""
+    cols = (blk < I) | ((blk == I) & ((blk * 0 + safe) > 0))
+    return tl.exp(tl.where(cols[:, None], r[None, :] - b_b, float("-inf")))
+
+
+@triton.jit
+def _intra_A_blocks(b_q, b_k, b_b, o_t, blk, off, i_n, T, H, K: tl.constexpr, g_base, o_k, m_k,
+                    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr,
+                    REVERSE: tl.constexpr):
+    """Intra-chunk A (lower triangle, these channels) through four block references, with exact
+    element-by-element diagonal blocks where a block decays by more than SAFE."""
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    r1, r2, r3, r4, s0, s1, s2, s3, r_blk, safe_row = _block_refs(b_b, o_t, blk, BC, SAFE)
+    unsafe = 1 - safe_row
+    # q scaled to the start of its own block: exponent b - r_blk <= 0
+    b_qh = b_q * tl.exp(b_b - r_blk)
+    b_A += tl.dot(tl.where((blk == 0)[:, None], b_qh, 0.0), tl.trans(b_k * _intra_cols(b_b, r1 * 0.0, blk, 0, s0)))
+    b_A += tl.dot(tl.where((blk == 1)[:, None], b_qh, 0.0), tl.trans(b_k * _intra_cols(b_b, r1, blk, 1, s1)))
+    b_A += tl.dot(tl.where((blk == 2)[:, None], b_qh, 0.0), tl.trans(b_k * _intra_cols(b_b, r2, blk, 2, s2)))
+    b_A += tl.dot(tl.where((blk == 3)[:, None], b_qh, 0.0), tl.trans(b_k * _intra_cols(b_b, r3, blk, 3, s3)))
+
+    if tl.sum(unsafe, axis=0) > 0:
+        # exact diagonal blocks where the decay is too steep to factor, one column offset jj at a
+        # time (from the block end down): b_f[i] = sum_{m=j+1}^{i} g_m for j = block start + jj,
+        # summed term by term so that it stays accurate however steep the decay is
+        b_f = tl.zeros([BT, BK], dtype=tl.float32)
+        for it in range(BC):
+            jj = BC - 1 - it
+            jrow = blk * BC + jj
+            posj, validj = _row_pos(i_n * BT + jrow, T, REVERSE)
+            b_gj = tl.load(g_base + posj[:, None] * (H * K) + o_k[None, :],
+                           mask=validj[:, None] & m_k[None, :], other=0.0).to(tl.float32)
+            m = (off >= jj) & (unsafe > 0)
+            b_e = tl.exp(tl.where(m[:, None], b_f, float("-inf")))
+            b_a = tl.sum(b_q * _neg_expm1(b_gj) * b_e, axis=1)
+            b_A += tl.where((o_t[None, :] == jrow[:, None]) & m[:, None], b_a[:, None], 0.0)
+            b_f = tl.where((off >= jj)[:, None], b_f + b_gj, 0.0)
+
+    return b_A
+
+
+@triton.jit(do_not_specialize=["T"])
+def hgrn2_fwd_output_kernel(
+    q, v, g, h, o, A,
+    T, H, NT,
+    K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    SAFE: tl.constexpr, CSAFE: tl.constexpr, REVERSE: tl.constexpr, STORE_A: tl.constexpr, EMU: tl.constexpr,
+):
+    """One chunk: A = sum over channels (BK at a time) of the intra-chunk products, then
+    o = (q * exp(b)) S_n + A v."""
+    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b = (i_bh // H).to(tl.int64)
+    i_h = i_bh % H
+    DT = h.dtype.element_ty
+    tl.static_assert(BT == 4 * BC, "the intra-chunk code is written for four blocks per chunk")
+    NK: tl.constexpr = (K + BK - 1) // BK
+    o_t = tl.arange(0, BT)
+    o_v = tl.arange(0, BV)
+    m_v = o_v < V
+    blk = o_t // BC
+    off = o_t % BC
+    pos, valid = _chunk_rows(i_n, T, BT, REVERSE)
+    q_base = q + (i_b * T * H + i_h) * K
+    g_base = g + (i_b * T * H + i_h) * K
+    chunk = i_bh.to(tl.int64) * NT + i_n
+
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    for i_k in range(NK):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        m_qk = valid[:, None] & m_k[None, :]
+        p_qk = pos[:, None] * (H * K) + o_k[None, :]
+        b_g = tl.load(g_base + p_qk, mask=m_qk, other=0.0).to(tl.float32)
+        b_b = tl.cumsum(b_g, axis=0)
+        b_k = _neg_expm1(b_g)
+        b_q = tl.load(q_base + p_qk, mask=m_qk, other=0.0).to(tl.float32)
+        b_hk = tl.load(h + chunk * (K * V) + o_k[:, None] * V + o_v[None, :],
+                       mask=m_k[:, None] & m_v[None, :], other=0.0)
+        b_o += tl.dot(_cast(b_q * tl.exp(b_b), DT, EMU), b_hk)
+        # one reference (mid-chunk) for the whole chunk when every factor stays within exp(+-CSAFE);
+        # otherwise the four-block path. Only the lower triangle of A is kept: the upper one may overflow.
+        r_mid = _row_of(b_b, o_t, BT // 2 - 1)
+        r_end = _row_of(b_b, o_t, BT - 1)
+        fast = (tl.min(r_mid, axis=0) >= -CSAFE).to(tl.int32) * (tl.min(r_end - r_mid, axis=0) >= -CSAFE).to(tl.int32)
+        if fast > 0:
+            b_A += tl.dot(b_q * tl.exp(b_b - r_mid[None, :]), tl.trans(b_k * tl.exp(r_mid[None, :] - b_b)))
+        else:
+            b_A += _intra_A_blocks(b_q, b_k, b_b, o_t, blk, off, i_n, T, H, K, g_base, o_k, m_k, BT, BC, BK,
+                                   SAFE, REVERSE)
+
+    b_A = tl.where(o_t[:, None] >= o_t[None, :], b_A, 0.0)
+    if STORE_A:
+        tl.store(A + chunk * (BT * BT) + o_t[:, None] * BT + o_t[None, :], b_A)
+    m_tv = valid[:, None] & m_v[None, :]
+    p_tv = pos[:, None] * (H * V) + o_v[None, :]
+    b_v = _cast(tl.load(v + (i_b * T * H + i_h) * V + p_tv, mask=m_tv, other=0.0), DT, EMU)
+    b_o += tl.dot(_cast(b_A, DT, EMU), b_v)
+    tl.store(o + (i_b * T * H + i_h) * V + p_tv, b_o.to(o.dtype.element_ty), mask=m_tv)
+
+
+@triton.jit(do_not_specialize=["T"])
+def hgrn2_bwd_dstates_kernel(
+    q, g, do, dh, dht, dh0,
+    T, H, NT, BH,  # BH = B * H: only an autotune key
+    K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    REVERSE: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, EMU: tl.constexpr,
+):
+    i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b = (i_bh // H).to(tl.int64)
+    i_h = i_bh % H
+    DT = dh.dtype.element_ty
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    q_base = q + (i_b * T * H + i_h) * K
+    g_base = g + (i_b * T * H + i_h) * K
+    do_base = do + (i_b * T * H + i_h) * V
+    o_s = o_k[:, None] * V + o_v[None, :]
+    m_s = m_k[:, None] & m_v[None, :]
+    dh_base = dh + i_bh.to(tl.int64) * NT * K * V
+    if HAS_DHT:
+        b_ds = tl.load(dht + i_bh.to(tl.int64) * K * V + o_s, mask=m_s, other=0.0).to(tl.float32)
+    else:
+        b_ds = tl.zeros([BK, BV], dtype=tl.float32)
+    for i in range(NT):
+        i_n = NT - 1 - i
+        tl.store(dh_base + i_n * K * V + o_s, _cast(b_ds, DT, EMU), mask=m_s)
+        pos, valid = _chunk_rows(i_n, T, BT, REVERSE)
+        m_qk = valid[:, None] & m_k[None, :]
+        b_q = tl.load(q_base + pos[:, None] * (H * K) + o_k[None, :], mask=m_qk, other=0.0).to(tl.float32)
+        b_g = tl.load(g_base + pos[:, None] * (H * K) + o_k[None, :], mask=m_qk, other=0.0).to(tl.float32)
+        b_do = tl.load(do_base + pos[:, None] * (H * V) + o_v[None, :],
+                       mask=valid[:, None] & m_v[None, :], other=0.0)
+        b_b = tl.cumsum(b_g, axis=0)
+        b_B = tl.sum(b_g, axis=0)
+        b_qt = _cast(b_q * tl.exp(b_b), DT, EMU)
+        b_ds = b_ds * tl.exp(b_B)[:, None] + tl.dot(tl.trans(b_qt), _cast(b_do, DT, EMU))
+    if STORE_DH0:
+        tl.store(dh0 + i_bh.to(tl.int64) * K * V + o_s, b_ds, mask=m_s)
+
+
+@triton.jit(do_not_specialize=["T"])
+def hgrn2_bwd_dv_kernel(
+    v, g, do, dh, A, dv, dA,
+    T, H, NT,
+    K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    REVERSE: tl.constexpr, EMU: tl.constexpr,
+):
+    """One chunk: dA = dO v^T (causal mask), then dv = A^T dO + (k * exp(B - b)) dS_{n+1}."""
+    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b = (i_bh // H).to(tl.int64)
+    i_h = i_bh % H
+    DT = dh.dtype.element_ty
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    pos, valid = _chunk_rows(i_n, T, BT, REVERSE)
+    g_base = g + (i_b * T * H + i_h) * K
+    m_tv = valid[:, None] & m_v[None, :]
+    p_tv = pos[:, None] * (H * V) + o_v[None, :]
+    chunk = i_bh.to(tl.int64) * NT + i_n
+    o_a = o_t[:, None] * BT + o_t[None, :]
+
+    b_do = _cast(tl.load(do + (i_b * T * H + i_h) * V + p_tv, mask=m_tv, other=0.0), DT, EMU)
+    b_v = _cast(tl.load(v + (i_b * T * H + i_h) * V + p_tv, mask=m_tv, other=0.0), DT, EMU)
+    b_dA = tl.dot(b_do, tl.trans(b_v))
+    tl.store(dA + chunk * (BT * BT) + o_a, tl.where(o_t[:, None] >= o_t[None, :], b_dA, 0.0))
+
+    b_g = tl.load(g_base + pos[:, None] * (H * K) + o_k[None, :],
+                  mask=valid[:, None] & m_k[None, :], other=0.0).to(tl.float32)
+    b_kt = _cast(_neg_expm1(b_g) * tl.exp(_suffix_decay(g_base, i_n, T, H, K, o_k, m_k, BT, REVERSE)), DT, EMU)
+    b_dh = tl.load(dh + chunk * (K * V) + o_k[:, None] * V + o_v[None, :],
+                   mask=m_k[:, None] & m_v[None, :], other=0.0)
+    b_dv = tl.dot(b_kt, b_dh)
+    b_A = tl.load(A + chunk * (BT * BT) + o_a)
+    b_dv += tl.dot(tl.trans(b_A), b_do.to(tl.float32))
+    tl.store(dv + (i_b * T * H + i_h) * V + p_tv, b_dv.to(dv.dtype.element_ty), mask=m_tv)
+
+
+@triton.jit
+def _intra_grad_blocks(b_q, b_k, b_b, b_dA, dA_base, o_t, blk, off, i_n, T, H, K: tl.constexpr, q_base, g_base,
+                       o_k, m_k, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr,
+                       REVERSE: tl.constexpr):
+    """Intra-chunk parts of dq and dk through four block references (see _intra_A_blocks)."""
+    r1, r2, r3, r4, s0, s1, s2, s3, r_blk, safe_row = _block_refs(b_b, o_t, blk, BC, SAFE)
+    unsafe = 1 - safe_row
+    b_x = tl.exp(b_b - r_blk)
+    b_qh = b_q * b_x
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    b_e = _intra_cols(b_b, r1 * 0.0, blk, 0, s0)
+    b_dAI = tl.where((blk == 0)[:, None], b_dA, 0.0)
+    b_dqh = tl.dot(b_dAI, b_k * b_e)
+    b_dk += tl.dot(tl.trans(b_dAI), tl.where((blk == 0)[:, None], b_qh, 0.0)) * b_e
+    b_e = _intra_cols(b_b, r1, blk, 1, s1)
+    b_dAI = tl.where((blk == 1)[:, None], b_dA, 0.0)
+    b_dqh += tl.dot(b_dAI, b_k * b_e)
+    b_dk += tl.dot(tl.trans(b_dAI), tl.where((blk == 1)[:, None], b_qh, 0.0)) * b_e
+    b_e = _intra_cols(b_b, r2, blk, 2, s2)
+    b_dAI = tl.where((blk == 2)[:, None], b_dA, 0.0)
+    b_dqh += tl.dot(b_dAI, b_k * b_e)
+    b_dk += tl.dot(tl.trans(b_dAI), tl.where((blk == 2)[:, None], b_qh, 0.0)) * b_e
+    b_e = _intra_cols(b_b, r3, blk, 3, s3)
+    b_dAI = tl.where((blk == 3)[:, None], b_dA, 0.0)
+    b_dqh += tl.dot(b_dAI, b_k * b_e)
+    b_dk += tl.dot(tl.trans(b_dAI), tl.where((blk == 3)[:, None], b_qh, 0.0)) * b_e
+    b_dq += b_dqh * b_x
+
+    if tl.sum(unsafe, axis=0) > 0:
+        # exact diagonal blocks (see the forward kernel): dq pairs row i with column j = block start + jj
+        # (jj from the block end down), dk pairs column j with row i = block start + ii (ii upwards);
+        # the exponents are running sums of g
+        b_f = tl.zeros([BT, BK], dtype=tl.float32)
+        for it in range(BC):
+            jj = BC - 1 - it
+            prow = blk * BC + jj
+            posp, validp = _row_pos(i_n * BT + prow, T, REVERSE)
+            b_gp = tl.load(g_base + posp[:, None] * (H * K) + o_k[None, :],
+                           mask=validp[:, None] & m_k[None, :], other=0.0).to(tl.float32)
+            m = (off >= jj) & (unsafe > 0)
+            b_a = tl.load(dA_base + o_t * BT + prow).to(tl.float32)
+            b_e = tl.exp(tl.where(m[:, None], b_f, float("-inf")))
+            b_dq += b_a[:, None] * _neg_expm1(b_gp) * b_e
+            b_f = tl.where((off >= jj)[:, None], b_f + b_gp, 0.0)
+        b_f = tl.zeros([BT, BK], dtype=tl.float32)
+        for ii in range(BC):
+            prow = blk * BC + ii
+            posp, validp = _row_pos(i_n * BT + prow, T, REVERSE)
+            m_p = validp[:, None] & m_k[None, :]
+            b_gp = tl.load(g_base + posp[:, None] * (H * K) + o_k[None, :], mask=m_p, other=0.0).to(tl.float32)
+            b_qp = tl.load(q_base + posp[:, None] * (H * K) + o_k[None, :], mask=m_p, other=0.0).to(tl.float32)
+            b_f = tl.where((off < ii)[:, None], b_f + b_gp, 0.0)
+            m = (off <= ii) & (unsafe > 0)
+            b_a = tl.load(dA_base + prow * BT + o_t).to(tl.float32)
+            b_e = tl.exp(tl.where(m[:, None], b_f, float("-inf")))
+            b_dk += b_a[:, None] * b_qp * b_e
+    return b_dq, b_dk
+
+
+@triton.jit(do_not_specialize=["T"])
+def hgrn2_bwd_dqdg_kernel(
+    q, v, g, h, do, dh, dA, dq, dg,
+    T, H, NT,
+    K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    SAFE: tl.constexpr, CSAFE: tl.constexpr, REVERSE: tl.constexpr, EMU: tl.constexpr,
+):
+    """One chunk, BK channels: dq, dk (folded into dg, since k = 1 - exp(g)) and dg."""
+    i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b = (i_bh // H).to(tl.int64)
+    i_h = i_bh % H
+    DT = dh.dtype.element_ty
+    tl.static_assert(BT == 4 * BC, "the intra-chunk code is written for four blocks per chunk")
+    o_t = tl.arange(0, BT)
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    blk = o_t // BC
+    off = o_t % BC
+    pos, valid = _chunk_rows(i_n, T, BT, REVERSE)
+    q_base = q + (i_b * T * H + i_h) * K
+    g_base = g + (i_b * T * H + i_h) * K
+    m_qk = valid[:, None] & m_k[None, :]
+    m_tv = valid[:, None] & m_v[None, :]
+    p_qk = pos[:, None] * (H * K) + o_k[None, :]
+    p_tv = pos[:, None] * (H * V) + o_v[None, :]
+    chunk = i_bh.to(tl.int64) * NT + i_n
+    o_s = o_k[:, None] * V + o_v[None, :]
+    m_s = m_k[:, None] & m_v[None, :]
+    dA_base = dA + chunk * (BT * BT)
+
+    b_g = tl.load(g_base + p_qk, mask=m_qk, other=0.0).to(tl.float32)
+    b_b = tl.cumsum(b_g, axis=0)
+    b_k = _neg_expm1(b_g)
+    r_mid = _row_of(b_b, o_t, BT // 2 - 1)
+    b_B = _row_of(b_b, o_t, BT - 1)
+
+    # inter-chunk terms first: dO, v and the two states are dead before the intra-chunk loop
+    b_do = _cast(tl.load(do + (i_b * T * H + i_h) * V + p_tv, mask=m_tv, other=0.0), DT, EMU)
+    b_h = tl.load(h + chunk * (K * V) + o_s, mask=m_s, other=0.0)
+    b_dq = tl.dot(b_do, tl.trans(b_h)) * tl.exp(b_b)
+    b_v = _cast(tl.load(v + (i_b * T * H + i_h) * V + p_tv, mask=m_tv, other=0.0), DT, EMU)
+    b_dh = tl.load(dh + chunk * (K * V) + o_s, mask=m_s, other=0.0)
+    b_dk = tl.dot(b_v, tl.trans(b_dh)) * tl.exp(_suffix_decay(g_base, i_n, T, H, K, o_k, m_k, BT, REVERSE))
+    # gradient of the chunk's total decay B: S_{n+1} = exp(B) S_n + sum_j k_j exp(B - b_j) v_j
+    b_dB = tl.exp(b_B) * tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1) + tl.sum(b_k * b_dk, axis=0)
+
+    # intra-chunk terms, factorised as in the forward (one mid-chunk reference, or four blocks)
+    b_q = tl.load(q_base + p_qk, mask=m_qk, other=0.0).to(tl.float32)
+    b_dA = tl.load(dA_base + o_t[:, None] * BT + o_t[None, :])
+    fast = (tl.min(r_mid, axis=0) >= -CSAFE).to(tl.int32) * (tl.min(b_B - r_mid, axis=0) >= -CSAFE).to(tl.int32)
+    if fast > 0:
+        b_x = tl.exp(b_b - r_mid[None, :])
+        b_y = tl.exp(r_mid[None, :] - b_b)
+        b_dq += tl.dot(b_dA, b_k * b_y) * b_x
+        b_dk += tl.dot(tl.trans(b_dA), b_q * b_x) * b_y
+    else:
+        d_dq, d_dk = _intra_grad_blocks(b_q, b_k, b_b, b_dA, dA_base, o_t, blk, off, i_n, T, H, K, q_base, g_base,
+                                        o_k, m_k, BT, BC, BK, SAFE, REVERSE)
+        b_dq += d_dq
+        b_dk += d_dk
+
+    b_db = b_q * b_dq - b_k * b_dk
+    b_dg = tl.cumsum(b_db, axis=0, reverse=True) + b_dB[None, :] - tl.exp(b_g) * b_dk
+    tl.store(dq + (i_b * T * H + i_h) * K + p_qk, b_dq.to(dq.dtype.element_ty), mask=m_qk)
+    tl.store(dg + (i_b * T * H + i_h) * K + p_qk, b_dg.to(dg.dtype.element_ty), mask=m_qk)

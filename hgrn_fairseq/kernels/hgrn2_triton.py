@@ -1,0 +1,407 @@
+"""HGRN2 recurrence on Triton: ``hgrn2_fused`` (training and prefill) and ``hgrn2_step`` (decoding).
+
+    S_t = Diag(lambda_t) S_{t-1} + (1 - lambda_t)^T v_t,   o_t = q_t S_t,   lambda_t = exp(log_decay_t)
+
+``k = 1 - lambda`` is derived inside the kernels from ``log_decay`` (it is never passed in nor
+materialised) and the scale is 1. Two implementations behind one signature:
+
+* chunked (``hgrn2_chunk_kernels``, ``hgrn2_state_kernels``): chunks of 64 steps; chunk states from
+  chunk-parallel products and a light sequential scan, then chunk-parallel passes for the outputs and
+  gradients; used for training and long sequences;
+* recurrent (``hgrn2_recurrent_kernels``): one step at a time with the state in registers; used for
+  short sequences (``T <= RECURRENT_MAX_T``) and for single-step decoding.
+
+Both accumulate in fp32, read and write the input dtype (bf16, fp16 or fp32), keep states in fp32 at
+the API boundary, support an initial state, return the final state, run forwards or in reverse, and
+have full autograd (q, v, log_decay, initial_state, including gradients flowing from the final state).
+Matrix products take bf16 operands for 16-bit inputs and tf32 for fp32 inputs.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Optional, Tuple
+
+import torch
+import triton
+
+from .hgrn2_chunk_kernels import (
+    hgrn2_bwd_dqdg_kernel,
+    hgrn2_bwd_dstates_kernel,
+    hgrn2_bwd_dv_kernel,
+    hgrn2_fwd_output_kernel,
+    hgrn2_fwd_states_kernel,
+)
+from .hgrn2_recurrent_kernels import hgrn2_rec_bwd_kernel, hgrn2_rec_dq_kernel, hgrn2_rec_fwd_kernel
+from .hgrn2_state_kernels import hgrn2_chunk_outer_kernel, hgrn2_state_scan_kernel
+
+Tensor = torch.Tensor
+
+CHUNK = 64  # steps per chunk (BT)
+BLOCK = 16  # rows per intra-chunk block (BC)
+MAX_HEAD_DIM = 128  # K and V: whole [CHUNK, K] tiles live in registers in the chunk kernels
+RECURRENT_MAX_T = 32  # at or below this length the recurrent kernel is used
+# Intra-chunk products exp(b_i - b_j) are factorised as exp(b_i - r) * exp(r - b_j) with a reference r.
+# CHUNK_SAFE_LOG_DECAY: one reference in the middle of the chunk, used when the decay of each half chunk
+# stays within it (natural log units, every channel), so that every factor lies in exp(+-60). Otherwise
+# four block references (both factors <= 1 across blocks), and inside a block the factorisation only
+# when its decay stays within SAFE_LOG_DECAY; steeper blocks are computed exactly element by element.
+# exp(60) keeps every factor far inside the bf16 / fp32 range. Tests set these to 0 to force each path.
+CHUNK_SAFE_LOG_DECAY = 60.0
+SAFE_LOG_DECAY = 60.0
+# How the chunk states (and their gradients) are computed: "split" = chunk-parallel products, then a
+# scan that only multiplies and adds (hgrn2_state_kernels); "fused" = one sequential kernel doing the
+# products inside its loop over chunks; "auto" = split when the fused kernel's programs (one per
+# 64 x 64 state tile and head) cannot fill the GPU, fused otherwise. On an H200 (bench/README.md) fused
+# was 2-4% faster at B*H = 64..128 and split 14% faster at B*H = 16, T = 16384.
+STATE_IMPL = os.environ.get("HGRN2_STATE_IMPL", "auto")
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _split_states_wanted(x: Tensor, B: int, H: int, K: int, V: int) -> bool:
+    if STATE_IMPL != "auto":
+        return STATE_IMPL == "split"
+    if not x.is_cuda:
+        return True
+    return B * H * triton.cdiv(K, 64) * triton.cdiv(V, 64) < _sm_count(x.device.index or 0)
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# HGRN2_AUTOTUNE=0 takes the first config of each space (fewer compilations, e.g. for GPU test runs)
+_AUTOTUNE = os.environ.get("HGRN2_AUTOTUNE", "1") != "0"
+
+
+def _configs(configs, interpret_config):
+    if _INTERPRET:
+        return [interpret_config]
+    return configs if _AUTOTUNE else configs[:1]
+
+
+def _autotune(configs, key):
+    return triton.autotune(configs=configs, key=key)
+
+
+def _pad(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
+
+
+# Small autotune spaces on purpose (see DEVICE.md). Sequential state passes: the state tile.
+_STATE_CONFIGS = _configs(
+    [
+        triton.Config({"BK": 64, "BV": 64}, num_warps=4, num_stages=2),
+        triton.Config({"BK": 32, "BV": 64}, num_warps=4, num_stages=2),
+        triton.Config({"BK": 32, "BV": 32}, num_warps=2, num_stages=2),
+    ],
+    triton.Config({"BK": 16, "BV": 16}, num_warps=4, num_stages=1),
+)
+# Chunk-parallel kernels: channels per step of the loop over K (fwd_output) or per program
+# (bwd_dqdg), and the warp count. Configs whose BK exceeds the padded head dim are pruned.
+_OUTPUT_CONFIGS = _configs(
+    [triton.Config({"BK": 32}, num_warps=8), triton.Config({"BK": 64}, num_warps=8)],
+    triton.Config({"BK": 16}, num_warps=4),
+)
+# (checked offline with ptxas for sm_90: BK 64 or 4 warps spill registers in these two)
+_DQDG_CONFIGS = _configs([triton.Config({"BK": 32}, num_warps=8)], triton.Config({"BK": 16}, num_warps=4))
+_DV_CONFIGS = _configs([triton.Config({}, num_warps=8)], triton.Config({}, num_warps=4))
+
+
+def _prune_bk(configs, named_args, **kwargs):
+    """Drop configs whose BK exceeds the padded head dim (keep the smallest BK if none fits)."""
+    limit = _pad(kwargs["K"] if "K" in kwargs else named_args["K"])
+    kept = [c for c in configs if c.kwargs["BK"] <= limit]
+    return kept or [min(configs, key=lambda c: c.kwargs["BK"])]
+
+
+def _autotune_bk(configs, key):
+    return triton.autotune(configs=configs, key=key, prune_configs_by={"early_config_prune": _prune_bk})
+
+
+_OUTER_CONFIGS = _configs(
+    [
+        triton.Config({"BK": 64, "BV": 64}, num_warps=4),
+        triton.Config({"BK": 64, "BV": 128}, num_warps=8),
+        triton.Config({"BK": 32, "BV": 64}, num_warps=4),
+    ],
+    triton.Config({"BK": 16, "BV": 16}, num_warps=4),
+)
+_SCAN_CONFIGS = _configs(
+    [
+        triton.Config({"BK": 32, "BV": 32}, num_warps=2, num_stages=3),
+        triton.Config({"BK": 64, "BV": 64}, num_warps=4, num_stages=3),
+        triton.Config({"BK": 32, "BV": 64}, num_warps=4, num_stages=4),
+    ],
+    triton.Config({"BK": 16, "BV": 16}, num_warps=4, num_stages=1),
+)
+
+_chunk_outer = _autotune(_OUTER_CONFIGS, ["K", "V", "KEYS"])(hgrn2_chunk_outer_kernel)
+_state_scan = _autotune(_SCAN_CONFIGS, ["K", "V", "BH", "NT"])(hgrn2_state_scan_kernel)
+_fwd_states = _autotune(_STATE_CONFIGS, ["K", "V", "BH", "NT"])(hgrn2_fwd_states_kernel)
+_bwd_dstates = _autotune(_STATE_CONFIGS, ["K", "V", "BH", "NT"])(hgrn2_bwd_dstates_kernel)
+_fwd_output = _autotune_bk(_OUTPUT_CONFIGS, ["K", "V", "STORE_A"])(hgrn2_fwd_output_kernel)
+_bwd_dv = _autotune(_DV_CONFIGS, ["K", "V"])(hgrn2_bwd_dv_kernel)
+_bwd_dqdg = _autotune_bk(_DQDG_CONFIGS, ["K", "V"])(hgrn2_bwd_dqdg_kernel)
+
+
+def _dot_dtype(dtype: torch.dtype) -> Tuple[torch.dtype, bool]:
+    """Storage dtype of states / A for inputs of ``dtype``, and whether to emulate bf16 rounding in
+    fp32 (the CPU interpreter's bf16 matrix product is unreliable)."""
+    if dtype == torch.float32:
+        return torch.float32, False
+    if _INTERPRET:
+        return torch.float32, True
+    return torch.bfloat16, False
+
+
+def _check_inputs(q: Tensor, v: Tensor, log_decay: Tensor, initial_state: Optional[Tensor]) -> None:
+    for name, x in (("q", q), ("v", v), ("log_decay", log_decay)):
+        if x.dim() != 4:
+            raise ValueError(f"{name} must be [B, T, H, D], got shape {tuple(x.shape)}")
+        if not x.is_floating_point() or x.dtype == torch.float64:
+            raise ValueError(f"{name} has dtype {x.dtype}; the Triton kernels take float32, bfloat16 or float16")
+    if log_decay.shape != q.shape:
+        raise ValueError(f"log_decay has shape {tuple(log_decay.shape)}, expected q's shape {tuple(q.shape)}")
+    if v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"v has shape {tuple(v.shape)}; its [B, T, H] must match q's {tuple(q.shape[:3])}")
+    if q.dtype != v.dtype:
+        raise ValueError(f"q ({q.dtype}) and v ({v.dtype}) must have the same dtype")
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    if T < 1:
+        raise ValueError(f"sequence length T={T} must be >= 1")
+    for name, d in (("K (q/log_decay head dim)", K), ("V (v head dim)", V)):
+        if not 1 <= d <= MAX_HEAD_DIM:
+            raise ValueError(
+                f"head dim {name} = {d}: the HGRN2 Triton kernels tile head dims 1..{MAX_HEAD_DIM}; "
+                "use more heads (a smaller expand ratio) or backend='reference'"
+            )
+    if initial_state is not None and tuple(initial_state.shape) != (B, H, K, V):
+        raise ValueError(
+            f"initial_state has shape {tuple(initial_state.shape)}, expected [B, H, K, V] = {(B, H, K, V)}"
+        )
+    devices = {x.device for x in (q, v, log_decay) + ((initial_state,) if initial_state is not None else ())}
+    if len(devices) != 1:
+        raise ValueError(f"all inputs must be on one device, got {sorted(map(str, devices))}")
+
+
+# ----------------------------------------------------------------------------------------------
+# chunked implementation
+
+
+def _split_states(x, g, y, s0, reverse, backward, dt, emu, store_sT):
+    """States before each chunk (forward: x unused, y = v) or state gradients after each chunk
+    (backward: x = q, y = dO), through the chunk-parallel products and the scan."""
+    B, T, H, K = g.shape
+    V = y.shape[-1]
+    BH, NT = B * H, triton.cdiv(T, CHUNK)
+    D = g.new_empty(BH, NT, K, V, dtype=torch.float32)
+    LB = g.new_empty(BH, NT, K, dtype=torch.float32)
+    _chunk_outer[lambda m: (NT * BH, triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]))](
+        g if x is None else x, g, y, D, LB, T, H, NT, K=K, V=V, BT=CHUNK,
+        REVERSE=reverse, KEYS=not backward, DOT_BF16=y.dtype != torch.float32, EMU=emu,
+    )
+    h = g.new_empty(BH, NT, K, V, dtype=dt)
+    sT = g.new_empty(B, H, K, V, dtype=torch.float32) if store_sT else None
+    _state_scan[lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]), BH)](
+        D, LB, h, s0, sT, NT, BH, K=K, V=V, BACKWARD=backward, HAS_S0=s0 is not None, STORE_ST=store_sT,
+    )
+    return h, sT
+
+
+def _chunk_fwd(q, v, g, h0, reverse, store_a):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    BH, NT = B * H, triton.cdiv(T, CHUNK)
+    dt, emu = _dot_dtype(q.dtype)
+    if _split_states_wanted(q, B, H, K, V):
+        h, ht = _split_states(None, g, v, h0, reverse, False, dt, emu, True)
+    else:
+        h = q.new_empty(BH, NT, K, V, dtype=dt)
+        ht = q.new_empty(B, H, K, V, dtype=torch.float32)
+        _fwd_states[lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]), BH)](
+            g, v, h, h0, ht, T, H, NT, BH, K=K, V=V, BT=CHUNK,
+            REVERSE=reverse, HAS_H0=h0 is not None, STORE_HT=True, EMU=emu,
+        )
+    o = torch.empty_like(v)
+    A = q.new_empty(BH, NT, CHUNK, CHUNK, dtype=torch.float32) if store_a else None
+    _fwd_output[(NT, BH)](
+        q, v, g, h, o, A, T, H, NT, K=K, V=V, BT=CHUNK, BC=BLOCK, BV=_pad(V),
+        SAFE=SAFE_LOG_DECAY, CSAFE=CHUNK_SAFE_LOG_DECAY, REVERSE=reverse, STORE_A=store_a, EMU=emu,
+    )
+    return o, ht, h, A
+
+
+def _chunk_bwd(q, v, g, h0, h, A, do, dht, reverse, need_dh0):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    BH, NT = B * H, triton.cdiv(T, CHUNK)
+    dt, emu = _dot_dtype(q.dtype)
+    if _split_states_wanted(q, B, H, K, V):
+        dh, dh0 = _split_states(q, g, do, dht, reverse, True, dt, emu, need_dh0)
+    else:
+        dh = q.new_empty(BH, NT, K, V, dtype=dt)
+        dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if need_dh0 else None
+        _bwd_dstates[lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]), BH)](
+            q, g, do, dh, dht, dh0, T, H, NT, BH, K=K, V=V, BT=CHUNK,
+            REVERSE=reverse, HAS_DHT=dht is not None, STORE_DH0=need_dh0, EMU=emu,
+        )
+    dv = torch.empty_like(v)
+    dA = q.new_empty(BH, NT, CHUNK, CHUNK, dtype=torch.float32)
+    _bwd_dv[(NT, BH)](
+        v, g, do, dh, A, dv, dA, T, H, NT, K=K, V=V, BT=CHUNK, BK=_pad(K), BV=_pad(V), REVERSE=reverse, EMU=emu,
+    )
+    dq = torch.empty_like(q)
+    dg = torch.empty_like(g)
+    _bwd_dqdg[lambda m: (triton.cdiv(K, m["BK"]), NT, BH)](
+        q, v, g, h, do, dh, dA, dq, dg, T, H, NT, K=K, V=V, BT=CHUNK, BC=BLOCK, BV=_pad(V),
+        SAFE=SAFE_LOG_DECAY, CSAFE=CHUNK_SAFE_LOG_DECAY, REVERSE=reverse, EMU=emu,
+    )
+    return dq, dv, dg, dh0
+
+
+class _ChunkFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, v, g, h0, reverse):
+        o, ht, h, A = _chunk_fwd(q, v, g, h0, reverse, store_a=True)
+        ctx.save_for_backward(q, v, g, h0, h, A)
+        ctx.reverse = reverse
+        ctx.set_materialize_grads(False)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, v, g, h0, h, A = ctx.saved_tensors
+        if do is None:
+            do = torch.zeros_like(v)
+        do = do.contiguous()
+        dht = None if dht is None else dht.contiguous()
+        need_dh0 = h0 is not None and ctx.needs_input_grad[3]
+        dq, dv, dg, dh0 = _chunk_bwd(q, v, g, h0, h, A, do, dht, ctx.reverse, need_dh0)
+        return dq, dv, dg, dh0, None
+
+
+# ----------------------------------------------------------------------------------------------
+# recurrent implementation
+
+
+def _rec_fwd(q, v, g, h0, reverse):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    o = torch.empty_like(v)
+    ht = q.new_empty(B, H, K, V, dtype=torch.float32)
+    BV = min(_pad(V), 32)
+    hgrn2_rec_fwd_kernel[(triton.cdiv(V, BV), B * H)](
+        q, v, g, o, h0, ht, T, H, K=K, V=V, BK=_pad(K), BV=BV,
+        REVERSE=reverse, HAS_H0=h0 is not None, num_warps=4,
+    )
+    return o, ht
+
+
+def _rec_bwd(q, v, g, h0, ht, do, dht, reverse, need_dh0):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    dq = q.new_empty(B, T, H, K, dtype=torch.float32)
+    BK = min(_pad(K), 32)
+    hgrn2_rec_dq_kernel[(triton.cdiv(K, BK), B * H)](
+        v, g, do, h0, dq, T, H, K=K, V=V, BK=BK, BV=_pad(V),
+        REVERSE=reverse, HAS_H0=h0 is not None, num_warps=4,
+    )
+    dv = torch.empty_like(v)
+    dg = torch.empty_like(g)
+    dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if need_dh0 else None
+    hgrn2_rec_bwd_kernel[(B * H,)](
+        q, v, g, do, dq, ht, dht, dv, dg, dh0, T, H, K=K, V=V, BK=_pad(K), BV=_pad(V),
+        REVERSE=reverse, HAS_DHT=dht is not None, STORE_DH0=need_dh0, num_warps=8,
+    )
+    return dq.to(q.dtype), dv, dg, dh0
+
+
+class _RecurrentFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, v, g, h0, reverse):
+        o, ht = _rec_fwd(q, v, g, h0, reverse)
+        ctx.save_for_backward(q, v, g, h0, ht)
+        ctx.reverse = reverse
+        ctx.set_materialize_grads(False)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, v, g, h0, ht = ctx.saved_tensors
+        if do is None:
+            do = torch.zeros_like(v)
+        do = do.contiguous()
+        dht = None if dht is None else dht.contiguous()
+        need_dh0 = h0 is not None and ctx.needs_input_grad[3]
+        dq, dv, dg, dh0 = _rec_bwd(q, v, g, h0, ht, do, dht, ctx.reverse, need_dh0)
+        return dq, dv, dg, dh0, None
+
+
+# ----------------------------------------------------------------------------------------------
+# public API
+
+
+def hgrn2_fused(
+    q: Tensor,
+    v: Tensor,
+    log_decay: Tensor,
+    initial_state: Optional[Tensor] = None,
+    reverse: bool = False,
+    *,
+    impl: str = "auto",
+) -> Tuple[Tensor, Tensor]:
+    """HGRN2 recurrence with k = 1 - exp(log_decay) and scale 1 (see ``reference.hgrn2_scan_reference``).
+
+    Args:
+        q, log_decay: ``[B, T, H, K]`` (float32 / bfloat16 / float16; ``log_decay <= 0``).
+        v: ``[B, T, H, V]``, the dtype of q. ``1 <= K, V <= 128``.
+        initial_state: ``[B, H, K, V]`` or None (zeros); any float dtype, used in fp32.
+        reverse: run from ``t = T-1`` down to 0.
+        impl: ``"auto"`` (recurrent for ``T <= RECURRENT_MAX_T``, chunked otherwise), ``"chunk"`` or
+            ``"recurrent"``.
+    Returns:
+        ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in q's dtype, ``final_state`` ``[B, H, K, V]`` fp32.
+    """
+    _check_inputs(q, v, log_decay, initial_state)
+    if impl not in ("auto", "chunk", "recurrent"):
+        raise ValueError(f"impl={impl!r} is not one of ('auto', 'chunk', 'recurrent')")
+    T = q.shape[1]
+    if impl == "auto":
+        impl = "recurrent" if T <= RECURRENT_MAX_T else "chunk"
+    q, v, log_decay = q.contiguous(), v.contiguous(), log_decay.contiguous()
+    h0 = None if initial_state is None else initial_state.contiguous()
+    reverse = bool(reverse)
+    needs_grad = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (q, v, log_decay, h0)
+    )
+    # the kernels read the initial state as fp32 (autograd casts its gradient back)
+    h0 = None if h0 is None else h0.float()
+    if impl == "recurrent":
+        if needs_grad:
+            return _RecurrentFunction.apply(q, v, log_decay, h0, reverse)
+        return _rec_fwd(q, v, log_decay, h0, reverse)
+    if needs_grad:
+        return _ChunkFunction.apply(q, v, log_decay, h0, reverse)
+    o, ht, _, _ = _chunk_fwd(q, v, log_decay, h0, reverse, store_a=False)
+    return o, ht
+
+
+def hgrn2_step(q: Tensor, v: Tensor, log_decay: Tensor, state: Tensor) -> Tuple[Tensor, Tensor]:
+    """One decoding step: ``S' = Diag(exp(g)) S + (1 - exp(g))^T v``, ``o = q S'``.
+
+    Args:
+        q, log_decay: ``[B, H, K]``; v: ``[B, H, V]``; state: ``[B, H, K, V]`` (any float dtype).
+    Returns:
+        ``(o [B, H, V] in q's dtype, new_state [B, H, K, V] fp32)``. Differentiable in every input.
+    """
+    for name, x in (("q", q), ("v", v), ("log_decay", log_decay)):
+        if x.dim() != 3:
+            raise ValueError(f"hgrn2_step: {name} must be [B, H, D], got shape {tuple(x.shape)}")
+    if state is None:
+        raise ValueError("hgrn2_step needs a state [B, H, K, V] (use zeros for the first token)")
+    o, new_state = hgrn2_fused(
+        q.unsqueeze(1), v.unsqueeze(1), log_decay.unsqueeze(1), state, False, impl="recurrent"
+    )
+    return o.squeeze(1), new_state

@@ -1,0 +1,277 @@
+"""HGRN2 Triton kernels (chunked, recurrent, single step) against the float64 reference.
+
+On a machine without a GPU the kernels run through the Triton interpreter on CPU tensors
+(TRITON_INTERPRET=1, set below before anything is compiled); with a GPU and TRITON_INTERPRET unset
+the same tests run on CUDA, plus the GPU-only ones at the LM's head size.
+
+Errors are norm-relative, ||x - ref|| / ||ref||, against ``hgrn2_scan_reference`` in float64 on the
+same (rounded) inputs. Tolerances:
+
+* fp32 inputs: 2e-5 in the interpreter (exact fp32 products; observed <= 3e-6), 5e-3 on the GPU
+  (matrix products in tf32).
+* bf16 inputs: 2e-2 (bf16 products, bf16 outputs; observed <= 7e-3).
+* final state (fp32 output): as fp32 inputs, or 1e-2 for bf16 inputs.
+"""
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # before triton compiles anything (tests/conftest.py does the same)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+pytest.importorskip("triton")
+
+from hgrn_fairseq.kernels import hgrn2_scan, hgrn2_scan_reference, hgrn2_step  # noqa: E402
+from hgrn_fairseq.kernels import hgrn2_triton  # noqa: E402
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+if INTERPRET:
+    DEVICE = "cpu"
+else:
+    DEVICE = "cuda" if torch.cuda.is_available() else None
+
+pytestmark = [
+    pytest.mark.skipif(DEVICE is None, reason="needs a CUDA GPU, or TRITON_INTERPRET=1 (CPU interpreter)"),
+    pytest.mark.skipif(
+        hgrn2_triton._INTERPRET != INTERPRET,
+        reason="hgrn2_triton was imported before TRITON_INTERPRET was set; run this module on its own",
+    ),
+]
+_needs_gpu = pytest.mark.skipif(
+    INTERPRET or not torch.cuda.is_available(), reason="GPU-only test (needs CUDA and TRITON_INTERPRET unset)"
+)
+
+
+def gpu_only(fn):
+    return pytest.mark.gpu(_needs_gpu(fn))
+
+FP32_TOL = 2e-5 if INTERPRET else 5e-3
+BF16_TOL = 2e-2
+
+
+def rel(x, ref):
+    x, ref = x.detach().double().cpu(), ref.detach().double().cpu()
+    assert torch.isfinite(x).all(), "non-finite values"
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def make_inputs(B, T, H, K, V, dtype, h0=True, decay_scale=1.0, seed=0, device=DEVICE):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=gen)
+    v = torch.randn(B, T, H, V, generator=gen)
+    g = F.logsigmoid(2 * torch.randn(B, T, H, K, generator=gen) + 1) * decay_scale
+    s0 = torch.randn(B, H, K, V, generator=gen) if h0 else None
+    q, v, g = (x.to(dtype).to(device) for x in (q, v, g))
+    return q, v, g, (None if s0 is None else s0.to(device))
+
+
+def check_against_reference(q, v, g, s0, reverse, impl, tol, state_tol, seed=1):
+    """Forward (o, final state) and gradients of q, v, log_decay and the initial state, with a loss
+    that also reads the final state, so that gradients flow in from it."""
+    leaves = [x.detach().clone().requires_grad_() for x in (q, v, g)]
+    s0_leaf = None if s0 is None else s0.detach().clone().requires_grad_()
+    o, st = hgrn2_triton.hgrn2_fused(*leaves, s0_leaf, reverse, impl=impl)
+    assert o.dtype == q.dtype and o.shape == v.shape
+    assert st.dtype == torch.float32 and st.shape == (q.shape[0], q.shape[2], q.shape[3], v.shape[3])
+    gen = torch.Generator().manual_seed(seed)
+    wo = torch.randn(o.shape, generator=gen, dtype=torch.float64)
+    ws = torch.randn(st.shape, generator=gen, dtype=torch.float64)
+    ((o.double().cpu() * wo).sum() + (st.double().cpu() * ws).sum()).backward()
+
+    ref_leaves = [x.detach().double().cpu().requires_grad_() for x in (q, v, g)]
+    ref_s0 = None if s0 is None else s0.detach().double().cpu().requires_grad_()
+    ro, rst = hgrn2_scan_reference(*ref_leaves, ref_s0, reverse)
+    ((ro * wo).sum() + (rst * ws).sum()).backward()
+
+    assert rel(o, ro) < tol, f"o: {rel(o, ro):.2e}"
+    assert rel(st, rst) < state_tol, f"final state: {rel(st, rst):.2e}"
+    for name, x, r in zip(("dq", "dv", "dlog_decay"), leaves, ref_leaves):
+        assert x.grad.dtype == x.dtype
+        assert rel(x.grad, r.grad) < tol, f"{name}: {rel(x.grad, r.grad):.2e}"
+    if s0 is not None:
+        assert rel(s0_leaf.grad, ref_s0.grad) < state_tol, f"dh0: {rel(s0_leaf.grad, ref_s0.grad):.2e}"
+
+
+CASES = [
+    # B, T, H, K, V, reverse, initial state, impl, dtype
+    (1, 1, 2, 4, 16, False, True, "chunk", torch.float32),
+    (1, 1, 1, 16, 4, True, True, "recurrent", torch.float32),
+    (1, 7, 2, 4, 4, False, True, "recurrent", torch.float32),
+    (2, 7, 1, 16, 4, True, False, "chunk", torch.float32),
+    (1, 37, 2, 16, 32, False, True, "chunk", torch.float32),
+    (2, 130, 2, 32, 16, True, True, "chunk", torch.float32),
+    (1, 130, 1, 5, 12, False, True, "chunk", torch.float32),
+    (1, 130, 1, 32, 32, False, True, "chunk", torch.bfloat16),
+    (1, 37, 2, 16, 16, True, True, "recurrent", torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("B,T,H,K,V,reverse,h0,impl,dtype", CASES)
+def test_matches_reference(B, T, H, K, V, reverse, h0, impl, dtype):
+    q, v, g, s0 = make_inputs(B, T, H, K, V, dtype, h0=h0)
+    bf16 = dtype == torch.bfloat16
+    check_against_reference(
+        q, v, g, s0, reverse, impl, BF16_TOL if bf16 else FP32_TOL, 1e-2 if bf16 else FP32_TOL
+    )
+
+
+@pytest.mark.parametrize("path", ["blocks", "elementwise"])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_intra_chunk_paths(monkeypatch, path, reverse):
+    """CHUNK_SAFE_LOG_DECAY = 0 sends every chunk through the four-block factorisation; with
+    SAFE_LOG_DECAY = 0 too, every diagonal block goes through the element-by-element path."""
+    monkeypatch.setattr(hgrn2_triton, "CHUNK_SAFE_LOG_DECAY", 0.0)
+    if path == "elementwise":
+        monkeypatch.setattr(hgrn2_triton, "SAFE_LOG_DECAY", 0.0)
+    q, v, g, s0 = make_inputs(1, 130, 2, 16, 16, torch.float32, seed=3)
+    check_against_reference(q, v, g, s0, reverse, "chunk", FP32_TOL, FP32_TOL)
+
+
+def test_fused_state_pass(monkeypatch):
+    """STATE_IMPL = 'fused': chunk states in one sequential kernel (instead of products + scan)."""
+    monkeypatch.setattr(hgrn2_triton, "STATE_IMPL", "fused")
+    q, v, g, s0 = make_inputs(2, 130, 2, 32, 16, torch.float32, seed=15)
+    check_against_reference(q, v, g, s0, True, "chunk", FP32_TOL, FP32_TOL)
+
+
+@pytest.mark.parametrize("decay_scale", [3.0, 30.0])
+def test_steep_decay_is_exact(decay_scale):
+    """Per-step log decays of a few units (scale 3: chunks on all three intra-chunk paths, one
+    reference, four blocks, element by element) and down to about -150 with one channel at -1000
+    (scale 30: nearly every block element by element). A single factorisation would overflow; the
+    kernels must stay finite and exact."""
+    q, v, g, s0 = make_inputs(1, 130, 1, 16, 16, torch.float32, decay_scale=decay_scale, seed=4)
+    g = g.clone()
+    if decay_scale > 10:
+        g[:, 40:60, :, 3] = -1000.0
+    check_against_reference(q, v, g, s0, False, "chunk", FP32_TOL, FP32_TOL)
+
+
+def test_gradient_from_final_state_only():
+    q, v, g, s0 = make_inputs(1, 70, 1, 16, 16, torch.float32, seed=5)
+    leaves = [x.clone().requires_grad_() for x in (q, v, g, s0)]
+    _, st = hgrn2_triton.hgrn2_fused(*leaves, impl="chunk")
+    st.square().sum().backward()
+    ref = [x.double().cpu().requires_grad_() for x in (q, v, g, s0)]
+    _, rst = hgrn2_scan_reference(*ref)
+    rst.square().sum().backward()
+    assert ref[0].grad is None and (leaves[0].grad == 0).all()  # q does not reach the final state
+    for x, r in zip(leaves[1:], ref[1:]):
+        assert rel(x.grad, r.grad) < FP32_TOL
+
+
+@pytest.mark.parametrize("impl", ["chunk", "recurrent"])
+def test_no_grad_path_matches(impl):
+    q, v, g, s0 = make_inputs(2, 40, 2, 16, 16, torch.float32, seed=6)
+    with torch.no_grad():
+        o1, s1 = hgrn2_triton.hgrn2_fused(q, v, g, s0, impl=impl)
+    o2, s2 = hgrn2_triton.hgrn2_fused(q.requires_grad_(), v, g, s0, impl=impl)
+    torch.testing.assert_close(o1, o2.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(s1, s2.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_dispatch_and_auto_choice():
+    """hgrn2_scan(backend='triton') reaches the kernels; 'auto' picks the recurrent kernel for short
+    sequences and the chunked one for long ones, and both agree with the reference."""
+    for T in (hgrn2_triton.RECURRENT_MAX_T, hgrn2_triton.RECURRENT_MAX_T + 1):
+        q, v, g, s0 = make_inputs(1, T, 1, 8, 8, torch.float32, seed=T)
+        o, st = hgrn2_scan(q, v, g, s0, False, backend="triton")
+        ro, rst = hgrn2_scan_reference(q.double().cpu(), v.double().cpu(), g.double().cpu(), s0.double().cpu())
+        assert rel(o, ro) < FP32_TOL and rel(st, rst) < FP32_TOL
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_step_matches_reference(dtype):
+    B, H, K, V = 2, 2, 16, 32
+    q, v, g, s0 = make_inputs(B, 1, H, K, V, dtype, seed=7)
+    q, v, g = q[:, 0], v[:, 0], g[:, 0]
+    leaves = [x.clone().requires_grad_() for x in (q, v, g, s0)]
+    o, st = hgrn2_step(*leaves, backend="triton")
+    assert o.shape == (B, H, V) and st.shape == (B, H, K, V) and st.dtype == torch.float32
+    (o.float().square().sum() + st.square().sum()).backward()
+    ref = [x.double().cpu().requires_grad_() for x in (q, v, g, s0)]
+    ro, rst = hgrn2_scan_reference(ref[0][:, None], ref[1][:, None], ref[2][:, None], ref[3])
+    (ro.square().sum() + rst.square().sum()).backward()
+    tol = BF16_TOL if dtype == torch.bfloat16 else FP32_TOL
+    assert rel(o, ro[:, 0]) < tol and rel(st, rst) < FP32_TOL
+    for x, r in zip(leaves, ref):
+        assert rel(x.grad, r.grad) < tol
+
+
+def test_steps_chain_to_the_full_scan():
+    q, v, g, s0 = make_inputs(1, 9, 2, 8, 16, torch.float32, seed=8)
+    state, outs = s0, []
+    for t in range(q.shape[1]):
+        o, state = hgrn2_step(q[:, t], v[:, t], g[:, t], state, backend="triton")
+        outs.append(o)
+    o_full, s_full = hgrn2_triton.hgrn2_fused(q, v, g, s0, impl="chunk")
+    assert rel(torch.stack(outs, 1), o_full) < FP32_TOL and rel(state, s_full) < FP32_TOL
+
+
+def test_bad_inputs():
+    q, v, g, s0 = make_inputs(1, 5, 2, 8, 8, torch.float32, seed=9)
+    with pytest.raises(ValueError, match="K .* = 129"):
+        big = torch.zeros(1, 5, 2, 129, device=DEVICE)
+        hgrn2_triton.hgrn2_fused(big, v, big)
+    with pytest.raises(ValueError, match="V .* = 256"):
+        hgrn2_triton.hgrn2_fused(q, torch.zeros(1, 5, 2, 256, device=DEVICE), g)
+    with pytest.raises(ValueError, match=r"initial_state has shape \(1, 2, 8, 4\), expected"):
+        hgrn2_triton.hgrn2_fused(q, v, g, s0[..., :4])
+    with pytest.raises(ValueError, match="log_decay has shape"):
+        hgrn2_triton.hgrn2_fused(q, v, g[:, :4])
+    with pytest.raises(ValueError, match="v has shape"):
+        hgrn2_triton.hgrn2_fused(q, v[:, :4], g)
+    with pytest.raises(ValueError, match="same dtype"):
+        hgrn2_triton.hgrn2_fused(q, v.bfloat16(), g)
+    with pytest.raises(ValueError, match="float64"):
+        hgrn2_triton.hgrn2_fused(q.double(), v.double(), g.double())
+    with pytest.raises(ValueError, match="impl="):
+        hgrn2_triton.hgrn2_fused(q, v, g, impl="fast")
+    with pytest.raises(ValueError, match=r"hgrn2_step: q must be \[B, H, D\]"):
+        hgrn2_triton.hgrn2_step(q, v[:, 0], g[:, 0], s0)
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU only: the LM's head size (expand ratio 128), longer sequences, both dtypes
+
+
+@gpu_only
+@pytest.mark.parametrize("state_impl", ["split", "fused"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_gpu_lm_head_size(monkeypatch, state_impl, dtype, reverse):
+    monkeypatch.setattr(hgrn2_triton, "STATE_IMPL", state_impl)
+    q, v, g, s0 = make_inputs(2, 333, 2, 128, 128, dtype, seed=10)
+    bf16 = dtype == torch.bfloat16
+    check_against_reference(q, v, g, s0, reverse, "chunk", BF16_TOL if bf16 else FP32_TOL, 1e-2)
+
+
+@gpu_only
+@pytest.mark.parametrize("K,V", [(64, 64), (8, 8), (128, 32)])
+def test_gpu_other_head_sizes(K, V):
+    q, v, g, s0 = make_inputs(3, 200, 3, K, V, torch.bfloat16, seed=11)
+    check_against_reference(q, v, g, s0, False, "chunk", BF16_TOL, 1e-2)
+
+
+@gpu_only
+def test_gpu_steep_decay_and_intra_paths(monkeypatch):
+    for scale in (3.0, 30.0):
+        q, v, g, s0 = make_inputs(1, 256, 2, 128, 128, torch.bfloat16, decay_scale=scale, seed=12)
+        check_against_reference(q, v, g, s0, False, "chunk", BF16_TOL, 1e-2)
+    monkeypatch.setattr(hgrn2_triton, "CHUNK_SAFE_LOG_DECAY", 0.0)
+    q, v, g, s0 = make_inputs(1, 256, 2, 128, 128, torch.bfloat16, seed=13)
+    check_against_reference(q, v, g, s0, True, "chunk", BF16_TOL, 1e-2)
+    monkeypatch.setattr(hgrn2_triton, "SAFE_LOG_DECAY", 0.0)
+    check_against_reference(q, v, g, s0, True, "chunk", BF16_TOL, 1e-2)
+
+
+@gpu_only
+def test_gpu_chunk_and_recurrent_agree_long():
+    q, v, g, s0 = make_inputs(2, 2000, 4, 128, 128, torch.bfloat16, seed=14)
+    with torch.no_grad():
+        o_c, s_c = hgrn2_triton.hgrn2_fused(q, v, g, s0, impl="chunk")
+        o_r, s_r = hgrn2_triton.hgrn2_fused(q, v, g, s0, impl="recurrent")
+    assert rel(o_c, o_r) < BF16_TOL and rel(s_c, s_r) < 1e-2
