@@ -6,12 +6,16 @@ Public API (batch-first; complex numbers as a trailing dimension of size 2, see 
   gates + scan of one HGRU direction, returns ``(h, final_state)``.
 * ``hgrn2_scan(q, v, log_decay, initial_state, reverse, backend)``: HGRN2 recurrence.
 * ``hgrn2_step(q, v, log_decay, state, backend)``: one HGRN2 decoding step.
+* ``real_scan(x, a, initial_state, reverse, backend)`` and
+  ``complex_scan(x, a, theta, initial_state, reverse, backend)``: the bare HGRU recurrences.
+* ``hgru_fused``: the Triton HGRU op itself (gates + scan, CUDA tensors), imported on first use so
+  that importing this package needs no Triton; ``hgru_scan`` dispatches to it.
 * ``*_reference``: the float64-capable oracles.
 
 ``backend`` is ``"auto"`` (Triton for CUDA tensors, the reference otherwise), ``"triton"`` or
 ``"reference"``.
 """
-from .dispatch import BACKENDS, hgrn2_scan, hgrn2_step, hgru_scan, resolve_backend
+from .dispatch import BACKENDS, complex_scan, hgrn2_scan, hgrn2_step, hgru_scan, real_scan, resolve_backend
 from .reference import (
     complex_scan_reference,
     hgrn2_scan_reference,
@@ -26,9 +30,21 @@ __all__ = [
     "hgru_scan",
     "hgrn2_scan",
     "hgrn2_step",
+    "real_scan",
+    "complex_scan",
+    "hgru_fused",
     "real_scan_reference",
     "complex_scan_reference",
     "hgru_gates_reference",
     "hgru_reference",
     "hgrn2_scan_reference",
 ]
+
+
+def __getattr__(name):
+    # hgru_fused lives with the Triton kernels; import them only when asked for
+    if name == "hgru_fused":
+        from .hgru_triton import hgru_fused
+
+        return hgru_fused
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -60,6 +60,38 @@ def hgru_scan(
     return reference.hgru_reference(forget_logits, inputs, theta, lower_bound, initial_state, reverse)
 
 
+def real_scan(
+    x: Tensor,
+    a: Tensor,
+    initial_state: Optional[Tensor] = None,
+    reverse: bool = False,
+    backend: str = "auto",
+) -> Tuple[Tensor, Tensor]:
+    """h_t = a_t h_{t-1} + x_t, ``x, a: [B, T, D]``. See ``reference.real_scan_reference``."""
+    if resolve_backend(backend, x) == "triton":
+        from .hgru_triton import real_scan as real_scan_triton
+
+        return real_scan_triton(x, a, initial_state, reverse)
+    return reference.real_scan_reference(x, a, initial_state, reverse)
+
+
+def complex_scan(
+    x: Tensor,
+    a: Tensor,
+    theta: Tensor,
+    initial_state: Optional[Tensor] = None,
+    reverse: bool = False,
+    backend: str = "auto",
+) -> Tuple[Tensor, Tensor]:
+    """h_t = a_t exp(i theta) h_{t-1} + x_t, ``x: [B, T, D, 2]``, ``a: [B, T, D]``, ``theta: [D]``.
+    See ``reference.complex_scan_reference``."""
+    if resolve_backend(backend, x) == "triton":
+        from .hgru_triton import complex_scan as complex_scan_triton
+
+        return complex_scan_triton(x, a, theta, initial_state, reverse)
+    return reference.complex_scan_reference(x, a, theta, initial_state, reverse)
+
+
 def hgrn2_scan(
     q: Tensor,
     v: Tensor,

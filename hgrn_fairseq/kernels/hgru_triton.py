@@ -1,0 +1,1464 @@
+"""Triton kernels for the HGRU recurrences: real scan, complex scan and the fused HGRU (gates + scan).
+
+Public ops (batch-first; complex numbers are a trailing dimension of size 2, as in ``reference.py``):
+
+* ``real_scan(x, a, initial_state=None, reverse=False) -> (h, final_state)``:
+  ``h_t = a_t * h_{t-1} + x_t``; ``x, a: [B, T, D]``, ``initial_state: [B, D]``.
+* ``complex_scan(x, a, theta, initial_state=None, reverse=False) -> (h, final_state)``:
+  ``h_t = a_t * exp(i theta) * h_{t-1} + x_t``; ``x: [B, T, D, 2]``, ``a: [B, T, D]``,
+  ``theta: [D]``, ``initial_state: [B, D, 2]``.
+* ``hgru_fused(forget_logits, inputs, theta=None, lower_bound=None, initial_state=None, reverse=False)``:
+  ``lambda = gamma + (1 - gamma) * sigmoid(f)`` and ``x = (1 - lambda) * SiLU(inputs)`` computed in
+  registers (never written to memory; the backward recomputes them), then the real scan
+  (``inputs: [B, T, D]``, ``theta=None``) or the complex one (``inputs: [B, T, D, 2]``, ``theta: [D]``).
+
+All are autograd Functions with gradients for every tensor input (including ``initial_state``,
+``theta`` and a tensor ``lower_bound``) and for both outputs. Inputs may be bf16, fp16 or fp32 and may
+be strided views (the kernels take strides, so the usual contiguous case costs no copy); outputs come
+in the dtype of ``x`` / ``inputs``; the recurrence is carried in fp32.
+
+How the kernels work
+--------------------
+The recurrence is memory-bound. A program is one warp; its 32 lanes own 32 channels of one sequence
+and each thread holds a tile of ``BT`` consecutive steps of its channel, so a tile is scanned along
+time in registers (``tl.associative_scan`` on an axis that lives inside each thread). Loads and
+stores stay coalesced along channels. (Triton picks that layout only because the kernels hide the
+rows' alignment from it: see ``_load_pair``.)
+
+The complex rotation is constant per channel, so a tile is scanned in a rotating frame: with
+``F_k = exp(i (k+1) theta)`` (k the row inside the tile, computed once per program),
+``h_k = F_k * z_k`` where ``z`` is a *real-decay* scan of ``conj(F_k) x_k``. The complex scan is thus
+two real scans sharing the decay, and no angle larger than ``BT * theta`` is ever formed.
+
+Parallelism over time comes in three modes (``_plan`` picks one per launch; ``tuning`` overrides):
+
+* ``seq``: one program per 32 channels walks the whole sequence, tile by tile (prefetching the next
+  tile). Best when B * D alone gives enough programs to hide memory latency.
+* ``lookback``: one program per tile, single pass over the data: each tile publishes the affine map
+  ``h -> M h + S`` of its steps and finds its incoming state by decoupled look-back over its
+  predecessors (values travel with tags in 64-bit words; see ``_lookback``).
+* ``twopass``: time is cut into NC chunks; one kernel computes each chunk's map, a second one
+  composes the maps before its chunk and runs the chunk. It reads the inputs twice.
+
+The backward of ``h_t = A_t h_{t-1} + x_t`` is the same scan run in the other direction:
+``g_t = dh_t + conj(A_{t+1}) g_{t+1}`` (``g_T`` = gradient of the final state), ``dx_t = g_t``,
+``da_t = Re(conj(g_t) exp(i theta) h_{t-1})``, ``dtheta = sum a_t Re(conj(g_t) i exp(i theta) h_{t-1})``,
+``dh_0 = conj(A_0) g_0``. It reads the saved output ``h`` (shifted by one step) instead of
+recomputing it; sums over batch and time (``dtheta``, ``dgamma``) are written per program and
+reduced with one ``torch.sum``.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from typing import Optional, Tuple, Union
+
+import torch
+import triton
+import triton.language as tl
+
+Tensor = torch.Tensor
+
+# Triton reads TRITON_INTERPRET when a kernel is decorated, i.e. when this module is imported.
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+if not INTERPRETED:
+    from triton.language.extra import libdevice  # accurate sin/cos (tl.sin/cos may be approximate)
+else:  # the interpreter has no libdevice; numpy's sin/cos are exact enough
+    libdevice = None
+
+# kernel modes: one pass over a whole sequence; chunk maps only; chunks from composed maps
+MODE_SEQ, MODE_AGG, MODE_APPLY = 0, 1, 2
+_MODE_AGG = tl.constexpr(MODE_AGG)
+_MODE_APPLY = tl.constexpr(MODE_APPLY)
+_SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# Launch parameters. ``tuning`` may be edited (tests force small tiles and chunking on CPU; the
+# bench sweeps it). ``None`` means "let ``_plan`` decide".
+tuning = {
+    "block_t": None,  # BT, time steps per tile
+    "block_d": None,  # BD, channels per program (at least 32)
+    "num_warps": None,
+    "mode": None,  # "seq", "lookback" or "twopass" (see _plan)
+    "num_chunks": None,  # NC for "twopass"
+    "min_programs": None,  # below this many (batch, channel-block) programs, split time
+    "publish_inclusive": None,  # False (tests only): look-back walks always reach chunk 0
+    "prefetch": None,  # load tile j+1 while scanning tile j
+    "fold": None,  # add the incoming state before the tile's scan (True) or after it (False)
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# small device helpers
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _combine_real(a1, y1, a2, y2):
+    return a1 * a2, a2 * y1 + y2
+
+
+@triton.jit
+def _combine_pair(a1, yr1, yi1, a2, yr2, yi2):
+    # real decay shared by two components (the complex scan in the rotating frame)
+    return a1 * a2, a2 * yr1 + yr2, a2 * yi1 + yi2
+
+
+@triton.jit
+def _combine_cmul(ar1, ai1, ar2, ai2):
+    return ar1 * ar2 - ai1 * ai2, ar1 * ai2 + ai1 * ar2
+
+
+@triton.jit
+def _combine_affine_complex(mr1, mi1, sr1, si1, mr2, mi2, sr2, si2):
+    # composition of h -> M1 h + S1, then h -> M2 h + S2 (complex M, S)
+    mr = mr2 * mr1 - mi2 * mi1
+    mi = mr2 * mi1 + mi2 * mr1
+    sr = mr2 * sr1 - mi2 * si1 + sr2
+    si = mr2 * si1 + mi2 * sr1 + si2
+    return mr, mi, sr, si
+
+
+@triton.jit
+def _sigmoid_pair(f):
+    """(sigmoid(f), 1 - sigmoid(f)) without cancellation or overflow."""
+    z = tl.exp(-tl.abs(f))
+    inv = 1.0 / (1.0 + z)
+    zi = z * inv
+    pos = f >= 0
+    return tl.where(pos, inv, zi), tl.where(pos, zi, inv)
+
+
+@triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def _cos_sin(THETA, d, dm, PRECISE: tl.constexpr):
+    th = tl.load(THETA + d, mask=dm, other=0.0).to(tl.float32)
+    if PRECISE:
+        cs = libdevice.cos(th)
+        sn = libdevice.sin(th)
+    else:
+        cs = tl.cos(th)
+        sn = tl.sin(th)
+    return cs, sn
+
+
+@triton.jit
+def _extract_row(v, rows, r):
+    """Row ``r`` (a scalar) of the [BT, BD] tile ``v``, as a [BD] vector."""
+    return tl.sum(tl.where((rows == r)[:, None], v, 0.0), axis=0)
+
+
+@triton.jit
+def _gamma(GAMMA, gamma_val, d, dm, GAMMA_MODE: tl.constexpr):
+    if GAMMA_MODE == 2:
+        gam = tl.load(GAMMA + d, mask=dm, other=0.0).to(tl.float32)
+    elif GAMMA_MODE == 1:
+        gam = tl.zeros_like(d.to(tl.float32)) + gamma_val
+    else:
+        gam = tl.zeros_like(d.to(tl.float32))
+    return gam
+
+
+@triton.jit
+def _carry_in(AGG_M, AGG_S, ir, ii, b, c, d, dm, B, D, NC, COMPLEX: tl.constexpr, NCP: tl.constexpr):
+    """State entering chunk ``c``: the affine maps of chunks 0..c-1 applied to the start state."""
+    k = tl.arange(0, NCP)
+    m2 = (k < c)[:, None] & dm[None, :]
+    base = (k[:, None].to(tl.int64) * B + b) * D + d[None, :]
+    if COMPLEX:  # complex maps are stored as a real plane and an imaginary plane, NC-1 rows apart
+        plane = (NC - 1).to(tl.int64) * B * D
+        mr = tl.load(AGG_M + base, mask=m2, other=1.0)
+        mi = tl.load(AGG_M + plane + base, mask=m2, other=0.0)
+        sr = tl.load(AGG_S + base, mask=m2, other=0.0)
+        si = tl.load(AGG_S + plane + base, mask=m2, other=0.0)
+        first = (k == 0)[:, None]
+        sr += tl.where(first, mr * ir[None, :] - mi * ii[None, :], 0.0)
+        si += tl.where(first, mr * ii[None, :] + mi * ir[None, :], 0.0)
+        mr, mi, sr, si = tl.associative_scan((mr, mi, sr, si), 0, _combine_affine_complex)
+        hr = tl.where(c == 0, ir, _extract_row(sr, k, c - 1))
+        hi = tl.where(c == 0, ii, _extract_row(si, k, c - 1))
+    else:
+        mr = tl.load(AGG_M + base, mask=m2, other=1.0)
+        sr = tl.load(AGG_S + base, mask=m2, other=0.0)
+        sr += tl.where((k == 0)[:, None], mr * ir[None, :], 0.0)
+        mr, sr = tl.associative_scan((mr, sr), 0, _combine_real)
+        hr = tl.where(c == 0, ir, _extract_row(sr, k, c - 1))
+        hi = ir * 0.0
+    return hr, hi
+
+
+# Tile I/O. Every [B, T, D] (or [B, T, D, 2]) tensor the kernels touch has unit channel stride (and,
+# when complex, interleaved real/imaginary parts): the host copies anything else. The batch and time
+# strides, and D, are never specialised by the JIT, so Triton knows the channels are contiguous but not
+# that rows are 16-byte aligned. It then gives each thread one channel (one complex pair) and spreads
+# the 32 lanes of a warp over channels, the warps over time: loads stay coalesced along channels and
+# each thread holds consecutive time steps, so most of the scan along time runs in registers. (With
+# aligned rows, Triton vectorises along channels and moves every tile through shared memory to scan
+# it; with no contiguity information at all, some versions spread the lanes over time instead, which
+# uncoalesces every access.)
+@triton.jit
+def _load_pair(P, base, roff, vrow, d0, D, COMPLEX: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """Load channels ``d0 .. d0 + BD - 1`` of BT rows as fp32 [BT, BD] tiles (complex tensors come
+    back as (real, imaginary)). Row r starts at element ``base + roff[r]``: the 64-bit ``base`` is
+    uniform across the program and ``roff`` (a multiple of a compile-time row stride) becomes an
+    immediate offset of each load, so addressing costs nothing per element. ``vrow`` masks rows."""
+    if COMPLEX:
+        Pb = P + tl.multiple_of(base, 2)
+        j = 2 * d0 + tl.arange(0, 2 * BD)  # interleaved (re, im) pairs: one 4-byte pair per thread
+        m = vrow[:, None] & (j < 2 * D)[None, :]
+        v = tl.load((Pb + j)[None, :] + tl.multiple_of(roff, 2)[:, None], mask=m, other=0.0)
+        vr, vi = tl.split(tl.reshape(v.to(tl.float32), [BT, BD, 2]))
+    else:
+        Pb = P + base
+        d = d0 + tl.arange(0, BD)
+        vr = tl.load((Pb + d)[None, :] + roff[:, None], mask=vrow[:, None] & (d < D)[None, :], other=0.0)
+        vr = vr.to(tl.float32)
+        vi = vr
+    return vr, vi
+
+
+@triton.jit
+def _store_pair(P, base, roff, vrow, d0, D, vr, vi, COMPLEX: tl.constexpr, BT: tl.constexpr,
+                BD: tl.constexpr):
+    """Store [BT, BD] tiles (a real one, or a complex (vr, vi) pair); addressing as ``_load_pair``."""
+    if COMPLEX:
+        Pb = P + tl.multiple_of(base, 2)
+        j = 2 * d0 + tl.arange(0, 2 * BD)
+        m = vrow[:, None] & (j < 2 * D)[None, :]
+        v = tl.reshape(tl.join(vr, vi), [BT, 2 * BD]).to(P.dtype.element_ty)
+        tl.store((Pb + j)[None, :] + tl.multiple_of(roff, 2)[:, None], v, mask=m)
+    else:
+        Pb = P + base
+        d = d0 + tl.arange(0, BD)
+        tl.store((Pb + d)[None, :] + roff[:, None], vr.to(P.dtype.element_ty),
+                 mask=vrow[:, None] & (d < D)[None, :])
+
+
+@triton.jit
+def _scan_tile(lam, yr, yi, cr, ci, fr, fi, ffr, ffi, rows, last,
+               COMPLEX: tl.constexpr, FOLD: tl.constexpr, NEED_MAP: tl.constexpr, BT: tl.constexpr):
+    """One tile of ``h_k = lam_k R h_{k-1} + x_k`` (R = exp(i theta), or 1 when real).
+
+    ``y`` is ``conj(F) x`` (complex; ``F_k = R^(k+1)``) or ``x`` (real); ``(cr, ci)`` is the state
+    entering the tile. Returns the tile's states, the state after row ``last`` and, when
+    ``NEED_MAP``, the tile's multiplier ``P_last F_last`` (so that ``h_last = M c + h_last(c=0)``).
+
+    ``FOLD`` adds the incoming state to the first row before the scan (fewest operations); otherwise
+    the scan runs from zero and the state is added afterwards, which keeps the scan off the
+    loop-carried dependency chain.
+    """
+    if FOLD:
+        first = (rows == 0)[:, None]
+        yr += tl.where(first, lam * cr[None, :], 0.0)
+        if COMPLEX:
+            yi += tl.where(first, lam * ci[None, :], 0.0)
+            p, zr, zi = tl.associative_scan((lam, yr, yi), 0, _combine_pair)
+            outr = fr * zr - fi * zi
+            outi = fr * zi + fi * zr
+            ncr = _extract_row(outr, rows, last)
+            nci = _extract_row(outi, rows, last)
+        else:
+            p, zr = tl.associative_scan((lam, yr), 0, _combine_real)
+            outr = zr
+            outi = zr
+            ncr = _extract_row(outr, rows, last)
+            nci = ncr
+        mr = ncr
+        mi = nci
+        if NEED_MAP:
+            pl = _extract_row(p, rows, last)
+            if COMPLEX:
+                mr = pl * _extract_row(fr, rows, last)
+                mi = pl * _extract_row(fi, rows, last)
+            else:
+                mr = pl
+                mi = pl
+    else:
+        if COMPLEX:
+            p, zr, zi = tl.associative_scan((lam, yr, yi), 0, _combine_pair)
+            wr = zr + p * cr[None, :]
+            wi = zi + p * ci[None, :]
+            outr = fr * wr - fi * wi
+            outi = fr * wi + fi * wr
+            pl = _extract_row(p, rows, last)
+            zlr = _extract_row(zr, rows, last)
+            zli = _extract_row(zi, rows, last)
+            if last == BT - 1:
+                flr = ffr
+                fli = ffi
+            else:
+                flr = _extract_row(fr, rows, last)
+                fli = _extract_row(fi, rows, last)
+            mr = pl * flr
+            mi = pl * fli
+            ncr = flr * zlr - fli * zli + mr * cr - mi * ci
+            nci = flr * zli + fli * zlr + mr * ci + mi * cr
+        else:
+            p, zr = tl.associative_scan((lam, yr), 0, _combine_real)
+            outr = zr + p * cr[None, :]
+            outi = outr
+            pl = _extract_row(p, rows, last)
+            ncr = _extract_row(zr, rows, last) + pl * cr
+            nci = ncr
+            mr = pl
+            mi = pl
+    return outr, outi, ncr, nci, mr, mi
+
+
+@triton.jit
+def _rotation_tiles(THETA, d, dm, SIGN: tl.constexpr, PRECISE: tl.constexpr, BT: tl.constexpr,
+                    BD: tl.constexpr):
+    """cos/sin of theta and the tile ``F_k = exp(i SIGN (k+1) theta)``, k = 0..BT-1."""
+    cs, sn = _cos_sin(THETA, d, dm, PRECISE)
+    fr, fi = tl.associative_scan(
+        (tl.zeros([BT, BD], tl.float32) + cs[None, :], tl.zeros([BT, BD], tl.float32) + SIGN * sn[None, :]),
+        0, _combine_cmul)
+    return cs, sn, fr, fi
+
+
+# ----------------------------------------------------------------------------------------------
+# forward
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _fwd_load(X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, b64, t_ref, rel, valid, d0, D,
+              COMPLEX: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """One forward tile: row r is time ``t_ref + rel[r]``."""
+    t64 = t_ref.to(tl.int64)
+    av, unused = _load_pair(A, b64 * sab + t64 * sat, rel * sat, valid, d0, D, False, BT, BD)
+    xr, xi = _load_pair(X, b64 * sxb + t64 * sxt, rel * sxt, valid, d0, D, COMPLEX, BT, BD)
+    return av, xr, xi
+
+
+@triton.jit(do_not_specialize=["sxb", "sab", "B", "T", "D", "NC", "CL", "bd_rt"])
+def _hgru_fwd_kernel(
+    X, sxb, sxt: tl.constexpr,  # scan input x (plain scans) or input pre-activations (fused)
+    A, sab, sat: tl.constexpr,  # decay a (plain scans) or forget-gate logits (fused)
+    THETA, GAMMA, gamma_val,
+    H0, s0b, s0d, s0c,
+    H, HT,  # outputs, contiguous
+    AGG_M, AGG_S,  # fp32 chunk maps [NC-1, B, D(, 2)]
+    B, T, D, NC, CL, bd_rt, DW: tl.constexpr,
+    COMPLEX: tl.constexpr, FUSED: tl.constexpr, REVERSE: tl.constexpr, HAS_H0: tl.constexpr,
+    GAMMA_MODE: tl.constexpr, MODE: tl.constexpr, PRECISE: tl.constexpr, PREFETCH: tl.constexpr,
+    FOLD: tl.constexpr, NCP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    ndb = tl.cdiv(D, BD)
+    db = pid % ndb
+    bc = pid // ndb
+    b = bc % B
+    c = bc // B
+    b64 = b.to(tl.int64)
+    d = db * BD + tl.arange(0, BD)
+    dm = d < D
+    rows = tl.arange(0, BT)
+
+    s_lo = c * CL
+    s_hi = tl.minimum(s_lo + CL, T)
+    n_tiles = tl.cdiv(s_hi - s_lo, BT)
+    IS_AGG: tl.constexpr = MODE == _MODE_AGG
+
+    if FUSED:
+        gam = _gamma(GAMMA, gamma_val, d, dm, GAMMA_MODE)[None, :]
+    if COMPLEX:
+        cs, sn, fr, fi = _rotation_tiles(THETA, d, dm, 1.0, PRECISE, BT, BD)
+        ffr = _extract_row(fr, rows, BT - 1)
+        ffi = _extract_row(fi, rows, BT - 1)
+    else:
+        fr = 0.0
+        fi = 0.0
+        ffr = 0.0
+        ffi = 0.0
+
+    # state entering the chunk
+    hr = tl.zeros([BD], tl.float32)
+    hi = tl.zeros([BD], tl.float32)
+    if not IS_AGG:
+        if HAS_H0:
+            hr = tl.load(H0 + b64 * s0b + d * s0d, mask=dm, other=0.0).to(tl.float32)
+            if COMPLEX:
+                hi = tl.load(H0 + b64 * s0b + d * s0d + s0c, mask=dm, other=0.0).to(tl.float32)
+        if MODE == _MODE_APPLY:
+            hr, hi = _carry_in(AGG_M, AGG_S, hr, hi, b, c, d, dm, B, D, NC, COMPLEX, NCP)
+    mr = tl.zeros([BD], tl.float32) + 1.0
+    mi = tl.zeros([BD], tl.float32)
+
+    d0 = db * bd_rt  # = db * BD; runtime, so rows are not known to be aligned (see _load_pair)
+    # row r of a tile is time t_ref + rel[r] (the scan's direction)
+    if REVERSE:
+        rel = -rows
+        t_first = T - 1 - s_lo
+        step = -BT
+    else:
+        rel = rows
+        t_first = s_lo
+        step = BT
+    if PREFETCH:
+        n_av, n_xr, n_xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_first, rel, s_lo + rows < s_hi, d0, D,
+                                     COMPLEX, BT, BD)
+    for j in range(0, n_tiles):
+        s0 = s_lo + j * BT
+        q = s0 + rows
+        t_ref = t_first + j * step
+        if PREFETCH:
+            av, xr, xi = n_av, n_xr, n_xi
+            n_av, n_xr, n_xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_ref + step, rel, q + BT < s_hi, d0, D,
+                                         COMPLEX, BT, BD)
+        else:
+            av, xr, xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_ref, rel, q < s_hi, d0, D, COMPLEX, BT, BD)
+        valid = q < s_hi
+        m2 = valid[:, None] & dm[None, :]
+        if FUSED:
+            mu, omu = _sigmoid_pair(av)
+            lam = gam + (1.0 - gam) * mu
+            om = (1.0 - gam) * omu  # 1 - lambda, without cancellation
+            xr = om * (xr * _sigmoid(xr))
+            if COMPLEX:
+                xi = om * (xi * _sigmoid(xi))
+        else:
+            lam = av
+        lam = tl.where(m2, lam, 1.0)
+        if COMPLEX:
+            yr = fr * xr + fi * xi  # conj(F) x
+            yi = fr * xi - fi * xr
+        else:
+            yr = xr
+            yi = xr
+        last = tl.minimum(s_hi - s0, BT) - 1
+        outr, outi, hr, hi, tmr, tmi = _scan_tile(lam, yr, yi, hr, hi, fr, fi, ffr, ffi, rows, last,
+                                                  COMPLEX, FOLD, IS_AGG, BT)
+        if IS_AGG:
+            if COMPLEX:
+                mr, mi = tmr * mr - tmi * mi, tmr * mi + tmi * mr
+            else:
+                mr = mr * tmr
+        else:
+            _store_pair(H, (b64 * T + t_ref.to(tl.int64)) * DW, rel * DW, valid, d0, D, outr, outi,
+                        COMPLEX, BT, BD)
+
+    if IS_AGG:
+        off = (c.to(tl.int64) * B + b) * D + d
+        if COMPLEX:
+            plane = (NC - 1).to(tl.int64) * B * D
+            tl.store(AGG_M + off, mr, mask=dm)
+            tl.store(AGG_M + plane + off, mi, mask=dm)
+            tl.store(AGG_S + off, hr, mask=dm)
+            tl.store(AGG_S + plane + off, hi, mask=dm)
+        else:
+            tl.store(AGG_M + off, mr, mask=dm)
+            tl.store(AGG_S + off, hr, mask=dm)
+    else:
+        fm = dm & ((d * 0 + c) == NC - 1)
+        off = b64 * D + d
+        if COMPLEX:
+            tl.store(HT + 2 * off, hr.to(HT.dtype.element_ty), mask=fm)
+            tl.store(HT + 2 * off + 1, hi.to(HT.dtype.element_ty), mask=fm)
+        else:
+            tl.store(HT + off, hr.to(HT.dtype.element_ty), mask=fm)
+
+
+# ----------------------------------------------------------------------------------------------
+# backward
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _bwd_load(X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, H, H0r, H0i, DH, sgb, sgt: tl.constexpr,
+              b64, t_ref, rel, q, s_hi, T, d0, D, DW: tl.constexpr, COMPLEX: tl.constexpr, FUSED: tl.constexpr, REVERSE: tl.constexpr, HAS_DH: tl.constexpr,
+              NEED_A_T: tl.constexpr, LOAD_ALL: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """Everything one backward tile reads. Row r (backward step ``q[r]``) is time ``t_ref + rel[r]``.
+    The backward scan's previous row is the forward's next step (whose decay carries the
+    gradient back), its next row the forward's previous step (whose state ``h`` feeds the gradient
+    of the decay)."""
+    if REVERSE:  # the forward ran T-1 -> 0, so its backward runs 0 -> T-1
+        sgn = 1
+    else:
+        sgn = -1
+    valid = q < s_hi
+    t64 = t_ref.to(tl.int64)
+    abase = b64 * sab + t64 * sat
+    a_prev, unused = _load_pair(A, abase, (rel - sgn) * sat, (q >= 1) & valid, d0, D, False, BT, BD)
+    if NEED_A_T and LOAD_ALL:
+        a_t, unused = _load_pair(A, abase, rel * sat, valid, d0, D, False, BT, BD)
+    else:
+        a_t = a_prev
+    if FUSED and LOAD_ALL:
+        ur, ui = _load_pair(X, b64 * sxb + t64 * sxt, rel * sxt, valid, d0, D, COMPLEX, BT, BD)
+    else:
+        ur = a_prev
+        ui = a_prev
+    if HAS_DH:
+        gr, gi = _load_pair(DH, b64 * sgb + t64 * sgt, rel * sgt, valid, d0, D, COMPLEX, BT, BD)
+    else:
+        gr = tl.zeros_like(a_prev)
+        gi = gr
+    if LOAD_ALL:
+        hpr, hpi = _load_pair(H, (b64 * T + t64) * DW, (rel + sgn) * DW, (q + 1 < T) & valid, d0, D, COMPLEX,
+                              BT, BD)
+        at_start = (q + 1 >= T)[:, None]  # the forward's first step: its previous state is h0
+        hpr = tl.where(at_start, H0r[None, :], hpr)
+        if COMPLEX:
+            hpi = tl.where(at_start, H0i[None, :], hpi)
+    else:
+        hpr = a_prev
+        hpi = a_prev
+    return a_prev, a_t, ur, ui, gr, gi, hpr, hpi
+
+
+@triton.jit
+def _bwd_grads(gr, gi, hpr, hpi, a_t, ur, ui, cs, sn, gam, m2,
+               COMPLEX: tl.constexpr, FUSED: tl.constexpr, NEED_DTHETA: tl.constexpr, NEED_DGAMMA: tl.constexpr):
+    """Input gradients of one tile from ``g`` (gradient of the state, true frame) and the previous
+    state ``h_prev``. Returns (dx real, dx imaginary, d decay-or-forget-logit, the tile's dtheta and
+    dgamma contributions)."""
+    if COMPLEX:
+        # v = exp(i theta) h_prev = d h_t / d a_t
+        vr = cs[None, :] * hpr - sn[None, :] * hpi
+        vi = sn[None, :] * hpr + cs[None, :] * hpi
+        da = gr * vr + gi * vi
+        cross = gi * vr - gr * vi  # Re(conj(g) i v): d h_t / d theta, per unit decay
+    else:
+        da = gr * hpr
+        cross = da
+    th_c = da * 0.0
+    g_c = da * 0.0
+    if FUSED:
+        mu, omu = _sigmoid_pair(a_t)
+        if COMPLEX and NEED_DTHETA:
+            th_c = tl.where(m2, (gam + (1.0 - gam) * mu) * cross, 0.0)
+        om = (1.0 - gam) * omu  # 1 - lambda
+        sr = _sigmoid(ur)
+        dlam = da - gr * (ur * sr)
+        dxr = gr * om * (sr * (1.0 + ur * (1.0 - sr)))
+        if COMPLEX:
+            si = _sigmoid(ui)
+            dlam -= gi * (ui * si)
+            dxi = gi * om * (si * (1.0 + ui * (1.0 - si)))
+        else:
+            dxi = dxr
+        dgate = dlam * (1.0 - gam) * (mu * omu)
+        if NEED_DGAMMA:
+            g_c = tl.where(m2, dlam * omu, 0.0)
+    else:
+        if COMPLEX and NEED_DTHETA:
+            th_c = tl.where(m2, a_t * cross, 0.0)
+        dxr = gr
+        dxi = gi
+        dgate = da
+    return dxr, dxi, dgate, th_c, g_c
+
+
+@triton.jit(do_not_specialize=["sxb", "sab", "sgb", "B", "T", "D", "NC", "CL", "bd_rt"])
+def _hgru_bwd_kernel(
+    X, sxb, sxt: tl.constexpr,  # fused: input pre-activations (unused by the plain scans)
+    A, sab, sat: tl.constexpr,  # decay a or forget-gate logits
+    THETA, GAMMA, gamma_val,
+    H0, s0b, s0d, s0c,
+    H,  # saved forward output, contiguous
+    DH, sgb, sgt: tl.constexpr,  # gradient of h
+    DHT, stb, std, stc,  # gradient of the final state
+    DX, DA,  # gradients of x / a (contiguous)
+    DH0, DTHETA_P, DGAMMA_P,  # dh0; per-program partial sums, fp32 [B * NC, D]
+    AGG_M, AGG_S,
+    B, T, D, NC, CL, bd_rt, DW: tl.constexpr,
+    COMPLEX: tl.constexpr, FUSED: tl.constexpr, REVERSE: tl.constexpr, HAS_H0: tl.constexpr,
+    HAS_DH: tl.constexpr, HAS_DHT: tl.constexpr, GAMMA_MODE: tl.constexpr, NEED_DGAMMA: tl.constexpr,
+    NEED_DTHETA: tl.constexpr, NEED_DH0: tl.constexpr, NEED_A_T: tl.constexpr, MODE: tl.constexpr,
+    PRECISE: tl.constexpr, PREFETCH: tl.constexpr, FOLD: tl.constexpr, NCP: tl.constexpr,
+    BT: tl.constexpr, BD: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    ndb = tl.cdiv(D, BD)
+    db = pid % ndb
+    bc = pid // ndb
+    b = bc % B
+    c = bc // B
+    b64 = b.to(tl.int64)
+    d = db * BD + tl.arange(0, BD)
+    dm = d < D
+    rows = tl.arange(0, BT)
+
+    s_lo = c * CL
+    s_hi = tl.minimum(s_lo + CL, T)
+    n_tiles = tl.cdiv(s_hi - s_lo, BT)
+    IS_AGG: tl.constexpr = MODE == _MODE_AGG
+    LOAD_ALL: tl.constexpr = MODE != _MODE_AGG
+
+    gam1 = _gamma(GAMMA, gamma_val, d, dm, GAMMA_MODE)
+    gam = gam1[None, :]
+    if COMPLEX:
+        # the backward scan rotates by exp(-i theta)
+        cs, sn, fr, fi = _rotation_tiles(THETA, d, dm, -1.0, PRECISE, BT, BD)
+        ffr = _extract_row(fr, rows, BT - 1)
+        ffi = _extract_row(fi, rows, BT - 1)
+    else:
+        cs = 1.0
+        sn = 0.0
+        fr = 0.0
+        fi = 0.0
+        ffr = 0.0
+        ffi = 0.0
+
+    h0r = tl.zeros([BD], tl.float32)
+    h0i = tl.zeros([BD], tl.float32)
+    if HAS_H0 and LOAD_ALL:
+        h0r = tl.load(H0 + b64 * s0b + d * s0d, mask=dm, other=0.0).to(tl.float32)
+        if COMPLEX:
+            h0i = tl.load(H0 + b64 * s0b + d * s0d + s0c, mask=dm, other=0.0).to(tl.float32)
+
+    # Gradient entering the chunk. The final state's gradient enters the first backward step
+    # without a transition, but the tile rotates the incoming state by exp(-i theta): pre-rotate.
+    gcr = tl.zeros([BD], tl.float32)
+    gci = tl.zeros([BD], tl.float32)
+    if not IS_AGG:
+        if HAS_DHT:
+            tr = tl.load(DHT + b64 * stb + d * std, mask=dm, other=0.0).to(tl.float32)
+            if COMPLEX:
+                ti = tl.load(DHT + b64 * stb + d * std + stc, mask=dm, other=0.0).to(tl.float32)
+                gcr = cs * tr - sn * ti
+                gci = sn * tr + cs * ti
+            else:
+                gcr = tr
+        if MODE == _MODE_APPLY:
+            gcr, gci = _carry_in(AGG_M, AGG_S, gcr, gci, b, c, d, dm, B, D, NC, COMPLEX, NCP)
+    mr = tl.zeros([BD], tl.float32) + 1.0
+    mi = tl.zeros([BD], tl.float32)
+
+    if NEED_DTHETA:
+        acc_th = tl.zeros([BT, BD], tl.float32)
+    if NEED_DGAMMA:
+        acc_g = tl.zeros([BT, BD], tl.float32)
+
+    d0 = db * bd_rt  # = db * BD; runtime, so rows are not known to be aligned (see _load_pair)
+    if REVERSE:  # the backward runs forward in time
+        rel = rows
+        t_first = s_lo
+        step = BT
+    else:
+        rel = -rows
+        t_first = T - 1 - s_lo
+        step = -BT
+    if PREFETCH:
+        n_ap, n_at, n_ur, n_ui, n_dhr, n_dhi, n_hpr, n_hpi = _bwd_load(
+            X, sxb, sxt, A, sab, sat, H, h0r, h0i, DH, sgb, sgt, b64, t_first, rel, s_lo + rows, s_hi, T, d0, D, DW,
+            COMPLEX, FUSED, REVERSE, HAS_DH, NEED_A_T, LOAD_ALL, BT, BD)
+    for j in range(0, n_tiles):
+        s0 = s_lo + j * BT
+        q = s0 + rows
+        t_ref = t_first + j * step
+        if PREFETCH:
+            a_prev, a_t, ur, ui, dhr, dhi, hpr, hpi = n_ap, n_at, n_ur, n_ui, n_dhr, n_dhi, n_hpr, n_hpi
+            n_ap, n_at, n_ur, n_ui, n_dhr, n_dhi, n_hpr, n_hpi = _bwd_load(
+                X, sxb, sxt, A, sab, sat, H, h0r, h0i, DH, sgb, sgt, b64, t_ref + step, rel, q + BT, s_hi, T, d0, D, DW,
+                COMPLEX, FUSED, REVERSE, HAS_DH, NEED_A_T, LOAD_ALL, BT, BD)
+        else:
+            a_prev, a_t, ur, ui, dhr, dhi, hpr, hpi = _bwd_load(
+                X, sxb, sxt, A, sab, sat, H, h0r, h0i, DH, sgb, sgt, b64, t_ref, rel, q, s_hi, T, d0, D, DW,
+                COMPLEX, FUSED, REVERSE, HAS_DH, NEED_A_T, LOAD_ALL, BT, BD)
+        valid = q < s_hi
+        m2 = valid[:, None] & dm[None, :]
+        mp = ((q >= 1) & valid)[:, None] & dm[None, :]
+        if FUSED:
+            mu_p, omu_p = _sigmoid_pair(a_prev)
+            dec = gam + (1.0 - gam) * mu_p
+        else:
+            dec = a_prev
+        dec = tl.where(mp, dec, 1.0)
+        # g = dh + conj(A_next) g_next, scanned in the frame rotating with exp(-i theta)
+        if COMPLEX:
+            yr = fr * dhr + fi * dhi
+            yi = fr * dhi - fi * dhr
+        else:
+            yr = dhr
+            yi = dhr
+        last = tl.minimum(s_hi - s0, BT) - 1
+        gr, gi, gcr, gci, tmr, tmi = _scan_tile(dec, yr, yi, gcr, gci, fr, fi, ffr, ffi, rows, last,
+                                                COMPLEX, FOLD, IS_AGG, BT)
+        if IS_AGG:
+            if COMPLEX:
+                mr, mi = tmr * mr - tmi * mi, tmr * mi + tmi * mr
+            else:
+                mr = mr * tmr
+        else:
+            t64 = t_ref.to(tl.int64)
+            dxr, dxi, dgate, th_c, g_c = _bwd_grads(gr, gi, hpr, hpi, a_t, ur, ui, cs, sn, gam, m2,
+                                                    COMPLEX, FUSED, NEED_DTHETA, NEED_DGAMMA)
+            if NEED_DTHETA:
+                acc_th += th_c
+            if NEED_DGAMMA:
+                acc_g += g_c
+            _store_pair(DX, (b64 * T + t64) * DW, rel * DW, valid, d0, D, dxr, dxi, COMPLEX, BT, BD)
+            _store_pair(DA, (b64 * T + t64) * D, rel * (DW // (1 + COMPLEX)), valid, d0, D, dgate, dgate, False,
+                        BT, BD)
+
+    if IS_AGG:
+        off = (c.to(tl.int64) * B + b) * D + d
+        if COMPLEX:
+            plane = (NC - 1).to(tl.int64) * B * D
+            tl.store(AGG_M + off, mr, mask=dm)
+            tl.store(AGG_M + plane + off, mi, mask=dm)
+            tl.store(AGG_S + off, gcr, mask=dm)
+            tl.store(AGG_S + plane + off, gci, mask=dm)
+        else:
+            tl.store(AGG_M + off, mr, mask=dm)
+            tl.store(AGG_S + off, gcr, mask=dm)
+    else:
+        prow = (b64 * NC + c) * D + d
+        if NEED_DTHETA:
+            tl.store(DTHETA_P + prow, tl.sum(acc_th, axis=0), mask=dm)
+        if NEED_DGAMMA:
+            tl.store(DGAMMA_P + prow, tl.sum(acc_g, axis=0), mask=dm)
+        if NEED_DH0:
+            # dh0 = conj(A_first) g_first, A_first the decay of the forward's first step
+            if REVERSE:
+                t_off = (T - 1).to(tl.int64) * sat
+            else:
+                t_off = 0
+            fm = dm & ((d * 0 + c) == NC - 1)
+            a0 = tl.load(A + b64 * sab + t_off + d, mask=fm, other=0.0).to(tl.float32)
+            if FUSED:
+                mu0, omu0 = _sigmoid_pair(a0)
+                a0 = gam1 + (1.0 - gam1) * mu0
+            off = b64 * D + d
+            if COMPLEX:
+                tl.store(DH0 + 2 * off, (a0 * (cs * gcr + sn * gci)).to(DH0.dtype.element_ty), mask=fm)
+                tl.store(DH0 + 2 * off + 1, (a0 * (cs * gci - sn * gcr)).to(DH0.dtype.element_ty), mask=fm)
+            else:
+                tl.store(DH0 + off, (a0 * gcr).to(DH0.dtype.element_ty), mask=fm)
+
+
+# ----------------------------------------------------------------------------------------------
+# single pass over time chunks: decoupled look-back
+# ----------------------------------------------------------------------------------------------
+_MAX_SPINS = tl.constexpr(1 << 20)  # a wait never lasts this long unless something is broken
+
+
+@triton.jit
+def _pack(v, tag):
+    """(tag, fp32 value) in one 64-bit word: a reader that sees the tag also sees the value."""
+    return (v.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF) | (tag.to(tl.int64) << 32)
+
+
+@triton.jit
+def _unpack(w):
+    return (w >> 32).to(tl.int32), (w & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _lookback(LBUF, c, NC, B, D, b, d, dm, mr, mi, sr, si, ir, ii, E,
+              COMPLEX: tl.constexpr, PUBLISH_INC: tl.constexpr):
+    """State entering chunk ``c`` of one (batch, channel-block) column, by decoupled look-back
+    (Merrill and Garland's single-pass scan).
+
+    Chunk ``c`` maps the state entering it to the state leaving it, ``h -> M h + S`` (complex M, S:
+    ``(mr, mi, sr, si)``). It publishes that map at once (tag ``E + 1``), then walks back over its
+    predecessors: one that has published the state leaving it (tag ``E + 2``) ends the walk, one that
+    has only published its map is composed and skipped. Programs run chunk-major, so every
+    predecessor was launched earlier and is resident: the waits end. Chunk 0 starts from
+    ``(ir, ii)``. Finally the chunk publishes the state leaving it.
+
+    Each channel's value travels with its tag in one 64-bit word (stored and polled through L2), so
+    no fence is needed between data and flag, and ``E`` (from the launch epoch) tells this launch's
+    words from older ones: the buffer is never cleared. LBUF holds six planes of [NC, B, D] words:
+    Re M, Re S, Re state, Im M, Im S, Im state (the real scans use the first three).
+    """
+    plane = NC.to(tl.int64) * B * D
+    row = (c.to(tl.int64) * B + b) * D + d
+    cr = ir
+    ci = ii
+    if c > 0:
+        tl.store(LBUF + row, _pack(mr, E + 1), mask=dm, cache_modifier=".cg")
+        tl.store(LBUF + plane + row, _pack(sr, E + 1), mask=dm, cache_modifier=".cg")
+        if COMPLEX:
+            tl.store(LBUF + 3 * plane + row, _pack(mi, E + 1), mask=dm, cache_modifier=".cg")
+            tl.store(LBUF + 4 * plane + row, _pack(si, E + 1), mask=dm, cache_modifier=".cg")
+        amr = mr * 0.0 + 1.0  # the composed map of the chunks skipped so far (identity)
+        ami = mr * 0.0
+        asr = mr * 0.0
+        asi = mr * 0.0
+        k = c - 1
+        go = (k >= 0).to(tl.int32)
+        spins = 0
+        off = ~dm  # channels past D are always "ready"
+        while go == 1:
+            krow = (k.to(tl.int64) * B + b) * D + d
+            tm, kmr = _unpack(tl.load(LBUF + krow, mask=dm, other=0, cache_modifier=".cg"))
+            ts, ksr = _unpack(tl.load(LBUF + plane + krow, mask=dm, other=0, cache_modifier=".cg"))
+            tp, pr = _unpack(tl.load(LBUF + 2 * plane + krow, mask=dm, other=0, cache_modifier=".cg"))
+            inc_ok = (tp == E + 2) | off
+            agg_ok = ((tm == E + 1) & (ts == E + 1)) | off
+            if COMPLEX:
+                tmi, kmi = _unpack(tl.load(LBUF + 3 * plane + krow, mask=dm, other=0, cache_modifier=".cg"))
+                tsi, ksi = _unpack(tl.load(LBUF + 4 * plane + krow, mask=dm, other=0, cache_modifier=".cg"))
+                tpi, pi = _unpack(tl.load(LBUF + 5 * plane + krow, mask=dm, other=0, cache_modifier=".cg"))
+                inc_ok = inc_ok & ((tpi == E + 2) | off)
+                agg_ok = agg_ok & (((tmi == E + 1) & (tsi == E + 1)) | off)
+            else:
+                kmi = kmr * 0.0
+                ksi = kmr * 0.0
+                pi = pr * 0.0
+            if tl.min(inc_ok.to(tl.int32), axis=0) == 1:
+                cr = amr * pr - ami * pi + asr
+                ci = amr * pi + ami * pr + asi
+                go = go * 0
+            elif tl.min(agg_ok.to(tl.int32), axis=0) == 1:
+                asr, asi = amr * ksr - ami * ksi + asr, amr * ksi + ami * ksr + asi
+                amr, ami = amr * kmr - ami * kmi, amr * kmi + ami * kmr
+                k -= 1
+                go = (k >= 0).to(tl.int32)
+            else:
+                spins += 1
+                go = (spins < _MAX_SPINS).to(tl.int32)  # never reached unless something is broken
+    if PUBLISH_INC:
+        publish = c < NC
+    else:  # tests: only chunk 0 publishes its state, so the walks cross every predecessor
+        publish = c == 0
+    if publish:
+        tl.store(LBUF + 2 * plane + row, _pack(mr * cr - mi * ci + sr, E + 2), mask=dm, cache_modifier=".cg")
+        if COMPLEX:
+            tl.store(LBUF + 5 * plane + row, _pack(mr * ci + mi * cr + si, E + 2), mask=dm,
+                     cache_modifier=".cg")
+    return cr, ci
+
+
+@triton.jit
+def _epoch_done(STATE, c, NC, n_cols):
+    """Advance the launch epoch once every program has read it: a last-chunk program finishes only
+    after every chunk of its column has published, i.e. has started, so when all ``n_cols`` of them
+    are done the epoch can move (the next launch on the stream reads it)."""
+    if c == NC - 1:
+        ticket = tl.atomic_add(STATE + 1, 1, sem="acq_rel", scope="gpu")
+        if ticket == n_cols - 1:
+            tl.atomic_xchg(STATE + 1, 0, sem="relaxed", scope="gpu")
+            tl.atomic_add(STATE, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _chunk_map(p, zr, zi, fr, fi, rows, last, COMPLEX: tl.constexpr):
+    """The tile's map h -> M h + S (true frame) from its zero-start scan (p, z) in the rotating frame."""
+    pl = _extract_row(p, rows, last)
+    zlr = _extract_row(zr, rows, last)
+    if COMPLEX:
+        zli = _extract_row(zi, rows, last)
+        flr = _extract_row(fr, rows, last)
+        fli = _extract_row(fi, rows, last)
+        mr = pl * flr
+        mi = pl * fli
+        sr = flr * zlr - fli * zli
+        si = flr * zli + fli * zlr
+    else:
+        mr = pl
+        mi = pl * 0.0
+        sr = zlr
+        si = pl * 0.0
+    return mr, mi, sr, si
+
+
+@triton.jit(do_not_specialize=["sxb", "sab", "B", "T", "D", "NC", "bd_rt"])
+def _hgru_fwd_lb_kernel(
+    X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, THETA, GAMMA, gamma_val, H0, s0b, s0d, s0c, H, HT,
+    LBUF, STATE,
+    B, T, D, NC, bd_rt, DW: tl.constexpr,
+    COMPLEX: tl.constexpr, FUSED: tl.constexpr, REVERSE: tl.constexpr, HAS_H0: tl.constexpr,
+    GAMMA_MODE: tl.constexpr, PRECISE: tl.constexpr, PUBLISH_INC: tl.constexpr,
+    BT: tl.constexpr, BD: tl.constexpr,
+):
+    """The forward over one tile of ``BT`` steps per program (chunk-major grid), in a single pass:
+    local scan, look-back for the incoming state, outputs."""
+    pid = tl.program_id(0)
+    ndb = tl.cdiv(D, BD)
+    n_cols = ndb * B
+    col = pid % n_cols
+    c = pid // n_cols
+    db = col % ndb
+    b = col // ndb
+    b64 = b.to(tl.int64)
+    d0 = db * bd_rt  # = db * BD; runtime, so rows are not known to be aligned (see _load_pair)
+    d = d0 + tl.arange(0, BD)
+    dm = d < D
+    rows = tl.arange(0, BT)
+    E = (tl.load(STATE, cache_modifier=".cg") & 0x0FFFFFFF) * 4  # tags E + 1, E + 2 mark this launch
+
+    q = c * BT + rows
+    valid = q < T
+    m2 = valid[:, None] & dm[None, :]
+    if REVERSE:
+        rel = -rows
+        t_ref = T - 1 - c * BT
+    else:
+        rel = rows
+        t_ref = c * BT
+    av, xr, xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_ref, rel, valid, d0, D, COMPLEX, BT, BD)
+    if FUSED:
+        gam = _gamma(GAMMA, gamma_val, d, dm, GAMMA_MODE)[None, :]
+        mu, omu = _sigmoid_pair(av)
+        lam = gam + (1.0 - gam) * mu
+        om = (1.0 - gam) * omu
+        xr = om * (xr * _sigmoid(xr))
+        if COMPLEX:
+            xi = om * (xi * _sigmoid(xi))
+    else:
+        lam = av
+    lam = tl.where(m2, lam, 1.0)
+    if COMPLEX:
+        cs, sn, fr, fi = _rotation_tiles(THETA, d, dm, 1.0, PRECISE, BT, BD)
+        yr = fr * xr + fi * xi
+        yi = fr * xi - fi * xr
+        p, zr, zi = tl.associative_scan((lam, yr, yi), 0, _combine_pair)
+    else:
+        fr = 0.0
+        fi = 0.0
+        p, zr = tl.associative_scan((lam, xr), 0, _combine_real)
+        zi = zr
+    last = tl.minimum(T - c * BT, BT) - 1
+    mr, mi, sr, si = _chunk_map(p, zr, zi, fr, fi, rows, last, COMPLEX)
+
+    ir = tl.zeros([BD], tl.float32)
+    ii = tl.zeros([BD], tl.float32)
+    if HAS_H0:
+        ir = tl.load(H0 + b64 * s0b + d * s0d, mask=dm, other=0.0).to(tl.float32)
+        if COMPLEX:
+            ii = tl.load(H0 + b64 * s0b + d * s0d + s0c, mask=dm, other=0.0).to(tl.float32)
+    cr, ci = _lookback(LBUF, c, NC, B, D, b, d, dm, mr, mi, sr, si, ir, ii, E,
+                       COMPLEX, PUBLISH_INC)
+
+    if COMPLEX:
+        wr = zr + p * cr[None, :]
+        wi = zi + p * ci[None, :]
+        _store_pair(H, (b64 * T + t_ref.to(tl.int64)) * DW, rel * DW, valid, d0, D, fr * wr - fi * wi,
+                    fr * wi + fi * wr, COMPLEX, BT, BD)
+    else:
+        outr = zr + p * cr[None, :]
+        _store_pair(H, (b64 * T + t_ref.to(tl.int64)) * DW, rel * DW, valid, d0, D, outr, outr, COMPLEX, BT, BD)
+    fm = dm & ((d * 0 + c) == NC - 1)
+    off = b64 * D + d
+    if COMPLEX:
+        tl.store(HT + 2 * off, (mr * cr - mi * ci + sr).to(HT.dtype.element_ty), mask=fm)
+        tl.store(HT + 2 * off + 1, (mr * ci + mi * cr + si).to(HT.dtype.element_ty), mask=fm)
+    else:
+        tl.store(HT + off, (mr * cr + sr).to(HT.dtype.element_ty), mask=fm)
+    _epoch_done(STATE, c, NC, n_cols)
+
+
+@triton.jit(do_not_specialize=["sxb", "sab", "sgb", "B", "T", "D", "NC", "bd_rt"])
+def _hgru_bwd_lb_kernel(
+    X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, THETA, GAMMA, gamma_val, H0, s0b, s0d, s0c, H,
+    DH, sgb, sgt: tl.constexpr, DHT, stb, std, stc, DX, DA, DH0, DTHETA_P, DGAMMA_P,
+    LBUF, STATE,
+    B, T, D, NC, bd_rt, DW: tl.constexpr,
+    COMPLEX: tl.constexpr, FUSED: tl.constexpr, REVERSE: tl.constexpr, HAS_H0: tl.constexpr,
+    HAS_DH: tl.constexpr, HAS_DHT: tl.constexpr, GAMMA_MODE: tl.constexpr, NEED_DGAMMA: tl.constexpr,
+    NEED_DTHETA: tl.constexpr, NEED_DH0: tl.constexpr, NEED_A_T: tl.constexpr, PRECISE: tl.constexpr,
+    PUBLISH_INC: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+):
+    """The backward over one tile per program, single pass (see ``_hgru_fwd_lb_kernel``); chunks are
+    numbered in the backward scan's order."""
+    pid = tl.program_id(0)
+    ndb = tl.cdiv(D, BD)
+    n_cols = ndb * B
+    col = pid % n_cols
+    c = pid // n_cols
+    db = col % ndb
+    b = col // ndb
+    b64 = b.to(tl.int64)
+    d0 = db * bd_rt  # = db * BD; runtime, so rows are not known to be aligned (see _load_pair)
+    d = d0 + tl.arange(0, BD)
+    dm = d < D
+    rows = tl.arange(0, BT)
+    E = (tl.load(STATE, cache_modifier=".cg") & 0x0FFFFFFF) * 4  # tags E + 1, E + 2 mark this launch
+
+    gam1 = _gamma(GAMMA, gamma_val, d, dm, GAMMA_MODE)
+    gam = gam1[None, :]
+    if COMPLEX:
+        cs, sn, fr, fi = _rotation_tiles(THETA, d, dm, -1.0, PRECISE, BT, BD)
+    else:
+        cs = 1.0
+        sn = 0.0
+        fr = 0.0
+        fi = 0.0
+    h0r = tl.zeros([BD], tl.float32)
+    h0i = tl.zeros([BD], tl.float32)
+    if HAS_H0:
+        h0r = tl.load(H0 + b64 * s0b + d * s0d, mask=dm, other=0.0).to(tl.float32)
+        if COMPLEX:
+            h0i = tl.load(H0 + b64 * s0b + d * s0d + s0c, mask=dm, other=0.0).to(tl.float32)
+
+    q = c * BT + rows
+    valid = q < T
+    m2 = valid[:, None] & dm[None, :]
+    mp = ((q >= 1) & valid)[:, None] & dm[None, :]
+    if REVERSE:  # the backward runs forward in time
+        rel = rows
+        t_ref = c * BT
+    else:
+        rel = -rows
+        t_ref = T - 1 - c * BT
+    a_prev, a_t, ur, ui, dhr, dhi, hpr, hpi = _bwd_load(
+        X, sxb, sxt, A, sab, sat, H, h0r, h0i, DH, sgb, sgt, b64, t_ref, rel, q, T, T, d0, D, DW,
+        COMPLEX, FUSED, REVERSE, HAS_DH, NEED_A_T, True, BT, BD)
+    if FUSED:
+        mu_p, omu_p = _sigmoid_pair(a_prev)
+        dec = gam + (1.0 - gam) * mu_p
+    else:
+        dec = a_prev
+    dec = tl.where(mp, dec, 1.0)
+    if COMPLEX:
+        yr = fr * dhr + fi * dhi
+        yi = fr * dhi - fi * dhr
+        p, zr, zi = tl.associative_scan((dec, yr, yi), 0, _combine_pair)
+    else:
+        p, zr = tl.associative_scan((dec, dhr), 0, _combine_real)
+        zi = zr
+    last = tl.minimum(T - c * BT, BT) - 1
+    mr, mi, sr, si = _chunk_map(p, zr, zi, fr, fi, rows, last, COMPLEX)
+
+    # the final state's gradient enters the first backward step without a transition, but the
+    # tile rotates the incoming state by exp(-i theta): pre-rotate it
+    ir = tl.zeros([BD], tl.float32)
+    ii = tl.zeros([BD], tl.float32)
+    if HAS_DHT:
+        tr = tl.load(DHT + b64 * stb + d * std, mask=dm, other=0.0).to(tl.float32)
+        if COMPLEX:
+            ti = tl.load(DHT + b64 * stb + d * std + stc, mask=dm, other=0.0).to(tl.float32)
+            ir = cs * tr - sn * ti
+            ii = sn * tr + cs * ti
+        else:
+            ir = tr
+    cr, ci = _lookback(LBUF, c, NC, B, D, b, d, dm, mr, mi, sr, si, ir, ii, E,
+                       COMPLEX, PUBLISH_INC)
+
+    if COMPLEX:
+        wr = zr + p * cr[None, :]
+        wi = zi + p * ci[None, :]
+        gr = fr * wr - fi * wi
+        gi = fr * wi + fi * wr
+    else:
+        gr = zr + p * cr[None, :]
+        gi = gr
+    dxr, dxi, dgate, th_c, g_c = _bwd_grads(gr, gi, hpr, hpi, a_t, ur, ui, cs, sn, gam, m2,
+                                            COMPLEX, FUSED, NEED_DTHETA, NEED_DGAMMA)
+    t64 = t_ref.to(tl.int64)
+    _store_pair(DX, (b64 * T + t64) * DW, rel * DW, valid, d0, D, dxr, dxi, COMPLEX, BT, BD)
+    _store_pair(DA, (b64 * T + t64) * D, rel * (DW // (1 + COMPLEX)), valid, d0, D, dgate, dgate, False, BT, BD)
+    prow = (b64 * NC + c) * D + d
+    if NEED_DTHETA:
+        tl.store(DTHETA_P + prow, tl.sum(th_c, axis=0), mask=dm)
+    if NEED_DGAMMA:
+        tl.store(DGAMMA_P + prow, tl.sum(g_c, axis=0), mask=dm)
+    if NEED_DH0:
+        # dh0 = conj(A_first) g_first, g_first the state leaving the last backward chunk
+        if REVERSE:
+            t_off = (T - 1).to(tl.int64) * sat
+        else:
+            t_off = 0
+        fm = dm & ((d * 0 + c) == NC - 1)
+        a0 = tl.load(A + b64 * sab + t_off + d, mask=fm, other=0.0).to(tl.float32)
+        if FUSED:
+            mu0, omu0 = _sigmoid_pair(a0)
+            a0 = gam1 + (1.0 - gam1) * mu0
+        glr = mr * cr - mi * ci + sr
+        gli = mr * ci + mi * cr + si
+        off = b64 * D + d
+        if COMPLEX:
+            tl.store(DH0 + 2 * off, (a0 * (cs * glr + sn * gli)).to(DH0.dtype.element_ty), mask=fm)
+            tl.store(DH0 + 2 * off + 1, (a0 * (cs * gli - sn * glr)).to(DH0.dtype.element_ty), mask=fm)
+        else:
+            tl.store(DH0 + off, (a0 * glr).to(DH0.dtype.element_ty), mask=fm)
+    _epoch_done(STATE, c, NC, n_cols)
+
+
+# ----------------------------------------------------------------------------------------------
+# host side
+# ----------------------------------------------------------------------------------------------
+_SM_COUNT = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: small, so that the tests exercise the chunked path
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+# Default launch parameters per kernel, (complex, fused, backward) ->
+#   (mode when B * D / 32 programs are too few to cover the memory latency, BT of the look-back
+#    kernels, (BT, prefetch) of the sequential and two-pass kernels).
+# One warp per program: its 32 lanes own 32 channels and each thread holds all BT steps of its
+# channel, so the scan along time runs in registers. Chosen from bench_scan.py --sweep on an H200
+# (2026-11-21): for few (batch, channel-block) columns the forward kernels with light per-step work
+# are fastest as two passes, the rest with the single-pass look-back; with many columns the
+# sequential kernels win.
+_DEFAULTS = {
+    (False, False, False): ("twopass", 16, (16, True)),
+    (False, False, True): ("lookback", 16, (8, True)),
+    (False, True, False): ("twopass", 16, (16, True)),
+    (False, True, True): ("lookback", 8, (8, True)),
+    (True, False, False): ("lookback", 32, (16, True)),
+    (True, False, True): ("lookback", 8, (8, True)),
+    (True, True, False): ("lookback", 8, (8, True)),
+    (True, True, True): ("lookback", 8, (8, False)),
+}
+_MODES = ("seq", "lookback", "twopass")
+
+
+def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused: bool = False,
+          backward: bool = False) -> dict:
+    """Launch parameters for one kernel launch.
+
+    ``mode``: "seq" (one program per 32 channels of a sequence walks the whole sequence; used when
+    that alone gives enough programs to cover the GPU's memory latency), "lookback" (one program
+    per tile of BT steps, single pass with decoupled look-back; the default otherwise) or "twopass"
+    (time chunks of CL steps: chunk maps, then the chunks; reads the inputs twice).
+    """
+    cfg = tuning
+    small_mode, bt_lb, (bt_seq, pf_default) = _DEFAULTS[(bool(is_complex), bool(fused), bool(backward))]
+    # at least 32 channels per program, so that the lanes of a warp never split the time axis (with
+    # 16-channel blocks the complex look-back backward gave wrong gradients for a few elements on an
+    # H200, 2026-11-21, in tests/kernels; not understood, and that layout is no longer used)
+    bd = max(32, cfg["block_d"] or 32)
+    num_warps = cfg["num_warps"] or 1
+    programs = B * triton.cdiv(D, bd)
+    mode = cfg["mode"]
+    if mode is None:
+        min_programs = cfg["min_programs"] or 8 * _sm_count(device)
+        mode = "seq" if programs >= min_programs or T <= bt_seq else small_mode
+    if mode not in _MODES:
+        raise ValueError(f"tuning['mode']={mode!r} is not one of {_MODES}")
+    bt = cfg["block_t"] or (bt_lb if mode == "lookback" else bt_seq)
+    bt = max(2, min(bt, _pow2_at_least(T)))
+    if mode == "lookback":
+        nc = triton.cdiv(T, bt)
+        cl = bt
+    elif mode == "seq":
+        nc, cl = 1, triton.cdiv(T, bt) * bt
+    else:
+        nc = cfg["num_chunks"]
+        if nc is None:  # ~8 programs per SM, chunks of at least 4 tiles
+            nc = min(triton.cdiv(8 * _sm_count(device), programs), triton.cdiv(T, 4 * bt), 32)
+        nc = max(1, min(int(nc), triton.cdiv(T, bt), 1024))
+        cl = triton.cdiv(triton.cdiv(T, nc), bt) * bt
+        nc = triton.cdiv(T, cl)
+    prefetch = cfg["prefetch"] if cfg["prefetch"] is not None else pf_default
+    fold = cfg["fold"] if cfg["fold"] is not None else True
+    return dict(mode=mode, BT=bt, BD=bd, num_warps=num_warps, NC=nc, CL=cl, PREFETCH=bool(prefetch),
+                FOLD=bool(fold), NCP=max(2, _pow2_at_least(nc - 1)))
+
+
+_LB_BUFFERS = {}
+
+
+def _lookback_buffers(device: torch.device, n_words: int):
+    """Tagged chunk maps/states and the launch epoch of the look-back kernels, kept per device and
+    stream: launches on one stream run in order, each advances the epoch, and words from older
+    epochs are ignored, so nothing is ever cleared."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    lbuf, state = _LB_BUFFERS.get(key, (None, None))
+    if lbuf is None or lbuf.numel() < n_words:
+        lbuf = torch.zeros(max(n_words, 1024), dtype=torch.int64, device=device)
+        state = torch.tensor([1, 0], dtype=torch.int32, device=device)  # epoch, last-chunk programs done
+        _LB_BUFFERS[key] = (lbuf, state)
+    return lbuf, state
+
+
+def _tile_input(t: Tensor, is_complex: bool) -> Tensor:
+    """``t`` itself when the kernels can read it in place (unit channel stride; complex pairs
+    interleaved, with even batch/time strides and 4-byte alignment; a time stride that keeps the
+    offsets inside a tile 32-bit), else a contiguous copy."""
+    if is_complex:
+        ok = (t.stride(-1) == 1 and t.stride(-2) == 2 and t.stride(0) % 2 == 0 and t.stride(1) % 2 == 0
+              and t.data_ptr() % (2 * t.element_size()) == 0)
+    else:
+        ok = t.stride(-1) == 1 or t.shape[-1] == 1
+    ok = ok and t.stride(1) < 2**24  # offsets inside a tile are 32-bit
+    return t if ok else t.contiguous()
+
+
+def _strides(t: Optional[Tensor], n: int):
+    if t is None:
+        return (0,) * n
+    st = tuple(t.stride())
+    return st + (0,) * (n - len(st))
+
+
+def _device_guard(t: Tensor):
+    if t.is_cuda and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return _NullContext()
+
+
+class _NullContext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _HGRUScanFunction(torch.autograd.Function):
+    """One autograd Function for the three ops.
+
+    ``x`` is the scan input (plain scans) or the input pre-activations (fused); ``a`` the decay
+    (plain scans) or the forget-gate logits (fused). ``gamma`` is a ``[D]`` tensor or None,
+    ``gamma_val`` the python-float lower bound used when ``gamma`` is None.
+    """
+
+    @staticmethod
+    def forward(ctx, x, a, theta, gamma, h0, gamma_val, reverse, fused):
+        ctx.set_materialize_grads(False)
+        is_complex = x.dim() == 4
+        B, T, D = a.shape
+        plan = _plan(B, T, D, is_complex, a.device, fused, backward=False)
+        mode, nc, cl = plan.pop("mode"), plan.pop("NC"), plan.pop("CL")
+        dev = a.device
+        h = torch.empty(x.shape, dtype=x.dtype, device=dev)
+        ht = torch.empty((B, D, 2) if is_complex else (B, D), dtype=x.dtype, device=dev)
+        x, a = _tile_input(x, is_complex), _tile_input(a, False)
+        s0 = _strides(h0, 3)
+        dummy = a
+        args = (x, x.stride(0), x.stride(1), a, a.stride(0), a.stride(1),
+                theta if theta is not None else dummy, gamma if gamma is not None else dummy,
+                float(gamma_val or 0.0), h0 if h0 is not None else dummy, s0[0], s0[1], s0[2], h, ht)
+        flags = dict(COMPLEX=is_complex, FUSED=fused, REVERSE=reverse, HAS_H0=h0 is not None,
+                     GAMMA_MODE=_gamma_mode(gamma, gamma_val), PRECISE=not INTERPRETED)
+        n_cols = triton.cdiv(D, plan["BD"]) * B
+        dw = 2 * D if is_complex else D  # row stride of h (and of dx)
+        with _device_guard(a):
+            if mode == "lookback":
+                lbuf, state = _lookback_buffers(dev, (6 if is_complex else 3) * nc * B * D)
+                _hgru_fwd_lb_kernel[(n_cols * nc,)](
+                    *args, lbuf, state, B, T, D, nc, plan["BD"], dw, PUBLISH_INC=tuning["publish_inclusive"] is not False,
+                    BT=plan["BT"], BD=plan["BD"], num_warps=plan["num_warps"], **flags)
+            else:
+                agg_m, agg_s, kmode = dummy, dummy, MODE_SEQ
+                if nc > 1:
+                    agg_m, agg_s = _agg_buffers(nc, B, D, is_complex, dev)
+                    _hgru_fwd_kernel[(n_cols * (nc - 1),)](
+                        *args, agg_m, agg_s, B, T, D, nc, cl, plan["BD"], dw, MODE=MODE_AGG, **flags, **plan)
+                    kmode = MODE_APPLY
+                _hgru_fwd_kernel[(n_cols * nc,)](*args, agg_m, agg_s, B, T, D, nc, cl, plan["BD"], dw, MODE=kmode, **flags, **plan)
+        ctx.save_for_backward(x if fused else None, a, theta, gamma, h0, h)
+        ctx.cfg = (is_complex, fused, reverse, gamma_val, x.shape, x.dtype)
+        return h, ht
+
+    @staticmethod
+    def backward(ctx, dh, dht):
+        x, a, theta, gamma, h0, h = ctx.saved_tensors
+        is_complex, fused, reverse, gamma_val, x_shape, x_dtype = ctx.cfg
+        need_x, need_a, need_theta, need_gamma, need_h0 = ctx.needs_input_grad[:5]
+        if dh is None and dht is None:
+            return (None,) * 8
+        B, T, D = a.shape
+        plan = _plan(B, T, D, is_complex, a.device, fused, backward=True)
+        mode, nc, cl = plan.pop("mode"), plan.pop("NC"), plan.pop("CL")
+        dev = a.device
+        need_theta = bool(is_complex and need_theta)
+        need_gamma = bool(fused and gamma is not None and need_gamma)
+        need_h0 = bool(h0 is not None and need_h0)
+        dx = torch.empty(x_shape, dtype=x_dtype, device=dev)
+        da = torch.empty(a.shape, dtype=a.dtype, device=dev)
+        dtheta_p = torch.empty((B * nc, D), dtype=torch.float32, device=dev) if need_theta else da
+        dgamma_p = torch.empty((B * nc, D), dtype=torch.float32, device=dev) if need_gamma else da
+        dh0 = torch.empty(h0.shape, dtype=h0.dtype, device=dev) if need_h0 else da
+        if x is not None:
+            x = _tile_input(x, is_complex)
+        if dh is not None:
+            dh = _tile_input(dh, is_complex)
+        a = _tile_input(a, False)
+        s0, st = _strides(h0, 3), _strides(dht, 3)
+        dummy = a
+        xs = x if x is not None else dummy
+        dhs = dh if dh is not None else dummy
+        args = (xs, xs.stride(0), xs.stride(1), a, a.stride(0), a.stride(1),
+                theta if theta is not None else dummy, gamma if gamma is not None else dummy,
+                float(gamma_val or 0.0), h0 if h0 is not None else dummy, s0[0], s0[1], s0[2], h,
+                dhs, dhs.stride(0), dhs.stride(1), dht if dht is not None else dummy, st[0], st[1], st[2],
+                dx, da, dh0, dtheta_p, dgamma_p)
+        flags = dict(COMPLEX=is_complex, FUSED=fused, REVERSE=reverse, HAS_H0=h0 is not None,
+                     HAS_DH=dh is not None, HAS_DHT=dht is not None,
+                     GAMMA_MODE=_gamma_mode(gamma, gamma_val), NEED_DGAMMA=need_gamma,
+                     NEED_DTHETA=need_theta, NEED_DH0=need_h0, NEED_A_T=bool(fused or need_theta),
+                     PRECISE=not INTERPRETED)
+        n_cols = triton.cdiv(D, plan["BD"]) * B
+        dw = 2 * D if is_complex else D  # row stride of h (and of dx)
+        with _device_guard(a):
+            if mode == "lookback":
+                lbuf, state = _lookback_buffers(dev, (6 if is_complex else 3) * nc * B * D)
+                _hgru_bwd_lb_kernel[(n_cols * nc,)](
+                    *args, lbuf, state, B, T, D, nc, plan["BD"], dw, PUBLISH_INC=tuning["publish_inclusive"] is not False,
+                    BT=plan["BT"], BD=plan["BD"], num_warps=plan["num_warps"], **flags)
+            else:
+                agg_m, agg_s, kmode = dummy, dummy, MODE_SEQ
+                if nc > 1:
+                    agg_m, agg_s = _agg_buffers(nc, B, D, is_complex, dev)
+                    _hgru_bwd_kernel[(n_cols * (nc - 1),)](
+                        *args, agg_m, agg_s, B, T, D, nc, cl, plan["BD"], dw, MODE=MODE_AGG, **flags, **plan)
+                    kmode = MODE_APPLY
+                _hgru_bwd_kernel[(n_cols * nc,)](*args, agg_m, agg_s, B, T, D, nc, cl, plan["BD"], dw, MODE=kmode, **flags, **plan)
+        dtheta = dtheta_p.sum(0).to(theta.dtype) if need_theta else None
+        dgamma = dgamma_p.sum(0).to(gamma.dtype) if need_gamma else None
+        return (dx if need_x else None, da if need_a else None, dtheta, dgamma,
+                dh0 if need_h0 else None, None, None, None)
+
+
+def _gamma_mode(gamma: Optional[Tensor], gamma_val: Optional[float]) -> int:
+    return 2 if gamma is not None else (1 if gamma_val is not None else 0)
+
+
+def _agg_buffers(nc: int, B: int, D: int, is_complex: bool, device: torch.device):
+    shape = (2, nc - 1, B, D) if is_complex else (nc - 1, B, D)  # complex: real plane, imaginary plane
+    return (torch.empty(shape, dtype=torch.float32, device=device),
+            torch.empty(shape, dtype=torch.float32, device=device))
+
+
+# ----------------------------------------------------------------------------------------------
+# public ops
+# ----------------------------------------------------------------------------------------------
+def _describe(t: Tensor) -> str:
+    return f"shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
+
+
+def _check_tensor(name: str, t, expected_shape, expect: str, ref: Optional[Tensor] = None,
+                  dtypes=_SUPPORTED_DTYPES) -> None:
+    if not isinstance(t, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor of shape {expect}, got {type(t).__name__}")
+    if tuple(t.shape) != tuple(expected_shape):
+        raise ValueError(f"{name} has {_describe(t)}; expected shape {expect} = {tuple(expected_shape)}")
+    if t.dtype not in dtypes:
+        names = ", ".join(str(d) for d in dtypes)
+        raise ValueError(
+            f"{name} has dtype {t.dtype}; expected one of {names} (use reference.py for float64)")
+    if ref is not None and t.device != ref.device:
+        raise ValueError(f"{name} is on {t.device} but the other inputs are on {ref.device}")
+
+
+def _check_sequence(name: str, t, complex_: bool) -> Tuple[int, int, int]:
+    expect = "[B, T, D, 2]" if complex_ else "[B, T, D]"
+    if not isinstance(t, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor of shape {expect}, got {type(t).__name__}")
+    ok = t.dim() == (4 if complex_ else 3) and (not complex_ or t.shape[-1] == 2)
+    if not ok:
+        raise ValueError(f"{name} has {_describe(t)}; expected shape {expect}")
+    if t.dtype not in _SUPPORTED_DTYPES:
+        names = ", ".join(str(d) for d in _SUPPORTED_DTYPES)
+        raise ValueError(
+            f"{name} has dtype {t.dtype}; expected one of {names} (use reference.py for float64)")
+    B, T, D = t.shape[:3]
+    if B < 1 or T < 1 or D < 1:
+        raise ValueError(f"{name} has {_describe(t)}; B, T and D must all be at least 1")
+    if not t.is_cuda and not INTERPRETED:
+        raise RuntimeError(
+            f"{name} is on {t.device}: the Triton kernels need CUDA tensors, or TRITON_INTERPRET=1 set "
+            "before hgrn_fairseq.kernels.hgru_triton is imported (slow; for tests)")
+    return B, T, D
+
+
+def _check_state(initial_state, B: int, D: int, complex_: bool, ref: Tensor) -> None:
+    if initial_state is None:
+        return
+    shape = (B, D, 2) if complex_ else (B, D)
+    _check_tensor("initial_state", initial_state, shape, "[B, D, 2]" if complex_ else "[B, D]", ref)
+
+
+def _check_theta(theta, D: int, ref: Tensor) -> Tensor:
+    _check_tensor("theta", theta, (D,), "[D]", ref, dtypes=_SUPPORTED_DTYPES + (torch.float64,))
+    return theta if theta.is_contiguous() else theta.contiguous()
+
+
+def real_scan(x: Tensor, a: Tensor, initial_state: Optional[Tensor] = None,
+              reverse: bool = False) -> Tuple[Tensor, Tensor]:
+    """``h_t = a_t * h_{t-1} + x_t`` (``reverse``: from ``t = T-1`` down to 0).
+
+    Args:
+        x, a: ``[B, T, D]``, bf16 / fp16 / fp32 (may differ), any strides.
+        initial_state: ``[B, D]`` or None (zeros).
+    Returns:
+        ``(h, final_state)``: ``[B, T, D]`` and ``[B, D]`` in ``x.dtype``.
+    """
+    B, T, D = _check_sequence("x", x, False)
+    _check_tensor("a", a, (B, T, D), "[B, T, D] like x", x)
+    _check_state(initial_state, B, D, False, x)
+    return _HGRUScanFunction.apply(x, a, None, None, initial_state, None, bool(reverse), False)
+
+
+def complex_scan(x: Tensor, a: Tensor, theta: Tensor, initial_state: Optional[Tensor] = None,
+                 reverse: bool = False) -> Tuple[Tensor, Tensor]:
+    """``h_t = a_t * exp(i theta) * h_{t-1} + x_t`` with complex ``x, h`` and real ``a``.
+
+    Args:
+        x: ``[B, T, D, 2]`` (real, imaginary), bf16 / fp16 / fp32, any strides (e.g. a
+            ``[B, T, 2D]`` projection viewed as ``[B, T, D, 2]``).
+        a: ``[B, T, D]`` real decay.
+        theta: ``[D]`` rotation per step.
+        initial_state: ``[B, D, 2]`` or None.
+    Returns:
+        ``(h, final_state)``: ``[B, T, D, 2]`` and ``[B, D, 2]`` in ``x.dtype``.
+    """
+    B, T, D = _check_sequence("x", x, True)
+    _check_tensor("a", a, (B, T, D), "[B, T, D] (x without its trailing 2)", x)
+    theta = _check_theta(theta, D, x)
+    _check_state(initial_state, B, D, True, x)
+    return _HGRUScanFunction.apply(x, a, theta, None, initial_state, None, bool(reverse), False)
+
+
+def hgru_fused(
+    forget_logits: Tensor,
+    inputs: Tensor,
+    theta: Optional[Tensor] = None,
+    lower_bound: Union[float, Tensor, None] = None,
+    initial_state: Optional[Tensor] = None,
+    reverse: bool = False,
+) -> Tuple[Tensor, Tensor]:
+    """Gates and scan of one HGRU direction in one kernel (see ``reference.hgru_reference``).
+
+    ``lambda = gamma + (1 - gamma) * sigmoid(forget_logits)``, ``x = (1 - lambda) * SiLU(inputs)``,
+    then ``h_t = lambda_t [exp(i theta)] h_{t-1} + x_t``. Neither ``lambda`` nor ``x`` is stored.
+
+    Args:
+        forget_logits: ``[B, T, D]``.
+        inputs: ``[B, T, D]`` (real) or ``[B, T, D, 2]`` (complex; then ``theta`` is ``[D]``).
+        theta: ``[D]`` for complex inputs, None for real ones.
+        lower_bound: gamma: None (0), a python float, or a ``[D]`` (or 0-dim) tensor; its gradient
+            (a sum over batch and time) is computed when it requires grad.
+        initial_state: ``[B, D]`` / ``[B, D, 2]`` or None.
+        reverse: run from ``t = T-1`` down to 0.
+    Returns:
+        ``(h, final_state)`` in ``inputs.dtype``, shaped like ``inputs`` and ``inputs[:, 0]``.
+    """
+    if not isinstance(inputs, Tensor):
+        raise ValueError(f"inputs must be a torch.Tensor [B, T, D] or [B, T, D, 2], got {type(inputs).__name__}")
+    complex_ = inputs.dim() == 4
+    B, T, D = _check_sequence("inputs", inputs, complex_)
+    _check_tensor("forget_logits", forget_logits, (B, T, D),
+                  "[B, T, D] (inputs without a trailing 2)" if complex_ else "[B, T, D] like inputs", inputs)
+    if complex_:
+        if theta is None:
+            raise ValueError("complex HGRU inputs [B, T, D, 2] need theta of shape [D]; got theta=None")
+        theta = _check_theta(theta, D, inputs)
+    elif theta is not None:
+        raise ValueError(
+            f"real HGRU inputs [B, T, D] take no theta; got theta with shape {tuple(theta.shape)} "
+            "(pass theta=None, or inputs of shape [B, T, D, 2] for the complex recurrence)")
+    _check_state(initial_state, B, D, complex_, inputs)
+    gamma, gamma_val = None, None
+    if isinstance(lower_bound, Tensor):
+        if lower_bound.dim() == 0:
+            lower_bound = lower_bound.expand(D)
+        _check_tensor("lower_bound", lower_bound, (D,), "[D] (or a 0-dim tensor / python float)", inputs,
+                      dtypes=_SUPPORTED_DTYPES + (torch.float64,))
+        gamma = lower_bound if lower_bound.is_contiguous() else lower_bound.contiguous()
+    elif lower_bound is not None:
+        if not isinstance(lower_bound, numbers.Real) or isinstance(lower_bound, bool):
+            raise ValueError(
+                f"lower_bound must be None, a python float or a [D] tensor; got {type(lower_bound).__name__}")
+        gamma_val = float(lower_bound)
+        if not math.isfinite(gamma_val):
+            raise ValueError(f"lower_bound={gamma_val} is not finite")
+    return _HGRUScanFunction.apply(inputs, forget_logits, theta, gamma, initial_state, gamma_val,
+                                   bool(reverse), True)
