@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# One GPU-machine session (see ../shared/DEVICE.md): kernel/module tests on the real GPU, then what
+# needs fairseq there. Run from the repository root with the wheels of DEVICE.md in .whl/:
+#
+#   OUT=/some/dir bash bench/gpu_checks.sh [tests] [train] [mqar]
+#
+#   tests   pytest tests/kernels tests/modules on CUDA (no TRITON_INTERPRET), split over processes
+#           so Triton compiles in parallel; log in $OUT/gpu_tests.log
+#   train   bench/bench_train.py (needs fairseq, built from .whl in the background meanwhile)
+#   mqar    scripts/run_mqar.sh with a reduced grid (needs fairseq)
+#
+# Time limits per stage come from TESTS_S, TRAIN_S, MQAR_S (seconds).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+: "${OUT:?set OUT to a results folder}"
+mkdir -p "$OUT"
+T0=$(date +%s)
+el() { echo $(( $(date +%s) - T0 )); }
+STAGES=${*:-tests train}
+R=$PWD
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 OMP_NUM_THREADS=4
+
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
+export PYTHONPATH=$R:/tmp/site
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee "$OUT/env.txt"
+
+need_fairseq=0
+case " $STAGES " in *" train "*|*" mqar "*) need_fairseq=1 ;; esac
+if [ $need_fairseq = 1 ] && ! python3 -c "import fairseq" 2>/dev/null; then
+  (cd /tmp && env -u CUDA_HOME MAX_JOBS=8 python3 -m pip install -q --no-index --no-deps --no-build-isolation \
+     --target /tmp/site2 "$R"/.whl/*.tar.gz > "$OUT/fairseq_build.log" 2>&1; echo "build rc=$? at $(el)s" >> "$OUT/fairseq_build.log") &
+  BUILD_PID=$!
+fi
+
+if [[ " $STAGES " == *" tests "* ]]; then
+  N=${TEST_PROCS:-12}
+  python3 -m pytest -q --collect-only -p no:cacheprovider tests/kernels tests/modules 2>/dev/null | grep '::' > /tmp/ids
+  rm -f /tmp/ids.?? ; split -n r/$N /tmp/ids /tmp/ids.
+  PIDS=()
+  for f in /tmp/ids.??; do
+    (HGRN2_AUTOTUNE=0 timeout "${TESTS_S:-240}" xargs -a "$f" python3 -m pytest -q -p no:cacheprovider -rfEs \
+       > "$f.log" 2>&1; echo "== $f rc=$?" >> "$f.log") &
+    PIDS+=($!)
+  done
+  wait "${PIDS[@]}"
+  cat /tmp/ids.??.log > "$OUT/gpu_tests.log"
+  echo "tests done at $(el)s: $(grep -ch '' /tmp/ids) collected"
+  grep -h "passed\|failed\|error\|== " "$OUT/gpu_tests.log" | tail -40
+fi
+
+if [ $need_fairseq = 1 ]; then
+  [ -n "${BUILD_PID:-}" ] && wait "$BUILD_PID"
+  cat "$OUT/fairseq_build.log" 2>/dev/null | tail -3
+  export PYTHONPATH=$R:/tmp/site:/tmp/site2 PATH=/tmp/site2/bin:$PATH
+fi
+
+if [[ " $STAGES " == *" train "* ]]; then
+  timeout "${TRAIN_S:-330}" python3 bench/bench_train.py --out "$OUT" --budget-s $(( ${TRAIN_S:-330} - 20 )) 2>&1 \
+    | tee "$OUT/bench_train.log" | tail -40
+  echo "bench_train done at $(el)s"
+fi
+
+if [[ " $STAGES " == *" mqar "* ]]; then
+  TRAIN_SIZE=${MQAR_TRAIN_SIZE:-20000} EPOCHS=${MQAR_EPOCHS:-4} LRS=${MQAR_LRS:-1e-3,3e-3} \
+    JOBS=${MQAR_JOBS:-4} TIME_BUDGET=${MQAR_S:-420} OUT=$OUT/mqar bash scripts/run_mqar.sh 2>&1 | tee "$OUT/mqar.log" | tail -30
+  echo "mqar done at $(el)s"
+fi
+echo "all done at $(el)s"
