@@ -544,7 +544,7 @@ def summarise(args, models, status, records):
             if not rows:
                 continue
             ok = [r for r in rows if "error" not in r]
-            per_k = [1024 * 1024 * r["activation_gib"] / (r["seq"] / 1024) for r in ok]
+            per_k = [1024 * r["activation_gib"] / (r["seq"] / 1024) for r in ok]  # GiB -> MiB, per 1K tokens
             # linear: the activation memory per token stays within 25% from the 2nd length on
             linear = None
             if len(per_k) >= 3:
