@@ -25,7 +25,8 @@ paths chosen per chunk (and per group of BK channels) from the decays themselves
    term (slower, exact, cannot overflow).
 
 All three are tested (the thresholds can be set to 0 to force paths 2 and 3). Products of the intra-
-chunk terms take fp32 operands (tf32 on the GPU); A and dA are kept in fp32.
+chunk terms take fp32 operands (tf32 on the GPU, except the forward's four block products of path 2,
+which run in full fp32: see ``_intra_A_blocks``); A and dA are kept in fp32.
 
 Kernels (``BH`` = batch * heads, ``NT`` = chunks):
 
@@ -194,10 +195,18 @@ def _intra_A_blocks(b_q, b_k, b_b, o_t, blk, off, i_n, T, H, K: tl.constexpr, g_
     unsafe = 1 - safe_row
     # q scaled to the start of its own block: exponent b - r_blk <= 0
     b_qh = b_q * tl.exp(b_b - r_blk)
-    b_A += tl.dot(tl.where((blk == 0)[:, None], b_qh, 0.0), tl.trans(b_k * _intra_cols(b_b, r1 * 0.0, blk, 0, s0)))
-    b_A += tl.dot(tl.where((blk == 1)[:, None], b_qh, 0.0), tl.trans(b_k * _intra_cols(b_b, r1, blk, 1, s1)))
-    b_A += tl.dot(tl.where((blk == 2)[:, None], b_qh, 0.0), tl.trans(b_k * _intra_cols(b_b, r2, blk, 2, s2)))
-    b_A += tl.dot(tl.where((blk == 3)[:, None], b_qh, 0.0), tl.trans(b_k * _intra_cols(b_b, r3, blk, 3, s3)))
+    # The four products below run in full fp32 ("ieee"), not tf32: on an H200 (triton 3.6, BK = 32,
+    # 8 warps) this chain of four tf32 products accumulating into one tile returned wrong rows for
+    # blocks 0-2 (errors of order 1 in A; only the last product was right), while BK = 16 / 4 warps and
+    # the CPU interpreter were right. Full fp32 products are right in every configuration tested.
+    b_A += tl.dot(tl.where((blk == 0)[:, None], b_qh, 0.0),
+                  tl.trans(b_k * _intra_cols(b_b, r1 * 0.0, blk, 0, s0)), input_precision="ieee")
+    b_A += tl.dot(tl.where((blk == 1)[:, None], b_qh, 0.0),
+                  tl.trans(b_k * _intra_cols(b_b, r1, blk, 1, s1)), input_precision="ieee")
+    b_A += tl.dot(tl.where((blk == 2)[:, None], b_qh, 0.0),
+                  tl.trans(b_k * _intra_cols(b_b, r2, blk, 2, s2)), input_precision="ieee")
+    b_A += tl.dot(tl.where((blk == 3)[:, None], b_qh, 0.0),
+                  tl.trans(b_k * _intra_cols(b_b, r3, blk, 3, s3)), input_precision="ieee")
 
     if tl.sum(unsafe, axis=0) > 0:
         # exact diagonal blocks where the decay is too steep to factor, one column offset jj at a

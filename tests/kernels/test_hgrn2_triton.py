@@ -295,3 +295,48 @@ def test_steep_half_chunk_detects_what_leaves_the_fast_path():
     tail = g.clone()
     tail[0, 96:, 0, 0] = -(limit + 1.0) / 4
     assert hgrn2_triton.steep_half_chunk(tail)
+
+
+def _intra_chunk_A_reference(q, g, BT):
+    """A_ij = sum_c q_ic k_jc exp(b_ic - b_jc) (i >= j, 0 above) per chunk, float64, [B*H, NT, BT, BT]."""
+    B, T, H, K = q.shape
+    NT = -(-T // BT)
+    q, g = (F.pad(x.double().cpu(), (0, 0, 0, 0, 0, NT * BT - T)) for x in (q, g))
+    q, g = (x.view(B, NT, BT, H, K).permute(0, 3, 1, 2, 4).reshape(B * H, NT, BT, K) for x in (q, g))
+    b = g.cumsum(2)
+    k = -torch.expm1(g)
+    tri = torch.tril(torch.ones(BT, BT, dtype=torch.bool))[:, :, None]
+    d = torch.where(tri, b[:, :, :, None, :] - b[:, :, None, :, :], torch.tensor(-float("inf"), dtype=torch.float64))
+    return (q[:, :, :, None, :] * k[:, :, None, :, :] * d.exp()).sum(-1)
+
+
+_A_CONFIGS = [(16, 4)] if INTERPRET else [(16, 4), (32, 8), (64, 8)]
+
+
+@pytest.mark.parametrize("bk,warps", _A_CONFIGS)
+@pytest.mark.parametrize("path,decay_scale", [("fast", 1.0), ("blocks", 1.0), ("elementwise", 1.0), ("mixed", 3.0)])
+def test_intra_chunk_A_every_config(path, decay_scale, bk, warps):
+    """The intra-chunk matrix A stored by the forward output kernel, on each path and in each launch
+    configuration of its autotune space (BK, warps), against float64. Regression: on an H200 (triton
+    3.6) the four-block products in tf32 gave errors of order 1 in A; 7 of the 9 non-fast cases here
+    failed with them (fixed by running those products in full fp32)."""
+    from hgrn_fairseq.kernels.hgrn2_chunk_kernels import hgrn2_fwd_output_kernel
+
+    csafe = 60.0 if path in ("fast", "mixed") else 0.0
+    safe = 0.0 if path == "elementwise" else 60.0
+    B, T, H, K, V, BT = 1, 130, 2, 64, 16, hgrn2_triton.CHUNK
+    q, v, g, _ = make_inputs(B, T, H, K, V, torch.float32, h0=False, decay_scale=decay_scale, seed=21)
+    NT = -(-T // BT)
+    h = torch.zeros(B * H, NT, K, V, device=q.device)
+    o = torch.empty_like(v)
+    A = torch.full((B * H, NT, BT, BT), float("nan"), device=q.device)
+    hgrn2_fwd_output_kernel[(NT, B * H)](
+        q, v, g, h, o, A, T, H, NT, K=K, V=V, BT=BT, BC=hgrn2_triton.BLOCK, BK=bk, BV=16,
+        SAFE=safe, CSAFE=csafe, REVERSE=False, STORE_A=True, EMU=False, num_warps=warps,
+    )
+    A_ref = _intra_chunk_A_reference(q, g, BT)
+    assert rel(A, A_ref) < FP32_TOL
+    # with the state set to 0, o is A v inside each chunk
+    vp = F.pad(v.double().cpu(), (0, 0, 0, 0, 0, NT * BT - T)).view(B, NT, BT, H, V).permute(0, 3, 1, 2, 4)
+    o_ref = (A_ref.view(B, H, NT, BT, BT) @ vp).permute(0, 2, 3, 1, 4).reshape(B, NT * BT, H, V)[:, :T]
+    assert rel(o, o_ref) < FP32_TOL
