@@ -342,35 +342,6 @@ class _RecurrentFunction(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------
 # public API
 
-# On an H200 (2026-11-21, triton 3.6) the chunk kernels' four-block and element-by-element
-# intra-chunk paths (taken when half a chunk decays by more than CHUNK_SAFE_LOG_DECAY) gave wrong
-# outputs (tests/kernels/test_hgrn2_triton.py::test_intra_chunk_paths, ::test_steep_decay_is_exact),
-# while the Triton interpreter gets them right. Until that is fixed, ``impl="auto"`` on CUDA sends a
-# call whose decays would reach those paths to the recurrent kernel, which is exact there (slower;
-# costs one reduction over log_decay and a host sync). Set to True once the GPU tests pass.
-STEEP_CHUNK_PATHS_VERIFIED_ON_GPU = False
-
-
-def _needs_unverified_intra_path(log_decay: Tensor, reverse: bool) -> bool:
-    if STEEP_CHUNK_PATHS_VERIFIED_ON_GPU or not log_decay.is_cuda:
-        return False
-    return steep_half_chunk(log_decay, reverse)
-
-
-def steep_half_chunk(log_decay: Tensor, reverse: bool = False) -> bool:
-    """Whether any half chunk decays by more than CHUNK_SAFE_LOG_DECAY in some channel, i.e. whether
-    the chunk kernels would leave their one-reference fast path somewhere."""
-    B, T, H, K = log_decay.shape
-    half = CHUNK // 2
-    pad = (-T) % half
-    g = log_decay.flip(1) if reverse else log_decay
-    g = torch.nn.functional.pad(g.float(), (0, 0, 0, 0, 0, pad)) if pad else g.float()
-    # the decay of each half chunk (chunks start at t = 0 in the scan direction, as in the kernels)
-    half_sums = g.view(B, -1, half, H, K).sum(dim=2)
-    return bool((half_sums < -CHUNK_SAFE_LOG_DECAY).any())
-
-
-
 def hgrn2_fused(
     q: Tensor,
     v: Tensor,
@@ -398,8 +369,6 @@ def hgrn2_fused(
     T = q.shape[1]
     if impl == "auto":
         impl = "recurrent" if T <= RECURRENT_MAX_T else "chunk"
-        if impl == "chunk" and _needs_unverified_intra_path(log_decay, reverse):
-            impl = "recurrent"
     q, v, log_decay = q.contiguous(), v.contiguous(), log_decay.contiguous()
     h0 = None if initial_state is None else initial_state.contiguous()
     reverse = bool(reverse)

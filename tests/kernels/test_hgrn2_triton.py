@@ -277,25 +277,6 @@ def test_gpu_chunk_and_recurrent_agree_long():
     assert rel(o_c, o_r) < BF16_TOL and rel(s_c, s_r) < 1e-2
 
 
-def test_steep_half_chunk_detects_what_leaves_the_fast_path():
-    """The CUDA guard's criterion: a half chunk (32 steps, chunks counted from the scan's start)
-    whose log decay sums below -CHUNK_SAFE_LOG_DECAY in any channel."""
-    half, limit = hgrn2_triton.CHUNK // 2, hgrn2_triton.CHUNK_SAFE_LOG_DECAY
-    g = torch.full((1, 100, 2, 3), -0.1)
-    assert not hgrn2_triton.steep_half_chunk(g)
-    steep = g.clone()
-    steep[0, half : 2 * half, 1, 2] = -(limit + 1.0) / half  # one channel of the second half chunk
-    assert hgrn2_triton.steep_half_chunk(steep)
-    assert hgrn2_triton.steep_half_chunk(steep.flip(1), reverse=True)
-    # the same total spread over two half chunks stays on the fast path
-    spread = g.clone()
-    spread[0, half // 2 : half // 2 + half, 1, 2] = -(limit + 1.0) / half
-    assert not hgrn2_triton.steep_half_chunk(spread)
-    # the last, partial half chunk counts too
-    tail = g.clone()
-    tail[0, 96:, 0, 0] = -(limit + 1.0) / 4
-    assert hgrn2_triton.steep_half_chunk(tail)
-
 
 def _intra_chunk_A_reference(q, g, BT):
     """A_ij = sum_c q_ic k_jc exp(b_ic - b_jc) (i >= j, 0 above) per chunk, float64, [B*H, NT, BT, BT]."""
