@@ -27,7 +27,7 @@ export PYTHONPATH=$R:/tmp/site
 
 need_fairseq=0
 case " $STAGES " in *" train "*|*" mqar "*) need_fairseq=1 ;; esac
-if [ $need_fairseq = 1 ] && ! python3 -c "import fairseq" 2>/dev/null; then
+if [ $need_fairseq = 1 ] && [ ! -d /tmp/site2/fairseq ]; then
   (cd /tmp && env -u CUDA_HOME MAX_JOBS=8 python3 -m pip install -q --no-index --no-deps --no-build-isolation \
      --target /tmp/site2 "$R"/.whl/*.tar.gz > "$OUT/fairseq_build.log" 2>&1; echo "build rc=$? at $(el)s" >> "$OUT/fairseq_build.log") &
   BUILD_PID=$!
@@ -35,11 +35,11 @@ fi
 
 if [[ " $STAGES " == *" tests "* ]]; then
   N=${TEST_PROCS:-12}
-  python3 -m pytest -q --collect-only -p no:cacheprovider tests/kernels tests/modules 2>/dev/null | grep '::' > /tmp/ids
+  PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest -q --collect-only -p no:cacheprovider tests/kernels tests/modules 2>/dev/null | grep '::' > /tmp/ids
   rm -f /tmp/ids.?? ; split -n r/$N /tmp/ids /tmp/ids.
   PIDS=()
   for f in /tmp/ids.??; do
-    (HGRN2_AUTOTUNE=0 timeout "${TESTS_S:-240}" xargs -a "$f" python3 -m pytest -q -p no:cacheprovider -rfEs \
+    (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 HGRN2_AUTOTUNE=0 timeout "${TESTS_S:-240}" xargs -a "$f" python3 -m pytest -q -p no:cacheprovider -rfEs \
        > "$f.log" 2>&1; echo "== $f rc=$?" >> "$f.log") &
     PIDS+=($!)
   done
