@@ -17,6 +17,21 @@ def theta_init(dim: int) -> Tensor:
     return 10000.0 ** (-2.0 * torch.arange(dim, dtype=torch.float64) / dim)
 
 
+def check_mixer_call(mixer: nn.Module, x: Tensor, lower_bound, initial_state, output_final_state: bool) -> None:
+    """Shared argument checks of the token mixers' ``forward`` (they expose ``dim``, ``causal``,
+    ``gate_dim`` and ``state_shape(batch)``)."""
+    name = type(mixer).__name__
+    if x.dim() != 3 or x.shape[-1] != mixer.dim:
+        raise ValueError(f"{name} expects x of shape [B, T, {mixer.dim}], got {tuple(x.shape)}")
+    if not mixer.causal and (initial_state is not None or output_final_state):
+        raise ValueError(f"a bidirectional (causal=False) {name} has no recurrent state to carry")
+    expected = mixer.state_shape(x.shape[0])
+    if initial_state is not None and tuple(initial_state.shape) != expected:
+        raise ValueError(f"initial_state has shape {tuple(initial_state.shape)}, expected {expected}")
+    if isinstance(lower_bound, Tensor) and lower_bound.shape[-1] != mixer.gate_dim:
+        raise ValueError(f"lower_bound has {lower_bound.shape[-1]} channels, expected {mixer.gate_dim}")
+
+
 class HGRU(nn.Module):
     """Hierarchically gated recurrent unit, batch-first ``[B, T, dim] -> [B, T, dim]``.
 
@@ -99,19 +114,8 @@ class HGRU(nn.Module):
 
         Returns ``(y [B, T, dim], final_state or None)``.
         """
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"HGRU expects x of shape [B, T, {self.dim}], got {tuple(x.shape)}")
+        check_mixer_call(self, x, lower_bound, initial_state, output_final_state)
         B, T, _ = x.shape
-        if not self.causal and (initial_state is not None or output_final_state):
-            raise ValueError("a bidirectional (causal=False) HGRU has no recurrent state to carry")
-        if initial_state is not None and tuple(initial_state.shape) != self.state_shape(B):
-            raise ValueError(
-                f"initial_state has shape {tuple(initial_state.shape)}, expected {self.state_shape(B)}"
-            )
-        if isinstance(lower_bound, Tensor) and lower_bound.shape[-1] != self.gate_dim:
-            raise ValueError(
-                f"lower_bound has {lower_bound.shape[-1]} channels, expected {self.gate_dim}"
-            )
         if isinstance(lower_bound, Tensor):
             lower_bound = lower_bound.to(x.dtype)
         inputs = self.input_proj(x)

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import BACKENDS, hgrn2_scan, hgrn2_step, resolve_backend
+from .hgru import check_mixer_call
 
 Tensor = torch.Tensor
 VARIANTS = ("lm", "lra")
@@ -123,20 +124,8 @@ class HGRU2(nn.Module):
 
         Returns ``(y [B, T, dim], final_state [B, heads, e, e] (fp32 on the Triton path) or None)``.
         """
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"HGRU2 expects x of shape [B, T, {self.dim}], got {tuple(x.shape)}")
+        check_mixer_call(self, x, lower_bound, initial_state, output_final_state)
         B, T, _ = x.shape
-        if not self.causal and (initial_state is not None or output_final_state):
-            raise ValueError("a bidirectional (causal=False) HGRU2 has no recurrent state to carry")
-        if initial_state is not None and tuple(initial_state.shape) != self.state_shape(B):
-            raise ValueError(
-                f"initial_state has shape {tuple(initial_state.shape)}, expected {self.state_shape(B)}"
-            )
-        if isinstance(lower_bound, Tensor):
-            if lower_bound.shape[-1] != self.gate_dim:
-                raise ValueError(
-                    f"lower_bound has {lower_bound.shape[-1]} channels, expected {self.gate_dim}"
-                )
         q, v, log_decay = self._gates(x, lower_bound)
         backend = resolve_backend(self.backend, q)
         if T == 1 and initial_state is not None and self.causal and q.is_cuda and backend == "triton":
