@@ -27,10 +27,13 @@ class LayerLowerBounds(nn.Module):
             self.gamma = nn.Parameter(torch.ones(num_layers, dim))
         else:
             self.register_parameter("gamma", None)
+            # follows the module's device, so a disabled bound costs no host-to-device copy per step;
+            # not persistent, so checkpoints are the same as before
+            self.register_buffer("zeros", torch.zeros(num_layers, dim), persistent=False)
 
     def forward(self) -> torch.Tensor:
         if not self.enabled:
-            return torch.zeros(self.num_layers, self.dim)
+            return self.zeros
         c = torch.cumsum(torch.softmax(self.gamma, dim=0), dim=0)
         return c - c[:1]
 
