@@ -8,6 +8,8 @@
 #           so Triton compiles in parallel; log in $OUT/gpu_tests.log
 #   train   bench/bench_train.py (needs fairseq, built from .whl in the background meanwhile)
 #   mqar    scripts/run_mqar.sh with a reduced grid (needs fairseq)
+#   evidence  scripts/lm_evidence.sh (issue 5: corpus, BPE, 3 models trained, extrapolation table);
+#           its corpus and BPE steps run while fairseq builds
 #
 # Time limits per stage come from TESTS_S, TRAIN_S, MQAR_S (seconds).
 set -uo pipefail
@@ -26,11 +28,20 @@ export PYTHONPATH=$R:/tmp/site
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee "$OUT/env.txt"
 
 need_fairseq=0
-case " $STAGES " in *" train "*|*" mqar "*) need_fairseq=1 ;; esac
+case " $STAGES " in *" train "*|*" mqar "*|*" evidence "*) need_fairseq=1 ;; esac
 if [ $need_fairseq = 1 ] && [ ! -d /tmp/site2/fairseq ]; then
   (cd /tmp && env -u CUDA_HOME MAX_JOBS=8 python3 -m pip install -q --no-index --no-deps --no-build-isolation \
-     --target /tmp/site2 "$R"/.whl/*.tar.gz > "$OUT/fairseq_build.log" 2>&1; echo "build rc=$? at $(el)s" >> "$OUT/fairseq_build.log") &
+     --target /tmp/site2 "$R"/.whl/*.tar.gz > /tmp/fairseq_build.log 2>&1; echo "build rc=$? at $(el)s" >> /tmp/fairseq_build.log) &
   BUILD_PID=$!
+fi
+
+EVID=${EVIDENCE_WORKDIR:-/tmp/lm_evidence}
+if [[ " $STAGES " == *" evidence "* ]]; then  # the steps that need no fairseq, while it builds
+  python3 data_prep/build_text_corpus.py --out-dir "$EVID/corpus" --max-bytes none --valid-fraction 0.02 \
+    --test-fraction "${TEST_FRACTION:-0.05}" > /tmp/evidence_prep.log 2>&1 &&
+  python3 data_prep/sentencepiece_bpe.py --text-dir "$EVID/corpus" --out-dir "$EVID/spm" \
+    --vocab-size "${SPM_VOCAB:-8000}" --workers 16 >> /tmp/evidence_prep.log 2>&1
+  echo "evidence prep rc=$? at $(el)s"; tail -3 /tmp/evidence_prep.log
 fi
 
 if [[ " $STAGES " == *" tests "* ]]; then
@@ -51,7 +62,7 @@ fi
 
 if [ $need_fairseq = 1 ]; then
   [ -n "${BUILD_PID:-}" ] && wait "$BUILD_PID"
-  cat "$OUT/fairseq_build.log" 2>/dev/null | tail -3
+  cat /tmp/fairseq_build.log 2>/dev/null | tail -3
   export PYTHONPATH=$R:/tmp/site:/tmp/site2 PATH=/tmp/site2/bin:$PATH
 fi
 
@@ -65,5 +76,9 @@ if [[ " $STAGES " == *" mqar "* ]]; then
   TRAIN_SIZE=${MQAR_TRAIN_SIZE:-20000} EPOCHS=${MQAR_EPOCHS:-4} LRS=${MQAR_LRS:-1e-3,3e-3} \
     JOBS=${MQAR_JOBS:-4} TIME_BUDGET=${MQAR_S:-420} OUT=$OUT/mqar bash scripts/run_mqar.sh 2>&1 | tee "$OUT/mqar.log" | tail -30
   echo "mqar done at $(el)s"
+fi
+if [[ " $STAGES " == *" evidence "* ]]; then
+  WORKDIR=$EVID OUT=$OUT/evidence timeout "${EVIDENCE_S:-480}" bash scripts/lm_evidence.sh 2>&1 | tee "$OUT/evidence.log" | tail -60
+  echo "evidence done at $(el)s"
 fi
 echo "all done at $(el)s"
