@@ -34,17 +34,30 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAPES = [(8, 2048, 1024), (8, 4096, 1024), (1, 8192, 2048), (32, 512, 1536), (2, 16384, 1024)]
 DTYPE = torch.bfloat16
 
-# launch-parameter candidates for --sweep (keys of hgru_triton.tuning; None = the default plan)
-SWEEP_CONFIGS = [
-    dict(),
+# launch-parameter candidates for --sweep (keys of hgru_triton.tuning; None = the default plan).
+# Each look-back configuration runs with every look-back window of SWEEP_WINDOWS (--windows):
+# predecessors read per round trip, 1 = the walk of one predecessor per round trip.
+SWEEP_LOOKBACK = [
     dict(mode="lookback"),
     dict(mode="lookback", block_t=8),
     dict(mode="lookback", block_t=32),
     dict(mode="lookback", block_d=64, num_warps=2),
+]
+SWEEP_OTHERS = [
     dict(mode="seq"),
     dict(mode="seq", block_t=8, prefetch=True),
     dict(mode="twopass"),
 ]
+SWEEP_WINDOWS = (1, 4, 8, 16, 32)
+
+
+def sweep_configs(windows=SWEEP_WINDOWS):
+    """The default plan, each look-back configuration with each window, then the other modes."""
+    return ([dict()] + [dict(cfg, lookback_window=w) for cfg in SWEEP_LOOKBACK for w in windows]
+            + [dict(cfg) for cfg in SWEEP_OTHERS])
+
+
+SWEEP_CONFIGS = sweep_configs()
 SWEEP_SHAPES = [(8, 2048, 1024), (32, 512, 1536), (1, 8192, 2048)]
 SWEEP_CHUNKS = []  # (num_chunks, shape) pairs for the two-pass mode
 
@@ -490,10 +503,14 @@ def smoke(log):
         inp = make_inputs(*shape)
         theta, gamma = inp["theta"], inp["gamma"]
         results = {}
-        for mode in ("twopass", "lookback"):
+        # twopass first: the reference of the others. "lb_walk": only chunk 0 publishes its state, so
+        # every look-back crosses whole windows of maps, with the programs running concurrently.
+        for mode, cfg in (("twopass", dict(mode="twopass")), ("lookback", dict(mode="lookback")),
+                          ("lb_w1", dict(mode="lookback", lookback_window=1)),
+                          ("lb_walk", dict(mode="lookback", publish_inclusive=False))):
             K.tuning.update({k: None for k in K.tuning})
             K.tuning["publish_inclusive"] = True
-            K.tuning["mode"] = mode
+            K.tuning.update(cfg)
             for name, fn, args, dout in (
                 ("real", K.real_scan, (inp["x"], inp["a"]), inp["dh"]),
                 ("complex", K.complex_scan, (inp["xc"], inp["a"], theta), inp["dhc"]),
@@ -522,6 +539,34 @@ def smoke(log):
     log("  smoke ok")
 
 
+def window_table(rows, windows):
+    """Markdown: for each look-back configuration, shape and op, the times at each window (and the
+    best window), so that the default window can be read off one sweep."""
+    cells = {}
+    for r in rows:
+        cfg = r.get("config", {})
+        if "lookback_window" not in cfg:
+            continue
+        base = {k: v for k, v in cfg.items() if k != "lookback_window"}
+        key = (json.dumps(base, sort_keys=True), tuple(r["shape"]), r["op"])
+        cells.setdefault(key, {})[cfg["lookback_window"]] = r
+    head = " | ".join(f"W={w}" for w in windows)
+    out = ["## Look-back window (fwd ms, fwd+bwd ms)", "",
+           f"| config | shape | op | {head} | best W fwd | best W fwd+bwd |",
+           "|---|---|---|" + "---:|" * (len(windows) + 2)]
+    for (base, shape, op), byw in cells.items():
+        row = []
+        for w in windows:
+            r = byw.get(w, {})
+            row.append(f"{r.get('fwd_ms', float('nan')):.4f}, {r.get('fwd_bwd_ms', float('nan')):.4f}")
+        best = []
+        for key in ("fwd_ms", "fwd_bwd_ms"):
+            got = [(r[key], w) for w, r in byw.items() if key in r]
+            best.append(str(min(got)[1]) if got else "")
+        out.append(f"| {base} | {shape} | {op} | " + " | ".join(row) + " | " + " | ".join(best) + " |")
+    return out + [""]
+
+
 def _wait(path, log, limit_s=150):
     if not path:
         return
@@ -536,9 +581,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="results/bench_scan")
     ap.add_argument("--sweep", action="store_true", help="sweep our launch parameters instead of the table")
+    ap.add_argument("--windows", default=",".join(str(w) for w in SWEEP_WINDOWS),
+                    help="--sweep: look-back windows (powers of two) tried with each look-back configuration")
     ap.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1), help="parallel warm-up processes")
     ap.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
-    ap.add_argument("--shapes", default=None, help="e.g. 8x2048x1024,1x8192x2048")
+    ap.add_argument("--shapes", default=None, help="e.g. 8x2048x1024,1x8192x2048 (also replaces the sweep's shapes)")
     ap.add_argument("--mode", default=None, choices=["seq", "lookback", "twopass"],
                     help="force one kernel mode (hgru_triton.tuning['mode']) for the table")
     ap.add_argument("--smoke", action="store_true",
@@ -571,7 +618,9 @@ def main():
 
     if args.sweep:
         kinds = ["ours_real", "ours_complex", "ours_fused_real", "ours_fused_complex"]
-        tasks = [(cfg, s, kinds) for cfg in SWEEP_CONFIGS for s in SWEEP_SHAPES]
+        windows = [int(w) for w in args.windows.split(",") if w.strip()]
+        sweep_shapes = shapes if args.shapes else SWEEP_SHAPES
+        tasks = [(cfg, s, kinds) for cfg in sweep_configs(windows) for s in sweep_shapes]
         tasks += [(dict(mode="twopass", num_chunks=nc), s, kinds) for nc, s in SWEEP_CHUNKS]
         if args.jobs > 1:
             warm(tasks, args.jobs, log)
@@ -591,8 +640,10 @@ def main():
         for r in rows:
             lines.append(f"| {r['config']} | {tuple(r['shape'])} | {r['op']} | {r.get('fwd_ms', float('nan')):.4f} | "
                          f"{r.get('fwd_bwd_ms', float('nan')):.4f} |")
+        lines += [""] + window_table(rows, windows)
         with open(os.path.join(args.out, "bench_scan_sweep.md"), "w") as fh:
             fh.write("\n".join(lines) + "\n")
+        log("\n".join(window_table(rows, windows)))
         return
 
     if args.jobs > 1:

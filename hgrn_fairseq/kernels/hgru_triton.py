@@ -36,7 +36,8 @@ Parallelism over time comes in three modes (``_plan`` picks one per launch; ``tu
   tile). Best when B * D alone gives enough programs to hide memory latency.
 * ``lookback``: one program per tile, single pass over the data: each tile publishes the affine map
   ``h -> M h + S`` of its steps and finds its incoming state by decoupled look-back over its
-  predecessors (values travel with tags in 64-bit words; see ``_lookback``).
+  predecessors (values travel with tags in 64-bit words; see ``_lookback``), reading a window of
+  ``tuning["lookback_window"]`` predecessors per round trip (``_lookback_window``).
 * ``twopass``: time is cut into NC chunks; one kernel computes each chunk's map, a second one
   composes the maps before its chunk and runs the chunk. It reads the inputs twice.
 
@@ -85,6 +86,7 @@ tuning = {
     "publish_inclusive": None,  # False (tests only): look-back walks always reach chunk 0
     "prefetch": None,  # load tile j+1 while scanning tile j
     "fold": None,  # add the incoming state before the tile's scan (True) or after it (False)
+    "lookback_window": None,  # predecessors read per look-back round trip (a power of two; 1: one)
 }
 
 
@@ -746,7 +748,7 @@ def _unpack(w):
 
 @triton.jit
 def _lookback(LBUF, c, NC, B, D, b, d, dm, mr, mi, sr, si, ir, ii, E,
-              COMPLEX: tl.constexpr, PUBLISH_INC: tl.constexpr):
+              COMPLEX: tl.constexpr, PUBLISH_INC: tl.constexpr, LBW: tl.constexpr):
     """State entering chunk ``c`` of one (batch, channel-block) column, by decoupled look-back
     (Merrill and Garland's single-pass scan).
 
@@ -755,12 +757,18 @@ def _lookback(LBUF, c, NC, B, D, b, d, dm, mr, mi, sr, si, ir, ii, E,
     predecessors: one that has published the state leaving it (tag ``E + 2``) ends the walk, one that
     has only published its map is composed and skipped. Programs run chunk-major, so every
     predecessor was launched earlier and is resident: the waits end. Chunk 0 starts from
-    ``(ir, ii)``. Finally the chunk publishes the state leaving it.
+    ``(ir, ii)``. Finally the chunk publishes the state leaving it, over its ``S`` (as CUB keeps a
+    tile's aggregate and inclusive prefix in one slot): a reader that finds a chunk's state needs
+    no more of it, and one that finds neither a whole map nor a whole state (a store half seen)
+    reads again.
+
+    ``LBW`` predecessors are read per round trip (a window, as in CUB): see ``_lookback_window``.
+    ``LBW == 1`` walks back one predecessor per round trip (``_lookback_single``).
 
     Each channel's value travels with its tag in one 64-bit word (stored and polled through L2), so
     no fence is needed between data and flag, and ``E`` (from the launch epoch) tells this launch's
-    words from older ones: the buffer is never cleared. LBUF holds six planes of [NC, B, D] words:
-    Re M, Re S, Re state, Im M, Im S, Im state (the real scans use the first three).
+    words from older ones: the buffer is never cleared. LBUF holds four planes of [NC, B, D] words:
+    Re M, Re S-or-state, Im M, Im S-or-state (the real scans use the first two).
     """
     plane = NC.to(tl.int64) * B * D
     row = (c.to(tl.int64) * B + b) * D + d
@@ -770,54 +778,143 @@ def _lookback(LBUF, c, NC, B, D, b, d, dm, mr, mi, sr, si, ir, ii, E,
         tl.store(LBUF + row, _pack(mr, E + 1), mask=dm, cache_modifier=".cg")
         tl.store(LBUF + plane + row, _pack(sr, E + 1), mask=dm, cache_modifier=".cg")
         if COMPLEX:
-            tl.store(LBUF + 3 * plane + row, _pack(mi, E + 1), mask=dm, cache_modifier=".cg")
-            tl.store(LBUF + 4 * plane + row, _pack(si, E + 1), mask=dm, cache_modifier=".cg")
-        amr = mr * 0.0 + 1.0  # the composed map of the chunks skipped so far (identity)
-        ami = mr * 0.0
-        asr = mr * 0.0
-        asi = mr * 0.0
-        k = c - 1
-        go = (k >= 0).to(tl.int32)
-        spins = 0
-        off = ~dm  # channels past D are always "ready"
-        while go == 1:
-            krow = (k.to(tl.int64) * B + b) * D + d
-            tm, kmr = _unpack(tl.load(LBUF + krow, mask=dm, other=0, cache_modifier=".cg"))
-            ts, ksr = _unpack(tl.load(LBUF + plane + krow, mask=dm, other=0, cache_modifier=".cg"))
-            tp, pr = _unpack(tl.load(LBUF + 2 * plane + krow, mask=dm, other=0, cache_modifier=".cg"))
-            inc_ok = (tp == E + 2) | off
-            agg_ok = ((tm == E + 1) & (ts == E + 1)) | off
-            if COMPLEX:
-                tmi, kmi = _unpack(tl.load(LBUF + 3 * plane + krow, mask=dm, other=0, cache_modifier=".cg"))
-                tsi, ksi = _unpack(tl.load(LBUF + 4 * plane + krow, mask=dm, other=0, cache_modifier=".cg"))
-                tpi, pi = _unpack(tl.load(LBUF + 5 * plane + krow, mask=dm, other=0, cache_modifier=".cg"))
-                inc_ok = inc_ok & ((tpi == E + 2) | off)
-                agg_ok = agg_ok & (((tmi == E + 1) & (tsi == E + 1)) | off)
-            else:
-                kmi = kmr * 0.0
-                ksi = kmr * 0.0
-                pi = pr * 0.0
-            if tl.min(inc_ok.to(tl.int32), axis=0) == 1:
-                cr = amr * pr - ami * pi + asr
-                ci = amr * pi + ami * pr + asi
-                go = go * 0
-            elif tl.min(agg_ok.to(tl.int32), axis=0) == 1:
-                asr, asi = amr * ksr - ami * ksi + asr, amr * ksi + ami * ksr + asi
-                amr, ami = amr * kmr - ami * kmi, amr * kmi + ami * kmr
-                k -= 1
-                go = (k >= 0).to(tl.int32)
-            else:
-                spins += 1
-                go = (spins < _MAX_SPINS).to(tl.int32)  # never reached unless something is broken
+            tl.store(LBUF + 2 * plane + row, _pack(mi, E + 1), mask=dm, cache_modifier=".cg")
+            tl.store(LBUF + 3 * plane + row, _pack(si, E + 1), mask=dm, cache_modifier=".cg")
+        if LBW == 1:
+            cr, ci = _lookback_single(LBUF, plane, c, B, D, b, d, dm, mr, ir, ii, E, COMPLEX)
+        else:
+            cr, ci = _lookback_window(LBUF, plane, c, B, D, b, d, dm, mr, ir, ii, E, COMPLEX, LBW)
     if PUBLISH_INC:
         publish = c < NC
     else:  # tests: only chunk 0 publishes its state, so the walks cross every predecessor
         publish = c == 0
-    if publish:
-        tl.store(LBUF + 2 * plane + row, _pack(mr * cr - mi * ci + sr, E + 2), mask=dm, cache_modifier=".cg")
+    if publish:  # over the S words: same address, same thread, so never older than the map
+        tl.store(LBUF + plane + row, _pack(mr * cr - mi * ci + sr, E + 2), mask=dm, cache_modifier=".cg")
         if COMPLEX:
-            tl.store(LBUF + 5 * plane + row, _pack(mr * ci + mi * cr + si, E + 2), mask=dm,
+            tl.store(LBUF + 3 * plane + row, _pack(mr * ci + mi * cr + si, E + 2), mask=dm,
                      cache_modifier=".cg")
+    return cr, ci
+
+
+@triton.jit
+def _lookback_single(LBUF, plane, c, B, D, b, d, dm, mr, cr, ci, E, COMPLEX: tl.constexpr):
+    """The walk of ``_lookback`` one predecessor per round trip (``LBW == 1``). Returns the state
+    entering chunk ``c`` (``(cr, ci)`` is returned unchanged only if the walk gives up)."""
+    amr = mr * 0.0 + 1.0  # the composed map of the chunks skipped so far (identity)
+    ami = mr * 0.0
+    asr = mr * 0.0
+    asi = mr * 0.0
+    k = c - 1
+    go = (k >= 0).to(tl.int32)
+    spins = 0
+    off = ~dm  # channels past D are always "ready"
+    while go == 1:
+        krow = (k.to(tl.int64) * B + b) * D + d
+        tm, kmr = _unpack(tl.load(LBUF + krow, mask=dm, other=0, cache_modifier=".cg"))
+        ts, ksr = _unpack(tl.load(LBUF + plane + krow, mask=dm, other=0, cache_modifier=".cg"))
+        pr = ksr  # the chunk's S (tag E + 1) or its state (tag E + 2)
+        inc_ok = (ts == E + 2) | off
+        agg_ok = ((tm == E + 1) & (ts == E + 1)) | off
+        if COMPLEX:
+            tmi, kmi = _unpack(tl.load(LBUF + 2 * plane + krow, mask=dm, other=0, cache_modifier=".cg"))
+            tsi, ksi = _unpack(tl.load(LBUF + 3 * plane + krow, mask=dm, other=0, cache_modifier=".cg"))
+            pi = ksi
+            inc_ok = inc_ok & ((tsi == E + 2) | off)
+            agg_ok = agg_ok & (((tmi == E + 1) & (tsi == E + 1)) | off)
+        else:
+            kmi = kmr * 0.0
+            ksi = kmr * 0.0
+            pi = pr * 0.0
+        if tl.min(inc_ok.to(tl.int32), axis=0) == 1:
+            cr = amr * pr - ami * pi + asr
+            ci = amr * pi + ami * pr + asi
+            go = go * 0
+        elif tl.min(agg_ok.to(tl.int32), axis=0) == 1:
+            asr, asi = amr * ksr - ami * ksi + asr, amr * ksi + ami * ksr + asi
+            amr, ami = amr * kmr - ami * kmi, amr * kmi + ami * kmr
+            k -= 1
+            go = (k >= 0).to(tl.int32)
+        else:
+            spins += 1
+            go = (spins < _MAX_SPINS).to(tl.int32)  # never reached unless something is broken
+    return cr, ci
+
+
+@triton.jit
+def _lookback_window(LBUF, plane, c, B, D, b, d, dm, mr, cr, ci, E, COMPLEX: tl.constexpr,
+                     LBW: tl.constexpr):
+    """The walk of ``_lookback``, ``LBW`` predecessors per round trip (CUB's windowed look-back).
+
+    One round trip loads the words of chunks ``k - LBW + 1 .. k`` (row ``w`` is chunk
+    ``k - LBW + 1 + w``, oldest first; rows below chunk 0 are masked) as [LBW, BD] tiles. A row
+    counts as published only when all channels of the program have its tag (so that the program
+    takes one branch). With ``j`` the newest row holding an inclusive state: if every row after
+    ``j`` holds its map, the state entering chunk ``c`` is (maps after the window) o (maps of rows
+    ``j+1 ..``) applied to row ``j``'s state, and the walk ends; with no inclusive row and every map
+    present, the window's maps are composed into the running map and the window moves back by
+    ``LBW``; otherwise the same window is read again. The window is composed by an associative scan
+    along the rows (earlier chunk first), row ``j`` as the constant map ``h -> state_j`` and the
+    rows before it as the identity. Chunk 0 never publishes a map, so a window reaching it waits for
+    its state. Returns the state entering chunk ``c``."""
+    amr = mr * 0.0 + 1.0  # the composed map of the chunks after the window (identity)
+    ami = mr * 0.0
+    asr = mr * 0.0
+    asi = mr * 0.0
+    w = tl.arange(0, LBW)
+    dead = (~dm)[None, :]  # channels past D are always "ready"
+    k = c - 1  # the newest chunk of the window
+    go = (k >= 0).to(tl.int32)
+    spins = 0
+    while go == 1:
+        kk = k - (LBW - 1) + w
+        live = kk >= 0
+        wrow = ((kk.to(tl.int64) * B + b) * D)[:, None] + d[None, :]
+        wm = live[:, None] & dm[None, :]
+        tm, kmr = _unpack(tl.load(LBUF + wrow, mask=wm, other=0, cache_modifier=".cg"))
+        ts, ksr = _unpack(tl.load(LBUF + plane + wrow, mask=wm, other=0, cache_modifier=".cg"))
+        inc_ok = (ts == E + 2) | dead  # then ksr is the chunk's state, else its S
+        agg_ok = ((tm == E + 1) & (ts == E + 1)) | dead
+        if COMPLEX:
+            tmi, kmi = _unpack(tl.load(LBUF + 2 * plane + wrow, mask=wm, other=0, cache_modifier=".cg"))
+            tsi, ksi = _unpack(tl.load(LBUF + 3 * plane + wrow, mask=wm, other=0, cache_modifier=".cg"))
+            inc_ok = inc_ok & ((tsi == E + 2) | dead)
+            agg_ok = agg_ok & (((tmi == E + 1) & (tsi == E + 1)) | dead)
+        inc_row = (tl.min(inc_ok.to(tl.int32), axis=1) == 1) & live
+        agg_row = (tl.min(agg_ok.to(tl.int32), axis=1) == 1) | (~live)
+        j = tl.max(tl.where(inc_row, w, -1), axis=0)  # -1: no inclusive state in the window
+        ready = tl.min(tl.where(w > j, agg_row.to(tl.int32), 1), axis=0)
+        if ready == 1:
+            after = (w > j)[:, None]
+            at = (w == j)[:, None]
+            wmr = tl.where(after, kmr, tl.where(at, 0.0, 1.0))
+            wsr = tl.where(after | at, ksr, 0.0)
+            if COMPLEX:
+                wmi = tl.where(after, kmi, 0.0)
+                wsi = tl.where(after | at, ksi, 0.0)
+                wmr, wmi, wsr, wsi = tl.associative_scan((wmr, wmi, wsr, wsi), 0, _combine_affine_complex)
+                gmr = _extract_row(wmr, w, LBW - 1)
+                gmi = _extract_row(wmi, w, LBW - 1)
+                gsr = _extract_row(wsr, w, LBW - 1)
+                gsi = _extract_row(wsi, w, LBW - 1)
+            else:
+                wmr, wsr = tl.associative_scan((wmr, wsr), 0, _combine_real)
+                gmr = _extract_row(wmr, w, LBW - 1)
+                gsr = _extract_row(wsr, w, LBW - 1)
+                gmi = gmr * 0.0
+                gsi = gmr * 0.0
+            # running map := running map o window map
+            asr, asi = amr * gsr - ami * gsi + asr, amr * gsi + ami * gsr + asi
+            amr, ami = amr * gmr - ami * gmi, amr * gmi + ami * gmr
+            if j >= 0:  # the window map was constant: asr, asi is the state
+                cr = asr
+                ci = asi
+                go = go * 0
+            else:
+                k -= LBW
+                go = (k >= 0).to(tl.int32)
+        else:
+            spins += 1
+            go = (spins < _MAX_SPINS).to(tl.int32)  # never reached unless something is broken
     return cr, ci
 
 
@@ -860,7 +957,7 @@ def _hgru_fwd_lb_kernel(
     LBUF, STATE,
     B, T, D, NC, bd_rt, DW: tl.constexpr,
     COMPLEX: tl.constexpr, FUSED: tl.constexpr, REVERSE: tl.constexpr, HAS_H0: tl.constexpr,
-    GAMMA_MODE: tl.constexpr, PRECISE: tl.constexpr, PUBLISH_INC: tl.constexpr,
+    GAMMA_MODE: tl.constexpr, PRECISE: tl.constexpr, PUBLISH_INC: tl.constexpr, LBW: tl.constexpr,
     BT: tl.constexpr, BD: tl.constexpr,
 ):
     """The forward over one tile of ``BT`` steps per program (chunk-major grid), in a single pass:
@@ -920,7 +1017,7 @@ def _hgru_fwd_lb_kernel(
         if COMPLEX:
             ii = tl.load(H0 + b64 * s0b + d * s0d + s0c, mask=dm, other=0.0).to(tl.float32)
     cr, ci = _lookback(LBUF, c, NC, B, D, b, d, dm, mr, mi, sr, si, ir, ii, E,
-                       COMPLEX, PUBLISH_INC)
+                       COMPLEX, PUBLISH_INC, LBW)
 
     if COMPLEX:
         wr = zr + p * cr[None, :]
@@ -949,7 +1046,7 @@ def _hgru_bwd_lb_kernel(
     COMPLEX: tl.constexpr, FUSED: tl.constexpr, REVERSE: tl.constexpr, HAS_H0: tl.constexpr,
     HAS_DH: tl.constexpr, HAS_DHT: tl.constexpr, GAMMA_MODE: tl.constexpr, NEED_DGAMMA: tl.constexpr,
     NEED_DTHETA: tl.constexpr, NEED_DH0: tl.constexpr, NEED_A_T: tl.constexpr, PRECISE: tl.constexpr,
-    PUBLISH_INC: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+    PUBLISH_INC: tl.constexpr, LBW: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
 ):
     """The backward over one tile per program, single pass (see ``_hgru_fwd_lb_kernel``); chunks are
     numbered in the backward scan's order."""
@@ -1025,7 +1122,7 @@ def _hgru_bwd_lb_kernel(
         else:
             ir = tr
     cr, ci = _lookback(LBUF, c, NC, B, D, b, d, dm, mr, mi, sr, si, ir, ii, E,
-                       COMPLEX, PUBLISH_INC)
+                       COMPLEX, PUBLISH_INC, LBW)
 
     if COMPLEX:
         wr = zr + p * cr[None, :]
@@ -1105,6 +1202,11 @@ _DEFAULTS = {
     (True, True, True): ("lookback", 8, (8, False)),
 }
 _MODES = ("seq", "lookback", "twopass")
+# Predecessors the look-back reads per round trip, real / complex (``tuning["lookback_window"]``
+# overrides; 1 is the walk of one predecessor per round trip). Each thread holds 2 (real) or 4
+# (complex) 64-bit words per window row: these are the largest windows that ptxas (CUDA 13.4, sm_90a)
+# compiles without spills at BT = 16. Not yet timed on a GPU: bench_scan.py --sweep.
+_LOOKBACK_WINDOW = {False: 16, True: 8}
 
 
 def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused: bool = False,
@@ -1146,8 +1248,13 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
         nc = triton.cdiv(T, cl)
     prefetch = cfg["prefetch"] if cfg["prefetch"] is not None else pf_default
     fold = cfg["fold"] if cfg["fold"] is not None else True
+    lbw = cfg.get("lookback_window")
+    lbw = _LOOKBACK_WINDOW[bool(is_complex)] if lbw is None else lbw
+    if isinstance(lbw, bool) or not isinstance(lbw, numbers.Integral) or lbw < 1 or lbw & (lbw - 1):
+        raise ValueError(f"tuning['lookback_window']={lbw!r} is not a power of two >= 1 "
+                         "(predecessors read per look-back round trip)")
     return dict(mode=mode, BT=bt, BD=bd, num_warps=num_warps, NC=nc, CL=cl, PREFETCH=bool(prefetch),
-                FOLD=bool(fold), NCP=max(2, _pow2_at_least(nc - 1)))
+                FOLD=bool(fold), NCP=max(2, _pow2_at_least(nc - 1)), LBW=int(lbw))
 
 
 _LB_BUFFERS = {}
@@ -1215,7 +1322,7 @@ class _HGRUScanFunction(torch.autograd.Function):
         is_complex = x.dim() == 4
         B, T, D = a.shape
         plan = _plan(B, T, D, is_complex, a.device, fused, backward=False)
-        mode, nc, cl = plan.pop("mode"), plan.pop("NC"), plan.pop("CL")
+        mode, nc, cl, lbw = plan.pop("mode"), plan.pop("NC"), plan.pop("CL"), plan.pop("LBW")
         dev = a.device
         h = torch.empty(x.shape, dtype=x.dtype, device=dev)
         ht = torch.empty((B, D, 2) if is_complex else (B, D), dtype=x.dtype, device=dev)
@@ -1231,10 +1338,10 @@ class _HGRUScanFunction(torch.autograd.Function):
         dw = 2 * D if is_complex else D  # row stride of h (and of dx)
         with _device_guard(a):
             if mode == "lookback":
-                lbuf, state = _lookback_buffers(dev, (6 if is_complex else 3) * nc * B * D)
+                lbuf, state = _lookback_buffers(dev, (4 if is_complex else 2) * nc * B * D)
                 _hgru_fwd_lb_kernel[(n_cols * nc,)](
                     *args, lbuf, state, B, T, D, nc, plan["BD"], dw, PUBLISH_INC=tuning["publish_inclusive"] is not False,
-                    BT=plan["BT"], BD=plan["BD"], num_warps=plan["num_warps"], **flags)
+                    LBW=lbw, BT=plan["BT"], BD=plan["BD"], num_warps=plan["num_warps"], **flags)
             else:
                 agg_m, agg_s, kmode = dummy, dummy, MODE_SEQ
                 if nc > 1:
@@ -1256,7 +1363,7 @@ class _HGRUScanFunction(torch.autograd.Function):
             return (None,) * 8
         B, T, D = a.shape
         plan = _plan(B, T, D, is_complex, a.device, fused, backward=True)
-        mode, nc, cl = plan.pop("mode"), plan.pop("NC"), plan.pop("CL")
+        mode, nc, cl, lbw = plan.pop("mode"), plan.pop("NC"), plan.pop("CL"), plan.pop("LBW")
         dev = a.device
         need_theta = bool(is_complex and need_theta)
         need_gamma = bool(fused and gamma is not None and need_gamma)
@@ -1289,10 +1396,10 @@ class _HGRUScanFunction(torch.autograd.Function):
         dw = 2 * D if is_complex else D  # row stride of h (and of dx)
         with _device_guard(a):
             if mode == "lookback":
-                lbuf, state = _lookback_buffers(dev, (6 if is_complex else 3) * nc * B * D)
+                lbuf, state = _lookback_buffers(dev, (4 if is_complex else 2) * nc * B * D)
                 _hgru_bwd_lb_kernel[(n_cols * nc,)](
                     *args, lbuf, state, B, T, D, nc, plan["BD"], dw, PUBLISH_INC=tuning["publish_inclusive"] is not False,
-                    BT=plan["BT"], BD=plan["BD"], num_warps=plan["num_warps"], **flags)
+                    LBW=lbw, BT=plan["BT"], BD=plan["BD"], num_warps=plan["num_warps"], **flags)
             else:
                 agg_m, agg_s, kmode = dummy, dummy, MODE_SEQ
                 if nc > 1:

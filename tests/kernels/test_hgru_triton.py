@@ -346,6 +346,8 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 @needs_cuda
 @pytest.mark.parametrize("config", [dict(), dict(mode="seq"), dict(mode="lookback", publish_inclusive=False),
+                                    dict(mode="lookback", publish_inclusive=False, lookback_window=1),
+                                    dict(mode="lookback", publish_inclusive=False, lookback_window=4, block_t=8),
                                     dict(mode="twopass", num_chunks=7)])
 def test_gpu_medium_sizes_against_reference(config):
     torch.manual_seed(13)
