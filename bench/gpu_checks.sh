@@ -37,11 +37,8 @@ fi
 
 EVID=${EVIDENCE_WORKDIR:-/tmp/lm_evidence}
 if [[ " $STAGES " == *" evidence "* ]]; then  # the steps that need no fairseq, while it builds
-  python3 data_prep/build_text_corpus.py --out-dir "$EVID/corpus" --max-bytes none --valid-fraction 0.02 \
-    --test-fraction "${TEST_FRACTION:-0.05}" > /tmp/evidence_prep.log 2>&1 &&
-  python3 data_prep/sentencepiece_bpe.py --text-dir "$EVID/corpus" --out-dir "$EVID/spm" \
-    --vocab-size "${SPM_VOCAB:-8000}" --workers 16 >> /tmp/evidence_prep.log 2>&1
-  echo "evidence prep rc=$? at $(el)s"; tail -3 /tmp/evidence_prep.log
+  WORKDIR=$EVID PREP_ONLY=1 bash scripts/lm_evidence.sh > /tmp/evidence_prep.log 2>&1
+  echo "evidence prep rc=$? at $(el)s"; tail -4 /tmp/evidence_prep.log
 fi
 
 if [[ " $STAGES " == *" tests "* ]]; then

@@ -19,13 +19,18 @@
 #   PARALLEL [1]            train (and evaluate) the models at the same time on one GPU (0: one by one)
 #   TRAIN_MINUTES [5]       each training stops after this long even if MAX_UPDATE is not reached (the
 #                           table then says how many updates each model got)
-#   SPM_VOCAB [8000]  TEST_FRACTION [0.05]  CORPUS_BYTES [none: all of it]
+#   SPM_VOCAB [8000]  TEST_FRACTION [0.05]  CORPUS_BYTES [none: all of it]  MAX_DOC_BYTES [50000]
+#   CORPUS_SOURCES [this Python's stdlib]   comma-separated directories of text to read instead
+#   PREP_ONLY [0]           1: stop after the corpus and the BPE (they need no fairseq)
 #
 # Deviations from the recipes, all models alike: fairseq --bf16 (the hgrn2 recipe's precision) instead
 # of fp32 for hgrn_lm_base and the Transformer; BATCH x 512 tokens per update instead of 128 x 512;
 # WARMUP warm-up steps instead of 8000/4000; MAX_UPDATE updates.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+START=$(date +%s)
+step() { printf '\n== [%ds] %s\n' $(( $(date +%s) - START )) "$*"; }
+die() { echo "lm_evidence.sh: error: $*" >&2; exit 1; }
 PYTHON=${PYTHON:-python3}
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONWARNINGS=${PYTHONWARNINGS:-ignore}
 WORKDIR=$(mkdir -p "${WORKDIR:-lm_evidence}" && cd "${WORKDIR:-lm_evidence}" && pwd)
@@ -40,9 +45,15 @@ TRAIN_MINUTES=${TRAIN_MINUTES:-5}
 SPM_VOCAB=${SPM_VOCAB:-8000}
 TEST_FRACTION=${TEST_FRACTION:-0.05}
 CORPUS_BYTES=${CORPUS_BYTES:-none}
-START=$(date +%s)
-step() { printf '\n== [%ds] %s\n' $(( $(date +%s) - START )) "$*"; }
-die() { echo "lm_evidence.sh: error: $*" >&2; exit 1; }
+MAX_DOC_BYTES=${MAX_DOC_BYTES:-50000}
+SOURCE_ARGS=()
+if [[ -n "${CORPUS_SOURCES:-}" ]]; then
+  IFS=, read -r -a _sources <<< "$CORPUS_SOURCES"
+  for d in "${_sources[@]}"; do
+    [[ -d "$d" ]] || die "CORPUS_SOURCES: $d is not a directory"
+    SOURCE_ARGS+=(--source "$d")
+  done
+fi
 for v in MAX_UPDATE BATCH WARMUP SPM_VOCAB; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "$v=${!v}: expected a positive integer"
 done
@@ -50,13 +61,15 @@ IFS=, read -r -a MODEL_LIST <<< "$MODELS"
 mkdir -p "$OUT"
 NPROC=$("$PYTHON" -c "import os; print(os.cpu_count() or 1)")
 
-step "1/5 corpus: this Python's standard library (no download)"
+step "1/5 corpus: ${CORPUS_SOURCES:-the Python standard library} (no download)"
 "$PYTHON" "$REPO/data_prep/build_text_corpus.py" --out-dir "$WORKDIR/corpus" --max-bytes "$CORPUS_BYTES" \
-  --valid-fraction 0.02 --test-fraction "$TEST_FRACTION"
+  --max-doc-bytes "$MAX_DOC_BYTES" --valid-fraction 0.02 --test-fraction "$TEST_FRACTION" ${SOURCE_ARGS[@]+"${SOURCE_ARGS[@]}"}
 
 step "2/5 sentencepiece BPE ($SPM_VOCAB pieces), trained on the train split"
 "$PYTHON" "$REPO/data_prep/sentencepiece_bpe.py" --text-dir "$WORKDIR/corpus" --out-dir "$WORKDIR/spm" \
   --vocab-size "$SPM_VOCAB" --workers "$NPROC"
+
+if [[ "${PREP_ONLY:-0}" == 1 ]]; then step "corpus and BPE ready (PREP_ONLY=1)"; exit 0; fi
 
 step "3/5 fairseq-preprocess"
 DATA=$WORKDIR/data-bin
@@ -111,7 +124,7 @@ for m in "${MODEL_LIST[@]}"; do
   [[ -f "$WORKDIR/extrapolation/$m/extrapolation.json" ]] && runs+=("$m=$WORKDIR/extrapolation/$m")
 done
 "$PYTHON" -m hgrn_fairseq.evaluation.compare --out-dir "$OUT" \
-  --title "Length extrapolation after $MAX_UPDATE updates (stdlib corpus, spm $SPM_VOCAB; not WikiText-103)" \
+  --title "Length extrapolation after $MAX_UPDATE updates (${CORPUS_LABEL:-offline corpus}, spm $SPM_VOCAB; not WikiText-103)" \
   ${runs[@]+"${runs[@]}"} || rc=1
 (cd "$WORKDIR" && tar czf "$OUT/logs.tgz" corpus/manifest.json checkpoints/*/*.log checkpoints/*/command.txt \
   extrapolation 2>/dev/null) || true
