@@ -71,7 +71,10 @@ fi
 
 if [[ " $STAGES " == *" mqar "* ]]; then
   TRAIN_SIZE=${MQAR_TRAIN_SIZE:-20000} EPOCHS=${MQAR_EPOCHS:-4} LRS=${MQAR_LRS:-1e-3,3e-3} \
-    JOBS=${MQAR_JOBS:-4} TIME_BUDGET=${MQAR_S:-420} OUT=$OUT/mqar bash scripts/run_mqar.sh 2>&1 | tee "$OUT/mqar.log" | tail -30
+    JOBS=${MQAR_JOBS:-4} TIME_BUDGET=${MQAR_S:-420} OUT=$OUT/mqar bash scripts/run_mqar.sh ${MQAR_RUN_TIMEOUT:+--run-timeout $MQAR_RUN_TIMEOUT} 2>&1 \
+    | tee "$OUT/mqar.log" | tail -30
+  # $OUT brings back at most 8 files: the per-run logs travel as one archive
+  (cd "$OUT/mqar" && tar czf ../mqar_logs.tgz logs && rm -rf logs)
   echo "mqar done at $(el)s"
 fi
 if [[ " $STAGES " == *" evidence "* ]]; then

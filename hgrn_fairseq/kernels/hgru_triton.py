@@ -1203,10 +1203,12 @@ _DEFAULTS = {
 }
 _MODES = ("seq", "lookback", "twopass")
 # Predecessors the look-back reads per round trip, real / complex (``tuning["lookback_window"]``
-# overrides; 1 is the walk of one predecessor per round trip). Each thread holds 2 (real) or 4
-# (complex) 64-bit words per window row: these are the largest windows that ptxas (CUDA 13.4, sm_90a)
-# compiles without spills at BT = 16. Not yet timed on a GPU: bench_scan.py --sweep.
-_LOOKBACK_WINDOW = {False: 16, True: 8}
+# overrides; 1 is the walk of one predecessor per round trip). Measured with bench_scan.py --sweep on
+# an H200 (2026-11-21, bf16, (8, 2048, 1024) and (1, 8192, 2048)): 1 is the fastest for every kernel
+# and tile size; windows of 4 to 32 are 1.1-3.6x slower (real fwd+bwd 0.218 ms at W = 1, 0.280 at 4,
+# 0.390 at 8, 0.629 at 16). The walks are short (a predecessor has usually published its state by
+# the time a tile looks), so a window only adds L2 reads and registers. Kept for experiments.
+_LOOKBACK_WINDOW = {False: 1, True: 1}
 
 
 def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused: bool = False,

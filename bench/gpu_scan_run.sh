@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Issue 3 on the GPU machine in one call: the HGRU kernel/module tests on CUDA (split over processes)
+# while bench_scan.py compiles, then the bench table (it waits for the tests before timing).
+#   OUT=/some/dir bash bench/gpu_scan_run.sh [bench_scan.py options]
+# Needs the peers' wheels in .whl/ (see bench/README.md). Time limits: TESTS_S (200), BENCH_S (420).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+: "${OUT:?set OUT to a results folder}"
+mkdir -p "$OUT"
+T0=$(date +%s)
+el() { echo $(( $(date +%s) - T0 )); }
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/fla_core*.whl \
+  .whl/flash_linear*.whl .whl/accelerated_scan*.whl 2>/dev/null
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
+DONE=/tmp/scan_tests_done
+rm -f "$DONE"
+(timeout "${BENCH_S:-420}" python3 bench/bench_scan.py --out "$OUT" --wait-for "$DONE" "$@" > "$OUT/bench_run.log" 2>&1
+ echo "bench rc=$? at $(el)s" >> "$OUT/bench_run.log") &
+BENCH=$!
+python3 -m pytest -q --collect-only -p no:cacheprovider tests/kernels/test_hgru_triton.py \
+  tests/kernels/test_hgru_triton_lookback.py tests/modules/test_hgru.py 2>/dev/null | grep '::' > /tmp/scan_ids
+rm -f /tmp/scan_ids.??
+split -n r/"${TEST_PROCS:-8}" /tmp/scan_ids /tmp/scan_ids.
+PIDS=()
+for f in /tmp/scan_ids.??; do
+  (timeout "${TESTS_S:-200}" xargs -a "$f" python3 -m pytest -q -p no:cacheprovider -rfE > "$f.log" 2>&1
+   echo "== $f rc=$?" >> "$f.log") &
+  PIDS+=($!)
+done
+wait "${PIDS[@]}"
+touch "$DONE"
+cat /tmp/scan_ids.??.log > "$OUT/gpu_tests.log"
+echo "tests done at $(el)s: $(wc -l < /tmp/scan_ids) collected"
+grep -h "passed\|failed\|FAILED\|== " "$OUT/gpu_tests.log" | tail -30
+wait "$BENCH"
+tail -45 "$OUT/bench_run.log"
+echo "all done at $(el)s"
