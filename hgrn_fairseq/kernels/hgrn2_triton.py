@@ -74,10 +74,18 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _AUTOTUNE = os.environ.get("HGRN2_AUTOTUNE", "1") != "0"
 
 
+# Every autotune space in full, whatever HGRN2_AUTOTUNE says (tests pin each config in turn),
+# keyed by id() of the list ``_configs`` returned.
+_FULL_SPACES = {}
+
+
 def _configs(configs, interpret_config):
     if _INTERPRET:
-        return [interpret_config]
-    return configs if _AUTOTUNE else configs[:1]
+        used = [interpret_config]
+    else:
+        used = list(configs) if _AUTOTUNE else list(configs[:1])
+    _FULL_SPACES[id(used)] = [interpret_config] if _INTERPRET else list(configs)
+    return used
 
 
 def _autotune(configs, key):
@@ -143,6 +151,13 @@ _bwd_dstates = _autotune(_STATE_CONFIGS, ["K", "V", "BH", "NT"])(hgrn2_bwd_dstat
 _fwd_output = _autotune_bk(_OUTPUT_CONFIGS, ["K", "V", "STORE_A"])(hgrn2_fwd_output_kernel)
 _bwd_dv = _autotune(_DV_CONFIGS, ["K", "V"])(hgrn2_bwd_dv_kernel)
 _bwd_dqdg = _autotune_bk(_DQDG_CONFIGS, ["K", "V"])(hgrn2_bwd_dqdg_kernel)
+# (autotuned kernel, its full config space), for tests that pin each config in turn
+AUTOTUNED = [
+    (kernel, _FULL_SPACES[id(space)]) for kernel, space in (
+        (_chunk_outer, _OUTER_CONFIGS), (_state_scan, _SCAN_CONFIGS), (_fwd_states, _STATE_CONFIGS),
+        (_bwd_dstates, _STATE_CONFIGS), (_fwd_output, _OUTPUT_CONFIGS), (_bwd_dv, _DV_CONFIGS),
+        (_bwd_dqdg, _DQDG_CONFIGS))
+]
 
 
 def _dot_dtype(dtype: torch.dtype) -> Tuple[torch.dtype, bool]:

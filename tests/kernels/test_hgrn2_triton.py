@@ -12,6 +12,7 @@ same (rounded) inputs. Tolerances:
 * bf16 inputs: 2e-2 (bf16 products, bf16 outputs; observed <= 7e-3).
 * final state (fp32 output): as fp32 inputs, or 1e-2 for bf16 inputs.
 """
+import contextlib
 import os
 
 import torch
@@ -321,3 +322,49 @@ def test_intra_chunk_A_every_config(path, decay_scale, bk, warps):
     vp = F.pad(v.double().cpu(), (0, 0, 0, 0, 0, NT * BT - T)).view(B, NT, BT, H, V).permute(0, 3, 1, 2, 4)
     o_ref = (A_ref.view(B, H, NT, BT, BT) @ vp).permute(0, 2, 3, 1, 4).reshape(B, NT * BT, H, V)[:, :T]
     assert rel(o, o_ref) < FP32_TOL
+
+
+@contextlib.contextmanager
+def pinned_configs(index):
+    """Every autotuned HGRN2 kernel pinned to config ``index`` of its full space (or its last one)."""
+    saved = [(k, k.configs, dict(k.cache)) for k, _ in hgrn2_triton.AUTOTUNED]
+    try:
+        for kernel, space in hgrn2_triton.AUTOTUNED:
+            kernel.configs = [space[min(index, len(space) - 1)]]
+            kernel.cache.clear()
+        yield
+    finally:
+        for kernel, configs, cache in saved:
+            kernel.configs = configs
+            kernel.cache.clear()
+            kernel.cache.update(cache)
+
+
+def test_autotune_spaces_are_recorded():
+    assert len(hgrn2_triton.AUTOTUNED) == 7
+    for kernel, space in hgrn2_triton.AUTOTUNED:
+        assert space and all(c in space for c in kernel.configs)
+    before = [list(k.configs) for k, _ in hgrn2_triton.AUTOTUNED]
+    q, v, g, s0 = make_inputs(1, 70, 1, 16, 16, torch.float32, seed=29)
+    with pinned_configs(5):  # past the end of every space: its last config
+        assert all(k.configs == [space[-1]] for k, space in hgrn2_triton.AUTOTUNED)
+        check_against_reference(q, v, g, s0, False, "chunk", FP32_TOL, FP32_TOL)
+    assert [list(k.configs) for k, _ in hgrn2_triton.AUTOTUNED] == before
+
+
+@gpu_only
+@pytest.mark.parametrize("index", [0, 1, 2])
+@pytest.mark.parametrize("state_impl", ["split", "fused"])
+@pytest.mark.parametrize("shape,dtype", [((4, 256, 1, 64, 64), torch.float32),
+                                         ((4, 256, 1, 128, 128), torch.float32),
+                                         ((2, 512, 4, 128, 128), torch.bfloat16)])
+def test_gpu_every_autotune_config(monkeypatch, index, state_impl, shape, dtype):
+    """Each config of each autotune space, at MQAR-like shapes (one head, fp32, decays of a gate
+    with no lower bound) and the LM's: the GPU tests otherwise see only the first config
+    (HGRN2_AUTOTUNE=0), while training autotunes over all of them."""
+    monkeypatch.setattr(hgrn2_triton, "STATE_IMPL", state_impl)
+    B, T, H, K, V = shape
+    q, v, g, s0 = make_inputs(B, T, H, K, V, dtype, seed=30 + index)
+    with pinned_configs(index):
+        check_against_reference(q, v, g, s0, False, "chunk",
+                                BF16_TOL if dtype == torch.bfloat16 else FP32_TOL, 1e-2)
