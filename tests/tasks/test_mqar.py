@@ -310,9 +310,9 @@ def test_sweep_reports_pick_the_best_lr_per_model_and_width(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# fairseq-train on CPU, as a user runs it. HGRN1 learns MQAR at a tiny size (vocab 64: chance 1/32;
-# guessing among the 4 values of the context would give 25%); HGRN2 (its CPU reference is several
-# times slower per update) runs a few updates end to end. Both processes run at the same time.
+# fairseq-train on CPU, as a user runs it: both models learn MQAR at a tiny size with the same
+# recipe (vocab 64: chance 1/32; guessing among the 4 values of the context would give 25%). The
+# two processes run at the same time (HGRN2's CPU reference is ~2x slower per update: ~45 s).
 
 
 def train_command(arch, save_dir, train_size, epochs, warmup):
@@ -331,7 +331,7 @@ def train_command(arch, save_dir, train_size, epochs, warmup):
 
 RUNS = {
     "hgrn1_mqar": dict(train_size=4000, epochs=6, warmup=50),  # 378 updates
-    "hgrn2_mqar": dict(train_size=640, epochs=1, warmup=5),  # 10 updates
+    "hgrn2_mqar": dict(train_size=4000, epochs=6, warmup=50),  # 378 updates, the same recipe
 }
 
 
@@ -375,6 +375,11 @@ def test_fairseq_train_learns_mqar_with_hgrn1(training_runs):
 
 
 @needs_hgru2
-def test_fairseq_train_runs_hgrn2_mqar(training_runs):
+def test_fairseq_train_learns_mqar_with_hgrn2(training_runs):
+    # hgrn2_mqar as the sweep runs it (one 64 x 64 head, no lower bound): ~30% after 378 updates
+    # (~38% with a plain AdamW loop). At seq 256 / 16 pairs the same model sits on a plateau at
+    # chance for thousands of updates before it learns (README, MQAR section): not a bug.
     accs = valid_accuracies(training_runs, "hgrn2_mqar")
-    assert len(accs) == 1 and 0 <= accs[0] <= 100
+    assert len(accs) == 6
+    assert accs[0] < 10  # near chance (3.1%) after the first epoch ...
+    assert accs[-1] > 15, accs  # ... then far above it
