@@ -21,7 +21,7 @@ import os
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .extrapolation import MODE_LABELS, MODES, REPORT_STEM
+from .extrapolation import MODE_LABELS, MODES, REPORT_STEM, log_y_if_wide, pyplot_or_none
 
 COMPARE_STEM = "comparison"
 
@@ -139,16 +139,8 @@ def write_csv(lengths, series, path: str) -> None:
 
 
 def write_plot(lengths, series, summaries, path: str, title: str) -> Optional[str]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import logging
-
-        import matplotlib.pyplot as plt
-
-        logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    except ImportError:
+    plt = pyplot_or_none()
+    if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for (label, mode), pts in series.items():
@@ -157,9 +149,7 @@ def write_plot(lengths, series, summaries, path: str, title: str) -> Optional[st
                 linestyle="-" if mode == "stateless" else ":", label=f"{label} ({mode})")
     for t in sorted({s["trained"] for s in summaries if s["trained"]}):
         ax.axvline(t, color="grey", linestyle="--", linewidth=1, label=f"training length {t}")
-    vals = [v for pts in series.values() for v in pts.values() if math.isfinite(v)]
-    if vals and max(vals) > 10 * min(vals):
-        ax.set_yscale("log")
+    log_y_if_wide(ax, [v for pts in series.values() for v in pts.values()])
     ax.set_xlabel("evaluation length L (tokens per block)")
     ax.set_ylabel("test perplexity")
     ax.set_title(title)

@@ -565,8 +565,8 @@ def write_csv(results: Sequence[ExtrapolationResult], path: str) -> None:
     os.replace(path + ".tmp", path)
 
 
-def write_plot(results: Sequence[ExtrapolationResult], info: dict, path: str) -> Optional[str]:
-    """PNG of PPL against L; returns None (and says why) when matplotlib is missing."""
+def pyplot_or_none():
+    """matplotlib.pyplot on the Agg backend with its debug logging off, or None when not installed."""
     try:
         import matplotlib
 
@@ -578,6 +578,24 @@ def write_plot(results: Sequence[ExtrapolationResult], info: dict, path: str) ->
         logging.getLogger("matplotlib").setLevel(logging.WARNING)
     except ImportError:
         return None
+    return plt
+
+
+def log_y_if_wide(ax, values) -> bool:
+    """Log y axis when the finite values span more than 10x (a Transformer past its training length
+    spans orders of magnitude); returns whether it did."""
+    finite = [v for v in values if math.isfinite(v)]
+    if finite and max(finite) > 10 * min(finite):
+        ax.set_yscale("log")
+        return True
+    return False
+
+
+def write_plot(results: Sequence[ExtrapolationResult], info: dict, path: str) -> Optional[str]:
+    """PNG of PPL against L; returns None (and says why) when matplotlib is missing."""
+    plt = pyplot_or_none()
+    if plt is None:
+        return None
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for m in MODES:
         rows = [r for r in results if r.mode == m]
@@ -586,10 +604,7 @@ def write_plot(results: Sequence[ExtrapolationResult], info: dict, path: str) ->
     trained = info.get("trained_tokens_per_sample")
     if trained:
         ax.axvline(trained, color="grey", linestyle="--", linewidth=1, label=f"training length {trained}")
-    ppls = [r.ppl for r in results if math.isfinite(r.ppl)]
-    if ppls and max(ppls) > 10 * min(ppls):
-        ax.set_yscale("log")  # a Transformer past its training length spans orders of magnitude
-    else:
+    if not log_y_if_wide(ax, [r.ppl for r in results]):
         ax.ticklabel_format(axis="y", useOffset=False, style="plain")
     ax.set_xlabel("evaluation length L (tokens per block)")
     ax.set_ylabel(f"{info.get('split', 'test')} perplexity")
