@@ -10,6 +10,14 @@
 #   mqar    scripts/run_mqar.sh with a reduced grid (needs fairseq)
 #   evidence  scripts/lm_evidence.sh (issue 5: corpus, BPE, 3 models trained, extrapolation table);
 #           its corpus and BPE steps run while fairseq builds
+#   profile bench/profile_train.py (where a training step's time goes; PROFILE_ARGS passed on)
+#   autotune  the HGRN2 test that pins every autotune config (tests/kernels/test_hgrn2_triton.py)
+#   flawarm fla's HGRN2 model trained in the background from the start with Triton's autotune cache
+#           on (its cold autotuning takes minutes); the cache comes back as $OUT/fla_autotune.tgz, to
+#           be put in .whl/ so that later calls start warm
+#
+# Triton's cache lives in /tmp/tc with autotuning results kept (TRITON_CACHE_AUTOTUNING=1), seeded
+# from .whl/fla_autotune.tgz when that exists.
 #
 # Time limits per stage come from TESTS_S, TRAIN_S, MQAR_S (seconds).
 set -uo pipefail
@@ -27,18 +35,43 @@ export PYTHONPATH=$R:/tmp/site
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee "$OUT/env.txt"
 
+export TRITON_CACHE_DIR=/tmp/tc TRITON_CACHE_AUTOTUNING=1
+mkdir -p /tmp/tc
+[ -f .whl/fla_autotune.tgz ] && tar xzf .whl/fla_autotune.tgz -C /tmp/tc
+
 need_fairseq=0
-case " $STAGES " in *" train "*|*" mqar "*|*" evidence "*) need_fairseq=1 ;; esac
+case " $STAGES " in *" train "*|*" mqar "*|*" evidence "*|*" profile "*|*" flawarm "*) need_fairseq=1 ;; esac
 if [ $need_fairseq = 1 ] && [ ! -d /tmp/site2/fairseq ]; then
   (cd /tmp && env -u CUDA_HOME MAX_JOBS=8 python3 -m pip install -q --no-index --no-deps --no-build-isolation \
      --target /tmp/site2 "$R"/.whl/*.tar.gz > /tmp/fairseq_build.log 2>&1; echo "build rc=$? at $(el)s" >> /tmp/fairseq_build.log) &
   BUILD_PID=$!
 fi
 
+# fla's model needs no fairseq: it starts at once (its cold autotuning is the long pole)
+if [[ " $STAGES " == *" flawarm "* ]]; then
+  (timeout "${FLAWARM_S:-450}" python3 bench/bench_train.py --out "$OUT/flawarm" --models fla_hgrn2 \
+      --budget-s $(( ${FLAWARM_S:-450} - 10 )) > /tmp/flawarm.log 2>&1; echo "flawarm rc=$? at $(el)s" >> /tmp/flawarm.log
+   (cd /tmp/tc && find . -name '*.autotune.json' | tar czf "$OUT/fla_autotune.tgz" -T -)) &
+  FLAWARM_PID=$!
+fi
+
 EVID=${EVIDENCE_WORKDIR:-/tmp/lm_evidence}
 if [[ " $STAGES " == *" evidence "* ]]; then  # the steps that need no fairseq, while it builds
   WORKDIR=$EVID PREP_ONLY=1 bash scripts/lm_evidence.sh > /tmp/evidence_prep.log 2>&1
   echo "evidence prep rc=$? at $(el)s"; tail -4 /tmp/evidence_prep.log
+fi
+
+if [[ " $STAGES " == *" autotune "* ]]; then
+  PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest -q --collect-only -p no:cacheprovider tests/kernels/test_hgrn2_triton.py -k every_autotune 2>/dev/null | grep '::' > /tmp/aids
+  rm -f /tmp/aids.?? ; split -n r/${AUTOTUNE_PROCS:-8} /tmp/aids /tmp/aids.
+  for f in /tmp/aids.??; do
+    (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout "${AUTOTUNE_S:-200}" xargs -a "$f" python3 -m pytest -q -p no:cacheprovider -rfE \
+       > "$f.log" 2>&1; echo "== $f rc=$?" >> "$f.log") &
+  done
+  wait
+  cat /tmp/aids.??.log > "$OUT/autotune_tests.log"
+  echo "autotune tests done at $(el)s: $(grep -ch '' /tmp/aids) collected"
+  grep -h "passed\|failed\|error\|== " "$OUT/autotune_tests.log" | tail -20
 fi
 
 if [[ " $STAGES " == *" tests "* ]]; then
@@ -63,6 +96,13 @@ if [ $need_fairseq = 1 ]; then
   export PYTHONPATH=$R:/tmp/site:/tmp/site2 PATH=/tmp/site2/bin:$PATH
 fi
 
+
+if [[ " $STAGES " == *" profile "* ]]; then
+  timeout "${PROFILE_S:-300}" python3 bench/profile_train.py --out "$OUT/profile" ${PROFILE_ARGS:-} 2>&1 \
+    | tee "$OUT/profile.log" | tail -80
+  echo "profile done at $(el)s"
+fi
+
 if [[ " $STAGES " == *" train "* ]]; then
   timeout "${TRAIN_S:-330}" python3 bench/bench_train.py --out "$OUT" --budget-s $(( ${TRAIN_S:-330} - 20 )) 2>&1 \
     | tee "$OUT/bench_train.log" | tail -40
@@ -80,5 +120,8 @@ fi
 if [[ " $STAGES " == *" evidence "* ]]; then
   WORKDIR=$EVID OUT=$OUT/evidence timeout "${EVIDENCE_S:-480}" bash scripts/lm_evidence.sh 2>&1 | tee "$OUT/evidence.log" | tail -60
   echo "evidence done at $(el)s"
+fi
+if [ -n "${FLAWARM_PID:-}" ]; then
+  wait "$FLAWARM_PID"; tail -12 /tmp/flawarm.log; cp /tmp/flawarm.log "$OUT/flawarm.log"
 fi
 echo "all done at $(el)s"
