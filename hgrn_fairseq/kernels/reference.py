@@ -166,3 +166,41 @@ def hgrn2_scan_reference(
         S = lam[t] * S + k[t] * vs[t]
         out[t] = torch.einsum("bhk,bhkv->bhv", qs[t], S)
     return torch.stack(out, dim=1), S
+
+
+def hgrn2_log_decay_reference(forget_logits: Tensor, lower_bound: Union[float, Tensor, None] = None) -> Tensor:
+    """log(lambda) with lambda = gamma + (1 - gamma) * sigmoid(f), computed without cancellation.
+
+    Near lambda -> 1 it uses ``log1p(-(1 - gamma) * sigmoid(-f))``; elsewhere ``log(lambda)``; with no
+    bound (or a bound of 0) it is ``logsigmoid(f)``. Each branch only sees inputs for which it is
+    finite, so the unused branch cannot poison the gradient.
+
+    Args:
+        forget_logits: ``[..., D]``. lower_bound: gamma, a float or a ``[D]`` tensor in [0, 1), or None.
+    Returns:
+        ``[..., D]``, same dtype as ``forget_logits``, ``<= 0``.
+    """
+    if lower_bound is None or (not isinstance(lower_bound, Tensor) and float(lower_bound) == 0.0):
+        return F.logsigmoid(forget_logits)
+    gamma = lower_bound
+    lam = gamma + (1 - gamma) * torch.sigmoid(forget_logits)
+    near_one = lam > 0.5
+    one_minus = (1 - gamma) * torch.sigmoid(-forget_logits)
+    log_near_one = torch.log1p(-torch.where(near_one, one_minus, torch.zeros_like(one_minus)))
+    # a zero bound lets lambda underflow for very negative f: clamp instead of taking log(0)
+    tiny = torch.finfo(lam.dtype).tiny
+    log_far = torch.log(torch.where(near_one, torch.ones_like(lam), lam).clamp_min(tiny))
+    return torch.where(near_one, log_near_one, log_far)
+
+
+def hgrn2_gates_reference(
+    q_pre: Tensor, forget_logits: Tensor, lower_bound: Union[float, Tensor, None] = None, activation: str = "silu"
+) -> Tuple[Tensor, Tensor]:
+    """The HGRN2 gates: ``q = SiLU(q_pre)`` ("silu") or ``sigmoid(q_pre)`` ("sigmoid"), and
+    ``log_decay = log(gamma + (1 - gamma) * sigmoid(f))`` computed in (at least) fp32 and returned in
+    the input dtype. ``lower_bound``: a float or a ``[D]`` tensor (or None for 0)."""
+    q = F.silu(q_pre) if activation == "silu" else torch.sigmoid(q_pre)
+    if isinstance(lower_bound, Tensor):
+        lower_bound = lower_bound.to(torch.promote_types(lower_bound.dtype, torch.float32))
+    work = forget_logits.to(torch.promote_types(forget_logits.dtype, torch.float32))
+    return q, hgrn2_log_decay_reference(work, lower_bound).to(q_pre.dtype)

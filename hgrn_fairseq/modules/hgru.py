@@ -40,6 +40,7 @@ class HGRU(nn.Module):
 
         c = SiLU(W_in x)                     W_in: dim -> 2*dim (interleaved re/im)
         lambda = gamma + (1 - gamma) * sigmoid(W_f x)     W_f: dim -> dim
+        (W_in, W_f, W_g stacked in that order as ``in_proj``, dim -> 5*dim)
         h_t = lambda_t * exp(i theta) * h_{t-1} + (1 - lambda_t) * c_t
         y = W_out(LN([Re h, Im h]) * SiLU(W_g x))         (norm_before_gate=True, released code)
         y = W_out(LN([Re h, Im h] * SiLU(W_g x)))         (norm_before_gate=False, paper's equation)
@@ -85,9 +86,10 @@ class HGRU(nn.Module):
         self.causal, self.norm_before_gate, self.backend = causal, norm_before_gate, backend
         width = 2 * state_dim if complex else state_dim  # real channels of the hidden state
         self.width = width
-        self.input_proj = nn.Linear(dim, width, bias=bias)
-        self.forget_proj = nn.Linear(dim, state_dim, bias=bias)
-        self.gate_proj = nn.Linear(dim, width, bias=bias)
+        # W_in, W_f and W_g as one matrix: one product (and one bf16 cast of the weights under
+        # autocast) instead of three; the scan kernels read the slices in place (strided views)
+        self.projection_sizes = (width, state_dim, width)
+        self.in_proj = nn.Linear(dim, sum(self.projection_sizes), bias=bias)
         self.out_proj = nn.Linear(width, dim, bias=bias)
         self.norm = nn.LayerNorm(width)
         if complex:
@@ -118,10 +120,9 @@ class HGRU(nn.Module):
         B, T, _ = x.shape
         if isinstance(lower_bound, Tensor):
             lower_bound = lower_bound.to(x.dtype)
-        inputs = self.input_proj(x)
+        inputs, forget, gate = self.in_proj(x).split(self.projection_sizes, dim=-1)
         if self.complex:
-            inputs = inputs.view(B, T, self.state_dim, 2)
-        forget = self.forget_proj(x)
+            inputs = inputs.unflatten(-1, (self.state_dim, 2))
         theta = self.theta if self.complex else None
         h, final = hgru_scan(forget, inputs, theta, lower_bound, initial_state, False, self.backend)
         if not self.causal:
@@ -129,7 +130,7 @@ class HGRU(nn.Module):
             h_r, _ = hgru_scan(forget, inputs, theta_r, lower_bound, None, True, self.backend)
             h = h + h_r
         h = h.reshape(B, T, self.width)
-        gate = F.silu(self.gate_proj(x))
+        gate = F.silu(gate)
         if self.norm_before_gate:
             y = self.norm(h) * gate
         else:

@@ -8,35 +8,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import BACKENDS, hgrn2_scan, hgrn2_step, resolve_backend
+from ..kernels.hgrn2_gates import hgrn2_gates
+from ..kernels.reference import hgrn2_log_decay_reference
 from .hgru import check_mixer_call
 
 Tensor = torch.Tensor
 VARIANTS = ("lm", "lra")
 
 
-def hgrn2_log_decay(forget_logits: Tensor, lower_bound: Union[float, Tensor, None] = None) -> Tensor:
-    """log(lambda) with lambda = gamma + (1 - gamma) * sigmoid(f), computed without cancellation.
-
-    Near lambda -> 1 it uses ``log1p(-(1 - gamma) * sigmoid(-f))``; elsewhere ``log(lambda)``; with no
-    bound (or a bound of 0) it is ``logsigmoid(f)``. Each branch only sees inputs for which it is
-    finite, so the unused branch cannot poison the gradient.
-
-    Args:
-        forget_logits: ``[..., D]``. lower_bound: gamma, a float or a ``[D]`` tensor in [0, 1), or None.
-    Returns:
-        ``[..., D]``, same dtype as ``forget_logits``, ``<= 0``.
-    """
-    if lower_bound is None or (not isinstance(lower_bound, Tensor) and float(lower_bound) == 0.0):
-        return F.logsigmoid(forget_logits)
-    gamma = lower_bound
-    lam = gamma + (1 - gamma) * torch.sigmoid(forget_logits)
-    near_one = lam > 0.5
-    one_minus = (1 - gamma) * torch.sigmoid(-forget_logits)
-    log_near_one = torch.log1p(-torch.where(near_one, one_minus, torch.zeros_like(one_minus)))
-    # a zero bound lets lambda underflow for very negative f: clamp instead of taking log(0)
-    tiny = torch.finfo(lam.dtype).tiny
-    log_far = torch.log(torch.where(near_one, torch.ones_like(lam), lam).clamp_min(tiny))
-    return torch.where(near_one, log_near_one, log_far)
+hgrn2_log_decay = hgrn2_log_decay_reference  # the stable log(lambda), kept under its old name
 
 
 class HGRU2(nn.Module):
@@ -101,15 +81,12 @@ class HGRU2(nn.Module):
     def _gates(self, x: Tensor, lower_bound) -> Tuple[Tensor, Tensor, Tensor]:
         B, T, _ = x.shape
         v, q, f = self.in_proj(x).chunk(3, dim=-1)
-        if self.variant == "lm":
-            q = F.silu(q)
-        else:
+        if self.variant == "lra":
             v = F.silu(v)
-            q = torch.sigmoid(q)
-        if isinstance(lower_bound, Tensor):
-            lower_bound = lower_bound.float()
-        # the gate in fp32 (cheap, elementwise), handed to the kernel in the activations' dtype
-        log_decay = hgrn2_log_decay(f.float(), lower_bound).to(q.dtype)
+        # q's activation and the log-decay (fp32 math) in one kernel on the Triton path
+        q, log_decay = hgrn2_gates(
+            q, f, lower_bound, "silu" if self.variant == "lm" else "sigmoid", backend=self.backend
+        )
         shape = (B, T, self.num_heads, self.head_dim)
         return q.reshape(shape), v.reshape(shape), log_decay.reshape(shape)
 

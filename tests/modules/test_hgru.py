@@ -13,12 +13,20 @@ def lin(layer, x):
     return x @ layer.weight.T + layer.bias
 
 
+def hgru_projections(m: HGRU, x):
+    """W_in x, W_f x, W_g x: ``in_proj`` stacks W_in's rows, then W_f's, then W_g's."""
+    weights = m.in_proj.weight.split(m.projection_sizes)
+    biases = m.in_proj.bias.split(m.projection_sizes)
+    return [x @ w.T + b for w, b in zip(weights, biases)]
+
+
 def hgru_by_hand(m: HGRU, x, gamma):
     """SPEC 1 in complex128, written from the equations, not from the module's code path."""
     B, T, d = x.shape
-    c = F.silu(lin(m.input_proj, x))
-    lam = gamma + (1 - gamma) * torch.sigmoid(lin(m.forget_proj, x))
-    gate = F.silu(lin(m.gate_proj, x))
+    pre_c, pre_f, pre_g = hgru_projections(m, x)
+    c = F.silu(pre_c)
+    lam = gamma + (1 - gamma) * torch.sigmoid(pre_f)
+    gate = F.silu(pre_g)
 
     def run(theta, reverse):
         if m.complex:
@@ -84,9 +92,9 @@ def test_theta_init_and_parameter_shapes():
                                                            dtype=torch.float64))
     m = HGRU(8, causal=False)
     assert m.theta.shape == m.theta_reverse.shape == (8,)
-    assert m.input_proj.out_features == 16 and m.forget_proj.out_features == 8 and m.out_proj.in_features == 16
+    assert m.projection_sizes == (16, 8, 16) and m.in_proj.out_features == 40 and m.out_proj.in_features == 16
     r = HGRU(8, complex=False, state_dim=16)
-    assert not hasattr(r, "theta") and r.input_proj.out_features == 16 and r.gate_dim == 16
+    assert not hasattr(r, "theta") and r.projection_sizes == (16, 16, 16) and r.gate_dim == 16
 
 
 @pytest.mark.parametrize("complex_", [True, False])
@@ -145,11 +153,33 @@ def test_glu(activation):
     torch.manual_seed(0)
     g = GLU(4, 7, activation=activation).double()
     x = torch.randn(3, 4, dtype=torch.float64)
-    h1 = lin(g.l1, x)
+    w1, w2 = g.in_proj.weight.split(7)  # in_proj holds W1's rows, then W2's
+    b1, b2 = g.in_proj.bias.split(7)
+    h1 = x @ w1.T + b1
     h1 = h1 if activation == "none" else h1 * torch.sigmoid(h1)
-    torch.testing.assert_close(g(x), lin(g.l3, h1 * lin(g.l2, x)))
+    torch.testing.assert_close(g(x), lin(g.out_proj, h1 * (x @ w2.T + b2)))
+    assert sum(p.numel() for p in g.parameters()) == 2 * (4 * 7 + 7) + 7 * 4 + 4
     with pytest.raises(ValueError, match="activation='tanhh'"):
         GLU(4, 7, activation="tanhh")
+    with pytest.raises(ValueError, match="align='gpu'"):
+        GLU(4, 7, align="gpu")
+
+
+@pytest.mark.parametrize("activation", ["none", "sigmoid"])
+def test_glu_padding_to_aligned_width_is_exact(activation):
+    """The zero-padded products (hidden 7 -> 8) give the same output and parameter gradients."""
+    torch.manual_seed(0)
+    padded = GLU(4, 7, activation=activation, align="always").double()
+    plain = GLU(4, 7, activation=activation, align="never").double()
+    plain.load_state_dict(padded.state_dict())
+    x = torch.randn(2, 3, 4, dtype=torch.float64)
+    y_pad, y = padded(x), plain(x)
+    torch.testing.assert_close(y_pad, y, rtol=1e-12, atol=1e-12)
+    y_pad.square().sum().backward()
+    y.square().sum().backward()
+    for (name, p), q in zip(padded.named_parameters(), plain.parameters()):
+        assert p.grad.shape == p.shape, name
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12)
 
 
 def test_block_is_prenorm_residual():

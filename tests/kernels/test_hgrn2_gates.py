@@ -1,0 +1,125 @@
+"""The fused HGRN2 gates kernel (q activation + log-decay) against float64 equations.
+
+The oracle is the plain formula in float64, ``log(gamma + (1 - gamma) * sigmoid(f))`` and
+``SiLU`` / ``sigmoid``, with autograd for the gradients; it shares no code with the kernel or with
+the stable branches of ``hgrn2_log_decay_reference``. Errors are norm-relative. Tolerances: fp32
+inputs 1e-5 (fp32 math, observed ~1e-7 in the interpreter); bf16 inputs 1e-2 (bf16 outputs).
+"""
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # before triton compiles anything
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+pytest.importorskip("triton")
+
+from hgrn_fairseq.kernels import reference  # noqa: E402
+from hgrn_fairseq.kernels.hgrn2_gates import hgrn2_gates  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+def rel(x, ref):
+    x, ref = x.detach().double().cpu(), ref.detach().double().cpu()
+    assert torch.isfinite(x).all(), "non-finite values"
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def by_equation(z, f, gamma, activation):
+    """float64 oracle: the formulas as written."""
+    z, f = z.double(), f.double()
+    q = z * torch.sigmoid(z) if activation == "silu" else torch.sigmoid(z)
+    g = 0.0 if gamma is None else (gamma.double() if isinstance(gamma, torch.Tensor) else gamma)
+    return q, torch.log(g + (1 - g) * torch.sigmoid(f))
+
+
+def make(shape, dtype, spread=3.0, seed=0):
+    """q_pre and f as strided slices of one [..., 3D] projection, like the module's in_proj."""
+    gen = torch.Generator().manual_seed(seed)
+    D = shape[-1]
+    proj = (spread * torch.randn(*shape[:-1], 3 * D, generator=gen)).to(dtype).to(DEVICE)
+    proj[..., 2 * D] = 30.0  # a saturated forget gate (lambda -> 1) and its opposite
+    proj[..., 2 * D + 1] = -30.0
+    return proj[..., D:2 * D], proj[..., 2 * D:]
+
+
+@pytest.mark.parametrize("activation", ["silu", "sigmoid"])
+@pytest.mark.parametrize("bound", ["none", "float", "tensor"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gates_match_equations(activation, bound, dtype):
+    shape = (2, 5, 37)  # 10 rows, 37 channels: neither a multiple of the blocks
+    z, f = make(shape, dtype)
+    z.requires_grad_(True)
+    f.requires_grad_(True)
+    gamma = {"none": None, "float": 0.3,
+             "tensor": torch.linspace(0.0, 0.9, shape[-1], device=DEVICE).requires_grad_(True)}[bound]
+    q, g = hgrn2_gates(z, f, gamma, activation, backend="triton")
+    assert q.dtype == g.dtype == dtype and q.shape == g.shape == shape
+    assert (g <= 0).all()
+
+    z64 = z.detach().double().requires_grad_(True)
+    f64 = f.detach().double().requires_grad_(True)
+    g64 = gamma.detach().double().requires_grad_(True) if bound == "tensor" else gamma
+    q_ref, g_ref = by_equation(z64, f64, g64, activation)
+    tol = TOL[dtype]
+    assert rel(q, q_ref) < tol
+    assert rel(g, g_ref) < tol
+
+    gen = torch.Generator().manual_seed(1)
+    dq = torch.randn(shape, generator=gen, dtype=torch.float64)
+    dg = torch.randn(shape, generator=gen, dtype=torch.float64)
+    (q.double().cpu() * dq).sum().add((g.double().cpu() * dg).sum()).backward()
+    ((q_ref * dq).sum() + (g_ref * dg).sum()).backward()
+    assert rel(z.grad, z64.grad) < tol
+    assert rel(f.grad, f64.grad) < tol
+    if bound == "tensor":
+        assert rel(gamma.grad, g64.grad) < tol
+
+
+def test_reference_path_matches_equations_in_float64():
+    z, f = make((3, 4, 9), torch.float64)
+    gamma = torch.linspace(0.0, 0.8, 9, dtype=torch.float64)
+    q, g = hgrn2_gates(z, f, gamma, "silu", backend="reference")
+    q_ref, g_ref = by_equation(z, f, gamma, "silu")
+    torch.testing.assert_close(q, q_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(g, g_ref, rtol=1e-10, atol=1e-12)
+
+
+def test_near_one_is_accurate():
+    """lambda = 1 - 1e-6: log(lambda) ~ -1e-6 keeps its relative accuracy (no cancellation)."""
+    f = torch.full((1, 4), 1.0, device=DEVICE)
+    gamma = torch.full((4,), 1.0 - 1e-6 / torch.sigmoid(torch.tensor(-1.0)).item(), device=DEVICE)
+    gamma = (1 - (1 - gamma))  # keep it as fp32 tensor
+    _, g = hgrn2_gates(torch.zeros_like(f), f, gamma, "silu", backend="triton")
+    exact = torch.log1p(-(1 - gamma.double()) * torch.sigmoid(-f.double()))
+    assert rel(g, exact) < 1e-5
+
+
+def test_bad_input():
+    z = torch.zeros(2, 3, 4)
+    with pytest.raises(ValueError, match="activation='relu'"):
+        hgrn2_gates(z, z, None, "relu")
+    with pytest.raises(ValueError, match=r"same shape"):
+        hgrn2_gates(z, torch.zeros(2, 3, 5))
+    with pytest.raises(ValueError, match=r"lower_bound has shape \(5,\), expected \(4,\)"):
+        hgrn2_gates(z, z, torch.zeros(5))
+
+
+def test_module_gates_take_the_kernel_and_match_the_reference():
+    """HGRU2's gates through the kernel equal its reference path (same parameters)."""
+    from hgrn_fairseq.modules import HGRU2
+
+    torch.manual_seed(0)
+    for variant in ("lm", "lra"):
+        fused = HGRU2(16, 4, variant=variant, backend="triton").to(DEVICE)
+        plain = HGRU2(16, 4, variant=variant, backend="reference").to(DEVICE)
+        plain.load_state_dict(fused.state_dict())
+        x = torch.randn(2, 6, 16, device=DEVICE)
+        bound = torch.linspace(0.0, 0.5, 16, device=DEVICE)
+        for a, b in zip(fused._gates(x, bound), plain._gates(x, bound)):
+            assert rel(a, b) < 1e-5
