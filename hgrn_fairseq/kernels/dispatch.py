@@ -12,6 +12,12 @@ Tensor = torch.Tensor
 BACKENDS = ("auto", "triton", "reference")
 
 
+def eager(fn):
+    """Keep ``fn`` out of ``torch.compile`` graphs: the ops run our own kernels (and their autograd
+    Functions) as they are; a compiled caller gets a graph break around them."""
+    return torch.compiler.disable(fn)
+
+
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401
@@ -42,6 +48,7 @@ def resolve_backend(backend: str, tensor: Tensor) -> str:
     return "triton" if tensor.is_cuda and triton_available() else "reference"
 
 
+@eager
 def hgru_scan(
     forget_logits: Tensor,
     inputs: Tensor,
@@ -60,6 +67,7 @@ def hgru_scan(
     return reference.hgru_reference(forget_logits, inputs, theta, lower_bound, initial_state, reverse)
 
 
+@eager
 def real_scan(
     x: Tensor,
     a: Tensor,
@@ -75,6 +83,7 @@ def real_scan(
     return reference.real_scan_reference(x, a, initial_state, reverse)
 
 
+@eager
 def complex_scan(
     x: Tensor,
     a: Tensor,
@@ -92,6 +101,7 @@ def complex_scan(
     return reference.complex_scan_reference(x, a, theta, initial_state, reverse)
 
 
+@eager
 def hgrn2_scan(
     q: Tensor,
     v: Tensor,
@@ -108,6 +118,7 @@ def hgrn2_scan(
     return reference.hgrn2_scan_reference(q, v, log_decay, initial_state, reverse)
 
 
+@eager
 def hgrn2_step(
     q: Tensor,
     v: Tensor,

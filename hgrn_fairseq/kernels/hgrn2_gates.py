@@ -21,7 +21,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from . import reference
-from .dispatch import resolve_backend
+from .dispatch import eager, resolve_backend
 
 Tensor = torch.Tensor
 ACTIVATIONS = ("silu", "sigmoid")
@@ -167,6 +167,7 @@ class _Hgrn2Gates(torch.autograd.Function):
         return dqp, df, dgamma, None
 
 
+@eager
 def hgrn2_gates(
     q_pre: Tensor,
     forget_logits: Tensor,

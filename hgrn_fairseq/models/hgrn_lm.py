@@ -64,6 +64,11 @@ class HgrnLanguageModelConfig(FairseqDataclass):
     kernel_backend: ChoiceEnum(list(BACKENDS)) = field(
         default="auto", metadata={"help": "auto: Triton kernels on CUDA, PyTorch reference on CPU"}
     )
+    compile_blocks: bool = field(
+        default=False,
+        metadata={"help": "torch.compile each block for training (fuses the elementwise work around our "
+                  "kernels; evaluation and decoding stay eager; the first steps compile)"},
+    )
 
 
 def validate_config(cfg) -> None:
@@ -130,6 +135,7 @@ class HgrnDecoder(FairseqIncrementalDecoder):
                 glu_activation=cfg.glu_activation,
                 glu_bias=cfg.glu_bias,
                 dropout=cfg.dropout,
+                compile="train" if getattr(cfg, "compile_blocks", False) else "none",
             )
             for _ in range(cfg.decoder_layers)
         )
@@ -255,6 +261,7 @@ def hgrn_lm_default(args):
         share_decoder_input_output_embed=True,
         no_scale_embedding=False,
         kernel_backend="auto",
+        compile_blocks=False,
     )
 
 

@@ -1,6 +1,7 @@
 """Pre-norm residual block (token mixer + GLU) shared by the LM, LRA and image models (SPEC 4)."""
 from __future__ import annotations
 
+import os
 from typing import Optional, Tuple, Union
 
 import torch
@@ -45,10 +46,20 @@ def build_token_mixer(
     raise ValueError(f"token mixer {kind!r} is not one of {TOKEN_MIXERS}")
 
 
+COMPILE_MODES = ("none", "train")
+
+
 class HgrnBlock(nn.Module):
     """x = x + drop(mixer(LN x)); x = x + drop(GLU(LN x)). ``[B, T, dim] -> [B, T, dim]``.
 
     ``glu_dim = 0`` leaves out the channel mixer (the MQAR models have no MLP).
+
+    ``compile="train"``: training forwards (no recurrent state in or out) go through
+    ``torch.compile`` of this block, which fuses the norms, activations, casts, dropouts and residual
+    adds around the matrix products into a few generated kernels; the recurrence kernels stay ours
+    (the dispatchers in ``hgrn_fairseq.kernels`` are excluded from tracing). The first steps at a new
+    shape compile. Evaluation and incremental decoding run eagerly. The compiler backend is
+    ``inductor``, or ``$HGRN_COMPILE_BACKEND`` (tests use ``aot_eager``, which needs no C compiler).
     """
 
     def __init__(
@@ -59,8 +70,12 @@ class HgrnBlock(nn.Module):
         glu_activation: str = "none",
         glu_bias: bool = True,
         dropout: float = 0.0,
+        compile: str = "none",
     ):
         super().__init__()
+        if compile not in COMPILE_MODES:
+            raise ValueError(f"compile={compile!r} is not one of {COMPILE_MODES}")
+        self.compile_mode = compile
         self.mixer_norm = nn.LayerNorm(dim)
         self.mixer = mixer
         if glu_dim > 0:
@@ -77,8 +92,23 @@ class HgrnBlock(nn.Module):
         initial_state: Optional[Tensor] = None,
         output_final_state: bool = False,
     ) -> Tuple[Tensor, Optional[Tensor]]:
+        if self.compile_mode == "train" and self.training and initial_state is None and not output_final_state:
+            compiled = self.__dict__.get("_compiled_forward")
+            if compiled is None:  # kept out of the module's state (and of pickling)
+                backend = os.environ.get("HGRN_COMPILE_BACKEND", "inductor")
+                compiled = torch.compile(self._forward, backend=backend)
+                self.__dict__["_compiled_forward"] = compiled
+            return compiled(x, lower_bound, None, False)
+        return self._forward(x, lower_bound, initial_state, output_final_state)
+
+    def _forward(self, x, lower_bound, initial_state, output_final_state):
         y, state = self.mixer(self.mixer_norm(x), lower_bound, initial_state, output_final_state)
         x = x + self.dropout(y)
         if self.glu is not None:
             x = x + self.dropout(self.glu(self.glu_norm(x)))
         return x, state
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("_compiled_forward", None)
+        return state
