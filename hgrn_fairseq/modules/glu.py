@@ -69,5 +69,12 @@ class GLU(nn.Module):
         a, b = F.linear(x, w_in, b_in).chunk(2, dim=-1)
         return F.linear(self.act(a) * b, w_out, self.out_proj.bias)
 
+    def upgrade_state_dict_named(self, state_dict, name: str) -> None:
+        """Checkpoints with separate ``l1``/``l2``/``l3`` load as ``in_proj``/``out_proj``."""
+        from .hgru import stack_old_projections
+
+        stack_old_projections(state_dict, name, ("l1", "l2"), "in_proj")
+        stack_old_projections(state_dict, name, ("l3",), "out_proj")
+
     def extra_repr(self) -> str:
         return f"dim={self.dim}, hidden_dim={self.hidden_dim}, activation={self.activation_name!r}"

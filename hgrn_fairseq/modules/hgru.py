@@ -32,6 +32,16 @@ def check_mixer_call(mixer: nn.Module, x: Tensor, lower_bound, initial_state, ou
         raise ValueError(f"lower_bound has {lower_bound.shape[-1]} channels, expected {mixer.gate_dim}")
 
 
+def stack_old_projections(state_dict, name: str, old: Tuple[str, ...], new: str) -> None:
+    """Replace the ``old`` Linear layers' entries of ``state_dict`` under ``name`` by one ``new``
+    layer whose rows are theirs, in order (no-op when they are absent)."""
+    prefix = f"{name}." if name else ""
+    for suffix in ("weight", "bias"):
+        keys = [f"{prefix}{o}.{suffix}" for o in old]
+        if all(k in state_dict for k in keys):
+            state_dict[f"{prefix}{new}.{suffix}"] = torch.cat([state_dict.pop(k) for k in keys], dim=0)
+
+
 class HGRU(nn.Module):
     """Hierarchically gated recurrent unit, batch-first ``[B, T, dim] -> [B, T, dim]``.
 
@@ -96,6 +106,11 @@ class HGRU(nn.Module):
             self.theta = nn.Parameter(theta_init(state_dim).float())
             if not causal:
                 self.theta_reverse = nn.Parameter(theta_init(state_dim).float())
+
+    def upgrade_state_dict_named(self, state_dict, name: str) -> None:
+        """Checkpoints from before the projections were stacked (``input_proj``, ``forget_proj``,
+        ``gate_proj``) load as ``in_proj`` (fairseq calls this when it loads a checkpoint)."""
+        stack_old_projections(state_dict, name, ("input_proj", "forget_proj", "gate_proj"), "in_proj")
 
     @property
     def gate_dim(self) -> int:

@@ -232,3 +232,31 @@ def test_compiled_block_matches_eager(monkeypatch, mixer):
         torch.testing.assert_close(compiled(x, bound)[0], eager.eval()(x, bound)[0], rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="compile='always'"):
         HgrnBlock(build_token_mixer(mixer, 8, **kwargs), 8, 12, compile="always")
+
+
+def test_old_checkpoints_with_separate_projections_load():
+    """State dicts from before the stacked projections (HGRU input/forget/gate_proj, GLU l1/l2/l3)
+    are upgraded the way fairseq's upgrade_state_dict_named does on load."""
+    torch.manual_seed(0)
+    block = HgrnBlock(build_token_mixer("hgru", 4), 4, 6, dropout=0.0).double()
+    old = {}
+    for key, value in block.state_dict().items():
+        if key.startswith("mixer.in_proj."):
+            suffix = key.rsplit(".", 1)[1]
+            for part, chunk in zip(("input_proj", "forget_proj", "gate_proj"),
+                                   value.split(block.mixer.projection_sizes)):
+                old[f"layers.0.mixer.{part}.{suffix}"] = chunk.clone()
+        elif key.startswith("glu.in_proj."):
+            suffix = key.rsplit(".", 1)[1]
+            for part, chunk in zip(("l1", "l2"), value.chunk(2)):
+                old[f"layers.0.glu.{part}.{suffix}"] = chunk.clone()
+        elif key.startswith("glu.out_proj."):
+            old["layers.0.glu.l3." + key.rsplit(".", 1)[1]] = value.clone()
+        else:
+            old["layers.0." + key] = value.clone()
+    block.mixer.upgrade_state_dict_named(old, "layers.0.mixer")
+    block.glu.upgrade_state_dict_named(old, "layers.0.glu")
+    fresh = HgrnBlock(build_token_mixer("hgru", 4), 4, 6, dropout=0.0).double()
+    fresh.load_state_dict({k[len("layers.0."):]: v for k, v in old.items()})
+    x = torch.randn(2, 3, 4, dtype=torch.float64)
+    torch.testing.assert_close(fresh(x, 0.2)[0], block(x, 0.2)[0])
