@@ -18,7 +18,11 @@ Models (6 layers, d 512, vocab 50264, tied embeddings):
 One training step = zero_grad, forward and loss under ``torch.autocast(bfloat16)`` (fp32 weights),
 backward, ``torch.optim.Adam`` step (fused on CUDA), the same for every model. The loss is what each
 model trains with: fairseq's ``cross_entropy`` criterion (fp32 log-softmax over the vocabulary) for the
-fairseq models, fla's fused cross entropy for fla's. Steps are timed with ``triton.testing.do_bench``
+fairseq models, fla's fused cross entropy for fla's. ``--loss fused`` (or ``--loss fairseq,fused`` for
+both, rows labelled ``MODEL (fused CE)``) trains the fairseq models with our ``linear_cross_entropy``
+criterion instead (output projection + cross entropy in chunks, no fp32 logits); the issue-5 targets
+still compare against ``transformer_lm`` with fairseq's ``cross_entropy``, and the markdown adds the
+comparison with ``transformer_lm (fused CE)``. Steps are timed with ``triton.testing.do_bench``
 (median) on CUDA after two untimed steps (compilation, autotuning), ``time.perf_counter`` on CPU.
 Peak memory is ``torch.cuda.max_memory_allocated`` over one step, Adam state included.
 
@@ -47,6 +51,8 @@ if REPO not in sys.path:
 VOCAB = 50264
 MODELS = ("hgrn_lm_base", "hgrn2_lm_base", "transformer_lm", "fla_hgrn", "fla_hgrn2")
 OURS = ("hgrn_lm_base", "hgrn2_lm_base")
+# loss of the fairseq models: fairseq's cross_entropy criterion, or our linear_cross_entropy criterion
+LOSSES = ("fairseq", "fused")
 SHAPES = ((16, 512), (4, 2048), (1, 8192))
 MEMORY_T = (1024, 2048, 4096, 8192, 16384)
 EVAL_L = 14336
@@ -142,9 +148,15 @@ def fairseq_model_flags(name, tiny, kernel_backend):
     return ["--arch", arch, "--kernel-backend", kernel_backend]
 
 
-def build_fairseq(name, tiny, kernel_backend, vocab, device, torch):
+def label(name, loss):
+    """Row label of a model trained with ``loss`` (fla's models always use their own loss)."""
+    return name if loss == "fairseq" or name.startswith("fla_") else f"{name} (fused CE)"
+
+
+def build_fairseq(name, tiny, kernel_backend, vocab, device, torch, loss="fairseq"):
     """Parse the flags with fairseq's own parser (ARCH_CONFIG_REGISTRY fills the arch's defaults) and
-    build through the model class of the arch, with a dictionary of ``vocab`` entries."""
+    build through the model class of the arch, with a dictionary of ``vocab`` entries. ``loss``:
+    ``"fairseq"`` (``--criterion cross_entropy``) or ``"fused"`` (``--criterion linear_cross_entropy``)."""
     import types
 
     import hgrn_fairseq  # noqa: F401  (registers hgrn_lm and its archs)
@@ -152,6 +164,11 @@ def build_fairseq(name, tiny, kernel_backend, vocab, device, torch):
     from fairseq.criterions.cross_entropy import CrossEntropyCriterion
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.models import build_model
+
+    from hgrn_fairseq.criterions.linear_cross_entropy import LinearCrossEntropyCriterion
+
+    if loss not in LOSSES:
+        raise ValueError(f"loss={loss!r} is not one of {LOSSES}")
 
     argv = ["/unused-data-dir", "--task", "language_modeling", "--optimizer", "adam",
             *fairseq_model_flags(name, tiny, kernel_backend)]
@@ -161,7 +178,7 @@ def build_fairseq(name, tiny, kernel_backend, vocab, device, torch):
     task = types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
     # what fairseq-train's task.build_model(cfg.model) does: the arch's defaults, then the model class
     model = build_model(cfg.model, task).to(device)
-    criterion = CrossEntropyCriterion(task, sentence_avg=False)
+    criterion = (CrossEntropyCriterion if loss == "fairseq" else LinearCrossEntropyCriterion)(task, sentence_avg=False)
 
     def loss_fn(tokens):
         inputs, target = tokens
@@ -175,7 +192,7 @@ def build_fairseq(name, tiny, kernel_backend, vocab, device, torch):
         lprobs = model.get_normalized_probs(net_output, log_probs=True)
         return lprobs.gather(-1, target.unsqueeze(-1)).sum()
 
-    return model, loss_fn, eval_fn, {"arch": args.arch}
+    return model, loss_fn, eval_fn, {"arch": args.arch, "criterion": criterion.__class__.__name__}
 
 
 def build_fla(name, tiny, vocab, device, torch):
@@ -257,7 +274,7 @@ def run_worker(args):
     tiny = plan["tiny"]
     vocab = args.vocab or (1000 if tiny else VOCAB)
     record = Recorder(args.record)
-    name = args.worker
+    name = label(args.worker, args.loss)  # the row of this worker (records carry it as "model")
     cuda = device == "cuda"
     amp_dtype = {"bf16": torch.bfloat16, "fp32": None}[args.amp]
     record(kind="env", model=name, **environment(torch, device))
@@ -268,14 +285,16 @@ def run_worker(args):
         if name.startswith("fla_"):
             model, loss_fn, eval_fn, info = build_fla(name, tiny, vocab, device, torch)
         else:
-            model, loss_fn, eval_fn, info = build_fairseq(name, tiny, args.kernel_backend, vocab, device, torch)
+            model, loss_fn, eval_fn, info = build_fairseq(args.worker, tiny, args.kernel_backend, vocab, device,
+                                                          torch, loss=args.loss)
     except Exception as e:  # an unavailable peer is a result, not a crash
         record(kind="unavailable", model=name, error=f"{type(e).__name__}: {e}"[:2000],
                traceback=traceback.format_exc()[-3000:])
         return 0
     params = sum(p.numel() for p in model.parameters())
     record(kind="model", model=name, params=params, vocab=vocab, build_s=round(time.perf_counter() - t0, 2),
-           amp=args.amp, kernel_backend=None if name.startswith("fla_") else args.kernel_backend, **info)
+           amp=args.amp, kernel_backend=None if name.startswith("fla_") else args.kernel_backend,
+           loss="fla" if name.startswith("fla_") else args.loss, **info)
 
     optimizer = torch.optim.Adam(model.parameters(), lr=5e-4, betas=(0.9, 0.98), eps=1e-8,
                                  **({"fused": True} if cuda else {}))
@@ -365,6 +384,8 @@ def run_worker(args):
             free()
 
     # ---- evaluation at L = 14336, batch 1 ------------------------------------------------------
+    if args.loss != "fairseq":  # evaluation computes no loss: the model's fairseq row has it
+        return 0
     model.eval()
     for precision in ("fp32", "bf16"):
         tokens = tokens_of(1, plan["eval_l"])
@@ -398,9 +419,9 @@ def run_worker(args):
 # ================================================================================================
 # Driver: runs the workers, assembles JSON and markdown
 # ================================================================================================
-def worker_command(args, name, record_path):
+def worker_command(args, name, record_path, loss="fairseq"):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--record", record_path,
-           "--device", args.device, "--kernel-backend", args.kernel_backend, "--amp", args.amp]
+           "--device", args.device, "--kernel-backend", args.kernel_backend, "--amp", args.amp, "--loss", loss]
     if args.quick:
         cmd.append("--quick")
     if args.shapes:
@@ -417,16 +438,32 @@ def read_records(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
-def run_all(args, models):
+def plan_jobs(models, losses):
+    """(model, loss) of every worker: each fairseq model once per loss, each fla model once (its own
+    loss), and ``transformer_lm`` always with fairseq's loss too (the issue-5 peer)."""
+    jobs = []
+    for m in models:
+        if m.startswith("fla_"):
+            jobs.append((m, "fairseq"))  # ignored by fla's worker
+        elif m == "transformer_lm":
+            jobs += [(m, loss) for loss in LOSSES if loss == "fairseq" or loss in losses]
+        else:
+            jobs += [(m, loss) for loss in losses]
+    return jobs
+
+
+def run_all(args, jobs):
+    """Run the workers of ``jobs`` ((model, loss) pairs); status by row label, and every record."""
     os.makedirs(args.out, exist_ok=True)
     deadline = time.monotonic() + args.budget_s
     status, records = {}, []
-    for i, name in enumerate(models):
-        record_path = os.path.join(args.out, f"records_{name}.jsonl")
+    for i, (model, loss) in enumerate(jobs):
+        name = label(model, loss)
+        record_path = os.path.join(args.out, f"records_{model}{'' if name == model else '_' + loss}.jsonl")
         if os.path.exists(record_path):
             os.remove(record_path)
         remaining = deadline - time.monotonic()
-        reserve = 25 * (len(models) - i - 1)  # leave the models after this one a chance
+        reserve = 25 * (len(jobs) - i - 1)  # leave the models after this one a chance
         limit = remaining - reserve
         print(f"== {name} (time limit {max(limit, 0):.0f} s)", flush=True)
         if limit < 15:
@@ -437,7 +474,7 @@ def run_all(args, models):
             # stdout (one line per measurement) passes through as progress; stderr (warnings, and
             # the traceback of a crash) is kept and shown only when the worker fails
             try:
-                proc = subprocess.run(worker_command(args, name, record_path), timeout=limit,
+                proc = subprocess.run(worker_command(args, model, record_path, loss), timeout=limit,
                                       stderr=None if args.verbose else subprocess.PIPE, text=True)
                 if proc.returncode == 0:
                     status[name] = "ok"
@@ -448,7 +485,7 @@ def run_all(args, models):
                 status[name] = f"timed out after {limit:.0f} s (results before that are kept)"
         else:
             worker_args = argparse.Namespace(**vars(args))
-            worker_args.worker, worker_args.record = name, record_path
+            worker_args.worker, worker_args.record, worker_args.loss = model, record_path, loss
             try:
                 run_worker(worker_args)
                 status[name] = "ok"
@@ -467,7 +504,8 @@ def fmt(value, digits=0):
     return f"{value:,}"
 
 
-def summarise(args, models, status, records):
+def summarise(args, models, status, records, losses=("fairseq",)):
+    """JSON summary and markdown of the run; ``models`` are the row labels (see ``label``)."""
     env = next((r for r in records if r["kind"] == "env"), {})
     env = {k: v for k, v in env.items() if k not in ("kind", "model")}
     by_model = {m: [r for r in records if r.get("model") == m] for m in models}
@@ -483,18 +521,28 @@ def summarise(args, models, status, records):
         r = train.get((model, *shape))
         return None if r is None else r.get("tokens_per_s")
 
-    ratios = []
-    for ours, peer, shape, target in TARGETS:
+    def ratio_row(ours, peer, shape, target):
         a, b = tps(ours, shape), tps(peer, shape)
         ratio = None if not a or not b else a / b
-        ratios.append({"model": ours, "peer": peer, "batch": shape[0], "seq": shape[1], "ratio": ratio,
-                       "target": target, "met": None if ratio is None else ratio >= target})
+        return {"model": ours, "peer": peer, "batch": shape[0], "seq": shape[1], "ratio": ratio, "target": target,
+                "met": None if ratio is None or target is None else ratio >= target}
+
+    # the targets name the peers as they train: transformer_lm with fairseq's cross_entropy, fla with its
+    # own fused loss; ours with each loss measured. "Same loss" rows (target None) are for comparison.
+    ratios = []
+    for ours, peer, shape, target in TARGETS:
+        for loss in losses:
+            ratios.append(ratio_row(label(ours, loss), peer, shape, target))
+        if peer == "transformer_lm" and "fused" in losses:
+            ratios.append(ratio_row(label(ours, "fused"), label(peer, "fused"), shape, None))
     summary = {"environment": env, "status": status, "params": params, "unavailable": unavailable,
                "settings": {"quick": args.quick, "device": args.device, "amp": args.amp,
                             "kernel_backend": args.kernel_backend, "budget_s": args.budget_s,
                             "optimizer": "torch.optim.Adam(betas=(0.9, 0.98), fused on CUDA)",
                             "loss": "fairseq cross_entropy criterion (fp32 log-softmax) for fairseq models; "
-                                    "fla's fused cross entropy for fla models"},
+                                    "rows '(fused CE)': our linear_cross_entropy criterion; "
+                                    "fla's fused cross entropy for fla models",
+                            "losses": list(losses)},
                "ratios": ratios, "records": records}
 
     run = "quick" if args.quick else "full"
@@ -504,6 +552,12 @@ def summarise(args, models, status, records):
                  f"fairseq {env.get('fairseq')}, fla {env.get('fla')}, transformers {env.get('transformers')}, "
                  f"{env.get('date_utc')}, git {env.get('git')}. Step = forward + loss + backward + Adam, "
                  f"autocast {args.amp}, vocab {vocab}.")
+    if "fused" in losses:
+        lines += ["", "Loss: fairseq's `cross_entropy` criterion (fp32 log-softmax) for the fairseq models; rows "
+                  "`(fused CE)`: our `--criterion linear_cross_entropy` (projection + cross entropy in chunks, no "
+                  "fp32 logits); fla: its fused cross entropy. The issue-5 targets compare against "
+                  "`transformer_lm` with fairseq's `cross_entropy`; evaluation rows come from the fairseq-loss "
+                  "workers (evaluation computes no loss)."]
     lines += ["", "## Training tokens/s (peak memory GiB)", ""]
     header = "| model | params | " + " | ".join(f"{b}x{t}" for b, t in shapes) + " |"
     lines += [header, "|" + " --- |" * (2 + len(shapes))]
@@ -530,7 +584,8 @@ def summarise(args, models, status, records):
     for r in ratios:
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
         met = "-" if r["met"] is None else ("yes" if r["met"] else "no")
-        lines.append(f"| {r['model']} / {r['peer']} | {r['batch']}x{r['seq']} | {ratio} | >= {r['target']} | {met} |")
+        target = "(same loss, for comparison)" if r["target"] is None else f">= {r['target']}"
+        lines.append(f"| {r['model']} / {r['peer']} | {r['batch']}x{r['seq']} | {ratio} | {target} | {met} |")
 
     mem = [r for r in records if r["kind"] == "memory_vs_t"]
     if mem:
@@ -545,11 +600,13 @@ def summarise(args, models, status, records):
                 continue
             ok = [r for r in rows if "error" not in r]
             per_k = [1024 * r["activation_gib"] / (r["seq"] / 1024) for r in ok]  # GiB -> MiB, per 1K tokens
-            # linear: the activation memory per token stays within 25% from the 2nd length on
+            # linear (or less): from the 2nd length on, the activation memory per token never grows past
+            # 1.25x its value there (the fused loss's logits buffer stops growing at its chunk size, so its
+            # memory per token falls with T)
             linear = None
             if len(per_k) >= 3:
                 tail = per_k[1:]
-                linear = max(tail) <= 1.25 * min(tail)
+                linear = max(tail) <= 1.25 * tail[0]
             summary["memory_linearity"][m] = {"activation_mib_per_1k_tokens": per_k, "linear": linear}
             cells = [("-" if "error" in r else f"{r['activation_gib']:.3f}") for r in rows]
             trend = "-" if not per_k else f"{per_k[0]:.1f} -> {per_k[-1]:.1f}"
@@ -593,6 +650,10 @@ def main(argv=None):
                         help="autocast dtype (default bf16 on CUDA, fp32 on CPU)")
     parser.add_argument("--kernel-backend", default="auto", choices=("auto", "triton", "reference"),
                         help="our models' --kernel-backend")
+    parser.add_argument("--loss", default="fairseq",
+                        help=f"loss of the fairseq models, comma-separated subset of {','.join(LOSSES)}: fairseq "
+                             "(--criterion cross_entropy) and/or fused (--criterion linear_cross_entropy, rows "
+                             "'MODEL (fused CE)'); transformer_lm always also runs with fairseq's (issue-5 peer)")
     parser.add_argument("--budget-s", type=float, default=330.0, help="wall-clock budget for all models")
     parser.add_argument("--isolation", choices=("process", "none"), default="process",
                         help="process: one subprocess per model (default); none: all in this process")
@@ -607,6 +668,11 @@ def main(argv=None):
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.amp is None:
         args.amp = "bf16" if args.device == "cuda" else "fp32"
+    losses = [loss for loss in args.loss.split(",") if loss]
+    bad = [loss for loss in losses if loss not in LOSSES]
+    if bad or not losses or (args.worker and len(losses) != 1):
+        parser.error(f"--loss {args.loss!r}: choose {'one' if args.worker else 'a comma-separated subset'} of "
+                     f"{','.join(LOSSES)}")
     if args.worker:
         return run_worker(args)
     if not args.out:
@@ -617,8 +683,9 @@ def main(argv=None):
         parser.error(f"--models: unknown {unknown}; choose from {','.join(MODELS)}")
 
     started = time.monotonic()
-    status, records = run_all(args, models)
-    summary, markdown = summarise(args, models, status, records)
+    jobs = plan_jobs(models, losses)
+    status, records = run_all(args, jobs)
+    summary, markdown = summarise(args, [label(m, loss) for m, loss in jobs], status, records, losses)
     summary["wall_s"] = round(time.monotonic() - started, 1)
     with open(os.path.join(args.out, "bench_train.json"), "w") as f:
         json.dump(summary, f, indent=1)

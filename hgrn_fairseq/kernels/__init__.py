@@ -11,11 +11,14 @@ Public API (batch-first; complex numbers as a trailing dimension of size 2, see 
 * ``hgru_fused``: the Triton HGRU op itself (gates + scan, CUDA tensors), imported on first use so
   that importing this package needs no Triton; ``hgru_scan`` dispatches to it.
 * ``*_reference``: the float64-capable oracles.
+* ``linear_cross_entropy(hidden, weight, target, ignore_index, reduction, chunk_rows, backend)``: output
+  projection + cross entropy without fp32 logits (see linear_cross_entropy.py).
 
 ``backend`` is ``"auto"`` (Triton for CUDA tensors, the reference otherwise), ``"triton"`` or
 ``"reference"``.
 """
 from .dispatch import BACKENDS, complex_scan, hgrn2_scan, hgrn2_step, hgru_scan, real_scan, resolve_backend
+from .linear_cross_entropy import linear_cross_entropy
 from .reference import (
     complex_scan_reference,
     hgrn2_scan_reference,
@@ -38,6 +41,7 @@ __all__ = [
     "hgru_gates_reference",
     "hgru_reference",
     "hgrn2_scan_reference",
+    "linear_cross_entropy",
 ]
 
 

@@ -26,6 +26,16 @@ def bench():
 def test_full_run_plan(bench):
     assert bench.SHAPES == ((16, 512), (4, 2048), (1, 8192)) and bench.VOCAB == 50264 and bench.EVAL_L == 14336
     assert set(bench.MODELS) == {"hgrn_lm_base", "hgrn2_lm_base", "transformer_lm", "fla_hgrn", "fla_hgrn2"}
+    assert bench.LOSSES == ("fairseq", "fused")
+    # every fairseq model once per loss, fla once, transformer_lm always with fairseq's loss (issue-5 peer)
+    assert bench.plan_jobs(["hgrn_lm_base", "transformer_lm", "fla_hgrn"], ["fused"]) == [
+        ("hgrn_lm_base", "fused"), ("transformer_lm", "fairseq"), ("transformer_lm", "fused"), ("fla_hgrn", "fairseq")]
+    assert bench.plan_jobs(["hgrn2_lm_base"], ["fairseq", "fused"]) == [
+        ("hgrn2_lm_base", "fairseq"), ("hgrn2_lm_base", "fused")]
+    assert bench.label("hgrn_lm_base", "fused") == "hgrn_lm_base (fused CE)"
+    assert bench.label("fla_hgrn", "fused") == "fla_hgrn" and bench.label("transformer_lm", "fairseq") == "transformer_lm"
+    with pytest.raises(SystemExit):
+        bench.main(["--out", "/unused", "--loss", "fairseq,chunked"])
 
 
 def test_transformer_is_the_recipe_model(bench):
@@ -46,7 +56,7 @@ def test_transformer_is_the_recipe_model(bench):
 def test_cpu_smoke_run(bench, tmp_path):
     out = tmp_path / "out"
     rc = bench.main(["--out", str(out), "--quick", "--device", "cpu", "--isolation", "none",
-                     "--models", "hgrn_lm_base,transformer_lm,fla_hgrn"])
+                     "--models", "hgrn_lm_base,transformer_lm,fla_hgrn", "--loss", "fairseq,fused"])
     assert rc == 0
     summary = json.loads((out / "bench_train.json").read_text())
     markdown = (out / "bench_train.md").read_text()
@@ -69,6 +79,23 @@ def test_cpu_smoke_run(bench, tmp_path):
     assert "| hgrn_lm_base | 173,312 |" in markdown  # tiny arch on CPU
     assert "## Targets (issue 5)" in markdown and "## Evaluation at L = 48" in markdown
 
+    # --loss fused: the same models trained with the linear_cross_entropy criterion, in rows of their own
+    criterion = {r["model"]: r["criterion"] for r in summary["records"] if r["kind"] == "model" and "criterion" in r}
+    assert criterion == {"hgrn_lm_base": "CrossEntropyCriterion", "transformer_lm": "CrossEntropyCriterion",
+                         "hgrn_lm_base (fused CE)": "LinearCrossEntropyCriterion",
+                         "transformer_lm (fused CE)": "LinearCrossEntropyCriterion"}
+    for model in ("hgrn_lm_base (fused CE)", "transformer_lm (fused CE)"):
+        assert summary["status"][model] == "ok"
+        for batch, seq in bench.QUICK["cpu"]["shapes"]:
+            assert train[(model, batch, seq)]["tokens_per_s"] > 0
+    assert "| hgrn_lm_base (fused CE) | 173,312 |" in markdown
+    # the issue-5 targets keep fairseq's transformer_lm as the peer; the same-loss ratio is extra
+    pairs = {(r["model"], r["peer"]): r["target"] for r in summary["ratios"] if r["batch"] == 16}
+    assert pairs[("hgrn_lm_base", "transformer_lm")] == 1.5
+    assert pairs[("hgrn_lm_base (fused CE)", "transformer_lm")] == 1.5
+    assert pairs[("hgrn_lm_base (fused CE)", "transformer_lm (fused CE)")] is None
+    assert "| hgrn_lm_base (fused CE) / transformer_lm (fused CE) | 16x512 |" in markdown
+
 
 def test_workers_run_in_subprocesses_and_budget_is_kept(tmp_path):
     out = tmp_path / "out"
@@ -81,9 +108,22 @@ def test_workers_run_in_subprocesses_and_budget_is_kept(tmp_path):
     if importlib.util.find_spec("fla") is None:
         assert summary["unavailable"]["fla_hgrn2"]
 
+    # the worker subprocess gets --loss: a fused-loss row, then the budget
     proc = subprocess.run([sys.executable, BENCH, "--out", str(out), "--quick", "--device", "cpu",
-                           "--models", "hgrn_lm_base,transformer_lm", "--budget-s", "5"],
+                           "--models", "hgrn_lm_base", "--loss", "fused", "--shapes", "1x8"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "bench_train.json").read_text())
+    assert summary["status"] == {"hgrn_lm_base (fused CE)": "ok"}
+    model = next(r for r in summary["records"] if r["kind"] == "model")
+    assert model["criterion"] == "LinearCrossEntropyCriterion" and model["loss"] == "fused"
+    assert any(r["kind"] == "train" and r.get("tokens_per_s") for r in summary["records"])
+
+    proc = subprocess.run([sys.executable, BENCH, "--out", str(out), "--quick", "--device", "cpu",
+                           "--models", "hgrn_lm_base,transformer_lm", "--budget-s", "5", "--loss", "fairseq,fused"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "bench_train.json").read_text())
     assert all(s.startswith("skipped: the run's time budget") for s in summary["status"].values())
+    assert set(summary["status"]) == {"hgrn_lm_base", "hgrn_lm_base (fused CE)", "transformer_lm",
+                                      "transformer_lm (fused CE)"}
