@@ -51,6 +51,8 @@ if REPO not in sys.path:
 VOCAB = 50264
 MODELS = ("hgrn_lm_base", "hgrn2_lm_base", "transformer_lm", "fla_hgrn", "fla_hgrn2")
 OURS = ("hgrn_lm_base", "hgrn2_lm_base")
+# ours with --compile-blocks (torch.compile of each block around our kernels), measured when asked for
+COMPILED = tuple(f"{m}+compile" for m in OURS)
 # loss of the fairseq models: fairseq's cross_entropy criterion, or our linear_cross_entropy criterion
 LOSSES = ("fairseq", "fused")
 SHAPES = ((16, 512), (4, 2048), (1, 8192))
@@ -144,8 +146,10 @@ def fairseq_model_flags(name, tiny, kernel_backend):
         # positions for the longest evaluation (sinusoidal: no parameters)
         return ["--arch", "transformer_lm", *size, "--decoder-normalize-before",
                 "--share-decoder-input-output-embed", "--tokens-per-sample", str(EVAL_L + 2048)]
+    compiled = name.endswith("+compile")
+    name = name[: -len("+compile")] if compiled else name
     arch = {"hgrn_lm_base": "hgrn_lm_tiny", "hgrn2_lm_base": "hgrn2_lm_tiny"}[name] if tiny else name
-    return ["--arch", arch, "--kernel-backend", kernel_backend]
+    return ["--arch", arch, "--kernel-backend", kernel_backend, *(["--compile-blocks"] if compiled else [])]
 
 
 def label(name, loss):
@@ -365,7 +369,7 @@ def run_worker(args):
             del tokens, step
             free()
 
-    if name.startswith("fla_"):
+    if name.startswith("fla_") or "+compile" in name:  # compiled: every new T would recompile
         return 0
 
     # ---- training memory against T at batch 1 -------------------------------------------------
@@ -531,8 +535,10 @@ def summarise(args, models, status, records, losses=("fairseq",)):
     # own fused loss; ours with each loss measured. "Same loss" rows (target None) are for comparison.
     ratios = []
     for ours, peer, shape, target in TARGETS:
-        for loss in losses:
-            ratios.append(ratio_row(label(ours, loss), peer, shape, target))
+        for variant in (ours, f"{ours}+compile"):
+            for loss in losses:
+                if variant == ours or label(variant, loss) in models:
+                    ratios.append(ratio_row(label(variant, loss), peer, shape, target))
         if peer == "transformer_lm" and "fused" in losses:
             ratios.append(ratio_row(label(ours, "fused"), label(peer, "fused"), shape, None))
     summary = {"environment": env, "status": status, "params": params, "unavailable": unavailable,
@@ -642,7 +648,7 @@ def main(argv=None):
     parser.add_argument("--out", help="output folder for bench_train.json / bench_train.md")
     parser.add_argument("--quick", action="store_true", help="tiny shapes (and tiny models on CPU): a smoke test")
     parser.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
-    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS + COMPILED)} (+compile: ours with --compile-blocks)")
     parser.add_argument("--shapes", default=None, help="override the BxT shapes, e.g. 16x512,1x8192")
     parser.add_argument("--vocab", type=int, default=None,
                         help=f"vocabulary size (default {VOCAB}; 1000 for tiny models)")
@@ -678,7 +684,7 @@ def main(argv=None):
     if not args.out:
         parser.error("--out FOLDER is required")
     models = [m for m in args.models.split(",") if m]
-    unknown = [m for m in models if m not in MODELS]
+    unknown = [m for m in models if m not in MODELS + COMPILED]
     if unknown:
         parser.error(f"--models: unknown {unknown}; choose from {','.join(MODELS)}")
 

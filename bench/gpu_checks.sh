@@ -19,7 +19,8 @@
 # Triton's cache lives in /tmp/tc with autotuning results kept (TRITON_CACHE_AUTOTUNING=1), seeded
 # from .whl/fla_autotune.tgz when that exists.
 #
-# Time limits per stage come from TESTS_S, TRAIN_S, MQAR_S (seconds).
+# Time limits per stage come from TESTS_S, TRAIN_S, MQAR_S (seconds). TEST_PATHS narrows the tests
+# stage; BENCH_TRAIN_ARGS goes to bench_train.py; SAVE_AUTOTUNE=1 returns Triton's autotune cache.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to a results folder}"
@@ -64,11 +65,13 @@ fi
 if [[ " $STAGES " == *" autotune "* ]]; then
   PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest -q --collect-only -p no:cacheprovider tests/kernels/test_hgrn2_triton.py -k every_autotune 2>/dev/null | grep '::' > /tmp/aids
   rm -f /tmp/aids.?? ; split -n r/${AUTOTUNE_PROCS:-8} /tmp/aids /tmp/aids.
+  APIDS=()
   for f in /tmp/aids.??; do
     (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout "${AUTOTUNE_S:-200}" xargs -a "$f" python3 -m pytest -q -p no:cacheprovider -rfE \
        > "$f.log" 2>&1; echo "== $f rc=$?" >> "$f.log") &
+    APIDS+=($!)
   done
-  wait
+  wait "${APIDS[@]}"
   cat /tmp/aids.??.log > "$OUT/autotune_tests.log"
   echo "autotune tests done at $(el)s: $(grep -ch '' /tmp/aids) collected"
   grep -h "passed\|failed\|error\|== " "$OUT/autotune_tests.log" | tail -20
@@ -76,7 +79,7 @@ fi
 
 if [[ " $STAGES " == *" tests "* ]]; then
   N=${TEST_PROCS:-12}
-  PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest -q --collect-only -p no:cacheprovider tests/kernels tests/modules 2>/dev/null | grep '::' > /tmp/ids
+  PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest -q --collect-only -p no:cacheprovider ${TEST_PATHS:-tests/kernels tests/modules} 2>/dev/null | grep '::' > /tmp/ids
   rm -f /tmp/ids.?? ; split -n r/$N /tmp/ids /tmp/ids.
   PIDS=()
   for f in /tmp/ids.??; do
@@ -91,7 +94,7 @@ if [[ " $STAGES " == *" tests "* ]]; then
 fi
 
 if [ $need_fairseq = 1 ]; then
-  [ -n "${BUILD_PID:-}" ] && wait "$BUILD_PID"
+  [ -n "${BUILD_PID:-}" ] && wait "$BUILD_PID" 2>/dev/null
   cat /tmp/fairseq_build.log 2>/dev/null | tail -3
   export PYTHONPATH=$R:/tmp/site:/tmp/site2 PATH=/tmp/site2/bin:$PATH
 fi
@@ -104,8 +107,9 @@ if [[ " $STAGES " == *" profile "* ]]; then
 fi
 
 if [[ " $STAGES " == *" train "* ]]; then
-  timeout "${TRAIN_S:-330}" python3 bench/bench_train.py --out "$OUT" --budget-s $(( ${TRAIN_S:-330} - 20 )) 2>&1 \
-    | tee "$OUT/bench_train.log" | tail -40
+  timeout "${TRAIN_S:-330}" python3 bench/bench_train.py --out "$OUT" --budget-s $(( ${TRAIN_S:-330} - 20 )) \
+    ${BENCH_TRAIN_ARGS:-} 2>&1 | tee "$OUT/bench_train.log" | tail -40
+  rm -f "$OUT"/records_*.jsonl  # all of it is in bench_train.json (and $OUT brings back 8 files at most)
   echo "bench_train done at $(el)s"
 fi
 
@@ -123,5 +127,8 @@ if [[ " $STAGES " == *" evidence "* ]]; then
 fi
 if [ -n "${FLAWARM_PID:-}" ]; then
   wait "$FLAWARM_PID"; tail -12 /tmp/flawarm.log; cp /tmp/flawarm.log "$OUT/flawarm.log"
+fi
+if [ -n "${SAVE_AUTOTUNE:-}" ]; then  # Triton's autotune results, for .whl/fla_autotune.tgz
+  (cd /tmp/tc && find . -name '*.autotune.json' | tar czf "$OUT/fla_autotune.tgz" -T -)
 fi
 echo "all done at $(el)s"

@@ -36,6 +36,23 @@ def test_full_run_plan(bench):
     assert bench.label("fla_hgrn", "fused") == "fla_hgrn" and bench.label("transformer_lm", "fairseq") == "transformer_lm"
     with pytest.raises(SystemExit):
         bench.main(["--out", "/unused", "--loss", "fairseq,chunked"])
+    flags = bench.fairseq_model_flags("hgrn2_lm_base+compile", tiny=False, kernel_backend="auto")
+    assert flags[:2] == ["--arch", "hgrn2_lm_base"] and "--compile-blocks" in flags
+    assert "--compile-blocks" not in bench.fairseq_model_flags("hgrn2_lm_base", tiny=False, kernel_backend="auto")
+
+
+def test_compiled_variant_runs_and_gets_target_rows(bench, tmp_path, monkeypatch):
+    monkeypatch.setenv("HGRN_COMPILE_BACKEND", "aot_eager")  # no C compiler needed on CPU
+    out = tmp_path / "out"
+    rc = bench.main(["--out", str(out), "--quick", "--device", "cpu", "--isolation", "none",
+                     "--models", "hgrn_lm_base+compile,transformer_lm", "--shapes", "2x16"])
+    assert rc == 0
+    summary = json.loads((out / "bench_train.json").read_text())
+    train = [r for r in summary["records"] if r["kind"] == "train" and r["model"] == "hgrn_lm_base+compile"]
+    assert len(train) == 1 and train[0]["tokens_per_s"] > 0
+    rows = [r for r in summary["ratios"] if r["model"] == "hgrn_lm_base+compile" and r["peer"] == "transformer_lm"]
+    assert rows and all(r["target"] in (1.5, 2.0) for r in rows)
+    assert not any(r["kind"] == "memory_vs_t" for r in summary["records"] if r["model"] == "hgrn_lm_base+compile")
 
 
 def test_transformer_is_the_recipe_model(bench):
