@@ -62,9 +62,9 @@ def test_gates_match_equations(activation, bound, dtype):
     assert q.dtype == g.dtype == dtype and q.shape == g.shape == shape
     assert (g <= 0).all()
 
-    z64 = z.detach().double().requires_grad_(True)
-    f64 = f.detach().double().requires_grad_(True)
-    g64 = gamma.detach().double().requires_grad_(True) if bound == "tensor" else gamma
+    z64 = z.detach().double().cpu().requires_grad_(True)
+    f64 = f.detach().double().cpu().requires_grad_(True)
+    g64 = gamma.detach().double().cpu().requires_grad_(True) if bound == "tensor" else gamma
     q_ref, g_ref = by_equation(z64, f64, g64, activation)
     tol = TOL[dtype]
     assert rel(q, q_ref) < tol
@@ -83,7 +83,7 @@ def test_gates_match_equations(activation, bound, dtype):
 
 def test_reference_path_matches_equations_in_float64():
     z, f = make((3, 4, 9), torch.float64)
-    gamma = torch.linspace(0.0, 0.8, 9, dtype=torch.float64)
+    gamma = torch.linspace(0.0, 0.8, 9, dtype=torch.float64, device=DEVICE)
     q, g = hgrn2_gates(z, f, gamma, "silu", backend="reference")
     q_ref, g_ref = by_equation(z, f, gamma, "silu")
     torch.testing.assert_close(q, q_ref, rtol=1e-12, atol=1e-12)
