@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import BACKENDS, hgru_scan
+from ..kernels.norm_gate import norm_gate
 
 Tensor = torch.Tensor
 
@@ -145,11 +146,10 @@ class HGRU(nn.Module):
             h_r, _ = hgru_scan(forget, inputs, theta_r, lower_bound, None, True, self.backend)
             h = h + h_r
         h = h.reshape(B, T, self.width)
-        gate = F.silu(gate)
-        if self.norm_before_gate:
-            y = self.norm(h) * gate
+        if self.norm_before_gate:  # one kernel each way on the Triton path
+            y = norm_gate(h, gate, self.norm.weight, self.norm.bias, self.norm.eps, backend=self.backend)
         else:
-            y = self.norm(h * gate)
+            y = self.norm(h * F.silu(gate))
         return self.out_proj(y), (final if output_final_state else None)
 
     def extra_repr(self) -> str:
