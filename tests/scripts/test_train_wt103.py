@@ -1,5 +1,7 @@
 """scripts/train_wt103.sh and configs/wt103/*.yaml: the printed recipes, bad input, the hydra configs
-against the shell recipes, and a real run (5 updates on CPU, resume, sampling with fairseq-interactive)."""
+against the shell recipes, and a real run (5 updates on CPU with the recipes' linear_cross_entropy
+criterion, resume, sampling with fairseq-interactive; fairseq's cross_entropy through an extra
+--criterion gives the same losses)."""
 import importlib.util
 import os
 import re
@@ -68,7 +70,7 @@ def data(tmp_path_factory):
 COMMON = {
     "--task": "hgrn_language_modeling", "--tokens-per-sample": "512", "--sample-break-mode": "none",
     "--optimizer": "adam", "--adam-betas": "(0.9, 0.98)", "--lr": "0.0005", "--lr-scheduler": "inverse_sqrt",
-    "--warmup-init-lr": "1e-07", "--dropout": "0.1", "--criterion": "cross_entropy",
+    "--warmup-init-lr": "1e-07", "--dropout": "0.1", "--criterion": "linear_cross_entropy",
 }
 EXPECTED = {
     "hgrn_lm_base": {"--arch": "hgrn_lm_base", "--warmup-updates": "8000", "--weight-decay": "0.2",
@@ -122,6 +124,21 @@ def test_cpu_and_overrides(data):
     assert got["--distributed-world-size"] == "1" and got["--cpu"] is True  # --cpu: one process
     assert got["--max-update"] == "7" and argv[-1] == "4"  # extra args come last, so they win
     assert "--batch-size overrides the recipe" in log
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_extra_criterion_gives_fairseqs_cross_entropy_back(recipe, data):
+    """The recipes use linear_cross_entropy; an extra --criterion cross_entropy comes after it and is the
+    one fairseq parses (argparse keeps the last occurrence), as the script's header says."""
+    assert "bash scripts/train_wt103.sh hgrn_lm_base --criterion cross_entropy" in open(SCRIPT).read()
+    assert shell_args(recipe, data).criterion == "linear_cross_entropy"
+    argv, _ = dry_run(recipe, data, "--criterion", "cross_entropy", env={"NUM_GPUS": "1"})
+    assert argv.count("--criterion") == 2 and flags(argv)["--criterion"] == "cross_entropy"
+    assert shell_args(recipe, data, "--criterion", "cross_entropy").criterion == "cross_entropy"
+    # the same in hydra mode: criterion._name=cross_entropy, as the configs' header says
+    assert "criterion._name=cross_entropy" in open(os.path.join(CONFIGS, recipe + ".yaml")).read()
+    assert hydra_config(recipe, data)["criterion"]["_name"] == "linear_cross_entropy"
+    assert hydra_config(recipe, data, "criterion._name=cross_entropy")["criterion"]["_name"] == "cross_entropy"
 
 
 def test_default_data_dir_and_save_dir_env(tmp_path, data):
@@ -208,7 +225,7 @@ def resolve_paths(cfg):
             cfg[section][key] = os.path.join(REPO, value)  # the configs are meant to be run from the repo root
 
 
-def hydra_config(name, data):
+def hydra_config(name, data, *overrides):
     from fairseq.dataclass.initialize import add_defaults, hydra_init
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -219,7 +236,7 @@ def hydra_config(name, data):
     with warnings.catch_warnings():  # hydra 1.3 deprecation notices about fairseq's 1.0-style configs
         warnings.simplefilter("ignore")
         with initialize_config_dir(config_dir=CONFIGS, version_base="1.1"):
-            cfg = compose(config_name=name, overrides=[f"task.data={data}"])
+            cfg = compose(config_name=name, overrides=[f"task.data={data}", *overrides])
     GlobalHydra.instance().clear()
     add_defaults(cfg)
     cfg = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
@@ -227,14 +244,19 @@ def hydra_config(name, data):
     return cfg
 
 
-def shell_config(recipe, data):
+def shell_args(recipe, data, *extra):
     from fairseq import options
+
+    argv, _ = dry_run(recipe, data, *extra, env={"NUM_GPUS": "1"})
+    parse = fairseq_train._bf16_without_tpu(options.parse_args_and_arch)
+    return parse(options.get_training_parser(), argv[2:])  # what scripts/fairseq_train.py parses
+
+
+def shell_config(recipe, data):
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from omegaconf import OmegaConf
 
-    argv, _ = dry_run(recipe, data, env={"NUM_GPUS": "1"})
-    parse = fairseq_train._bf16_without_tpu(options.parse_args_and_arch)
-    args = parse(options.get_training_parser(), argv[2:])  # what scripts/fairseq_train.py parses
+    args = shell_args(recipe, data)
     return OmegaConf.to_container(convert_namespace_to_omegaconf(args), resolve=True, enum_to_str=True)
 
 
@@ -262,6 +284,7 @@ def test_hydra_config_equals_shell_recipe(recipe, data):
     assert hydra_cfg["task"]["tokens_per_sample"] == 512 and hydra_cfg["optimization"]["lr"] == [0.0005]
     assert hydra_cfg["dataset"]["batch_size"] * hydra_cfg["optimization"]["update_freq"][0] == 128
     assert hydra_cfg["common"]["bf16"] == (recipe == "hgrn2_lm_base") and not hydra_cfg["common"]["tpu"]
+    assert hydra_cfg["criterion"]["_name"] == "linear_cross_entropy"
     if recipe == "transformer_lm_wt103_small":
         assert hydra_cfg["model"]["decoder_normalize_before"] is True
 
@@ -291,6 +314,11 @@ def num_updates(checkpoint):
     return state["optimizer_history"][-1]["num_updates"]
 
 
+def criterion_of(checkpoint):
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    return state["cfg"]["criterion"]["_name"], state["optimizer_history"][-1]["criterion_name"]
+
+
 def train_losses(output):
     return {int(m.group(2)): float(m.group(1)) for m in re.finditer(r"loss=([\d.]+),.*?num_updates=(\d+),", output)}
 
@@ -318,6 +346,8 @@ def test_train_resume_and_sample(trained, data):
     assert "update-freq 4 (128 sequences per update)" in out  # 32 x 4 on one process
     assert re.search(r"bsz=128, num_updates=\d", out)  # 128 sequences per update (the epoch's last one is short)
     assert num_updates(save_dir / "checkpoint_last.pt") == 5
+    # trained with the recipe's fused criterion
+    assert criterion_of(save_dir / "checkpoint_last.pt") == ("linear_cross_entropy", "LinearCrossEntropyCriterion")
     assert (log_dir / "train.log").exists() and "hgrn_lm_base" in (log_dir / "command.txt").read_text()
     if importlib.util.find_spec("tensorboard") is None and importlib.util.find_spec("tensorboardX") is None:
         assert "no tensorboard logs" in out
@@ -366,3 +396,18 @@ def test_hydra_config_trains_like_the_shell_recipe(trained, data, tmp_path):
     hydra_losses, shell_losses = train_losses(out), train_losses(first.stdout + first.stderr)
     assert set(hydra_losses) == {1, 2}
     assert all(hydra_losses[u] == shell_losses[u] for u in (1, 2)), (hydra_losses, shell_losses)
+
+
+def test_extra_criterion_cross_entropy_trains_the_same(trained, data, tmp_path):
+    """`train_wt103.sh hgrn_lm_base --criterion cross_entropy` (the header's way back to fairseq's
+    criterion) trains with cross_entropy and logs the same losses as the recipe's linear_cross_entropy
+    (same seed and data; fp32 on CPU, losses logged with 3 decimals)."""
+    _, _, small, first = trained
+    env = {"SAVE_DIR": str(tmp_path / "ckpt"), "LOG_DIR": str(tmp_path / "logs"), "BATCH_PER_GPU": str(TINY_BATCH)}
+    proc = run_script("hgrn_lm_base", data, *small, "--max-update", "2", "--criterion", "cross_entropy", env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert criterion_of(tmp_path / "ckpt" / "checkpoint_last.pt") == ("cross_entropy", "CrossEntropyCriterion")
+    plain, fused = train_losses(out), train_losses(first.stdout + first.stderr)
+    assert set(plain) == {1, 2}
+    assert [plain[u] for u in (1, 2)] == pytest.approx([fused[u] for u in (1, 2)], abs=2e-3), (plain, fused)
