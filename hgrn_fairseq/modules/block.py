@@ -7,6 +7,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import nn
 
+from ..kernels.dropout_add import dropout_add
 from .glu import GLU
 from .hgru import HGRU
 
@@ -103,9 +104,12 @@ class HgrnBlock(nn.Module):
 
     def _forward(self, x, lower_bound, initial_state, output_final_state):
         y, state = self.mixer(self.mixer_norm(x), lower_bound, initial_state, output_final_state)
-        x = x + self.dropout(y)
+        # x + dropout(y): one kernel each way on the Triton path (mask regenerated, not stored)
+        backend = getattr(self.mixer, "backend", "auto")
+        p = self.dropout.p
+        x = dropout_add(x, y, p, self.training, backend=backend)
         if self.glu is not None:
-            x = x + self.dropout(self.glu(self.glu_norm(x)))
+            x = dropout_add(x, self.glu(self.glu_norm(x)), p, self.training, backend=backend)
         return x, state
 
     def __getstate__(self):
