@@ -23,6 +23,7 @@
 # stage; BENCH_TRAIN_ARGS goes to bench_train.py; SAVE_AUTOTUNE=1 returns Triton's autotune cache.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. bench/split_pytest.sh
 : "${OUT:?set OUT to a results folder}"
 mkdir -p "$OUT"
 T0=$(date +%s)
@@ -39,6 +40,7 @@ export PYTHONPATH=$R:/tmp/site
 export TRITON_CACHE_DIR=/tmp/tc TRITON_CACHE_AUTOTUNING=1
 mkdir -p /tmp/tc
 [ -f .whl/fla_autotune.tgz ] && tar xzf .whl/fla_autotune.tgz -C /tmp/tc
+save_autotune() { (cd /tmp/tc && find . -name '*.autotune.json' | tar czf "$OUT/fla_autotune.tgz" -T -); }
 
 need_fairseq=0
 case " $STAGES " in *" train "*|*" mqar "*|*" evidence "*|*" profile "*|*" flawarm "*) need_fairseq=1 ;; esac
@@ -52,7 +54,7 @@ fi
 if [[ " $STAGES " == *" flawarm "* ]]; then
   (timeout "${FLAWARM_S:-450}" python3 bench/bench_train.py --out "$OUT/flawarm" --models fla_hgrn2 \
       --budget-s $(( ${FLAWARM_S:-450} - 10 )) > /tmp/flawarm.log 2>&1; echo "flawarm rc=$? at $(el)s" >> /tmp/flawarm.log
-   (cd /tmp/tc && find . -name '*.autotune.json' | tar czf "$OUT/fla_autotune.tgz" -T -)) &
+   save_autotune) &
   FLAWARM_PID=$!
 fi
 
@@ -63,33 +65,15 @@ if [[ " $STAGES " == *" evidence "* ]]; then  # the steps that need no fairseq, 
 fi
 
 if [[ " $STAGES " == *" autotune "* ]]; then
-  PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest -q --collect-only -p no:cacheprovider tests/kernels/test_hgrn2_triton.py -k every_autotune 2>/dev/null | grep '::' > /tmp/aids
-  rm -f /tmp/aids.?? ; split -n r/${AUTOTUNE_PROCS:-8} /tmp/aids /tmp/aids.
-  APIDS=()
-  for f in /tmp/aids.??; do
-    (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout "${AUTOTUNE_S:-200}" xargs -a "$f" python3 -m pytest -q -p no:cacheprovider -rfE \
-       > "$f.log" 2>&1; echo "== $f rc=$?" >> "$f.log") &
-    APIDS+=($!)
-  done
-  wait "${APIDS[@]}"
-  cat /tmp/aids.??.log > "$OUT/autotune_tests.log"
-  echo "autotune tests done at $(el)s: $(grep -ch '' /tmp/aids) collected"
+  echo "autotune tests done at $(el)s: $(split_pytest aids "${AUTOTUNE_PROCS:-8}" "${AUTOTUNE_S:-200}" \
+    "$OUT/autotune_tests.log" tests/kernels/test_hgrn2_triton.py -k every_autotune)"
   grep -h "passed\|failed\|error\|== " "$OUT/autotune_tests.log" | tail -20
 fi
 
 if [[ " $STAGES " == *" tests "* ]]; then
-  N=${TEST_PROCS:-12}
-  PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest -q --collect-only -p no:cacheprovider ${TEST_PATHS:-tests/kernels tests/modules} 2>/dev/null | grep '::' > /tmp/ids
-  rm -f /tmp/ids.?? ; split -n r/$N /tmp/ids /tmp/ids.
-  PIDS=()
-  for f in /tmp/ids.??; do
-    (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 HGRN2_AUTOTUNE=0 timeout "${TESTS_S:-240}" xargs -a "$f" python3 -m pytest -q -p no:cacheprovider -rfEs \
-       > "$f.log" 2>&1; echo "== $f rc=$?" >> "$f.log") &
-    PIDS+=($!)
-  done
-  wait "${PIDS[@]}"
-  cat /tmp/ids.??.log > "$OUT/gpu_tests.log"
-  echo "tests done at $(el)s: $(grep -ch '' /tmp/ids) collected"
+  # shellcheck disable=SC2086  # TEST_PATHS is a list of paths
+  echo "tests done at $(el)s: $(HGRN2_AUTOTUNE=0 split_pytest ids "${TEST_PROCS:-12}" "${TESTS_S:-240}" \
+    "$OUT/gpu_tests.log" ${TEST_PATHS:-tests/kernels tests/modules})"
   grep -h "passed\|failed\|error\|== " "$OUT/gpu_tests.log" | tail -40
 fi
 
@@ -129,6 +113,6 @@ if [ -n "${FLAWARM_PID:-}" ]; then
   wait "$FLAWARM_PID"; tail -12 /tmp/flawarm.log; cp /tmp/flawarm.log "$OUT/flawarm.log"
 fi
 if [ -n "${SAVE_AUTOTUNE:-}" ]; then  # Triton's autotune results, for .whl/fla_autotune.tgz
-  (cd /tmp/tc && find . -name '*.autotune.json' | tar czf "$OUT/fla_autotune.tgz" -T -)
+  save_autotune
 fi
 echo "all done at $(el)s"

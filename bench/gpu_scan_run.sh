@@ -5,6 +5,7 @@
 # Needs the peers' wheels in .whl/ (see bench/README.md). Time limits: TESTS_S (200), BENCH_S (420).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. bench/split_pytest.sh
 : "${OUT:?set OUT to a results folder}"
 mkdir -p "$OUT"
 T0=$(date +%s)
@@ -17,20 +18,10 @@ rm -f "$DONE"
 (timeout "${BENCH_S:-420}" python3 bench/bench_scan.py --out "$OUT" --wait-for "$DONE" "$@" > "$OUT/bench_run.log" 2>&1
  echo "bench rc=$? at $(el)s" >> "$OUT/bench_run.log") &
 BENCH=$!
-python3 -m pytest -q --collect-only -p no:cacheprovider tests/kernels/test_hgru_triton.py \
-  tests/kernels/test_hgru_triton_lookback.py tests/modules/test_hgru.py 2>/dev/null | grep '::' > /tmp/scan_ids
-rm -f /tmp/scan_ids.??
-split -n r/"${TEST_PROCS:-8}" /tmp/scan_ids /tmp/scan_ids.
-PIDS=()
-for f in /tmp/scan_ids.??; do
-  (timeout "${TESTS_S:-200}" xargs -a "$f" python3 -m pytest -q -p no:cacheprovider -rfE > "$f.log" 2>&1
-   echo "== $f rc=$?" >> "$f.log") &
-  PIDS+=($!)
-done
-wait "${PIDS[@]}"
+COLLECTED=$(split_pytest scan_ids "${TEST_PROCS:-8}" "${TESTS_S:-200}" "$OUT/gpu_tests.log" \
+  tests/kernels/test_hgru_triton.py tests/kernels/test_hgru_triton_lookback.py tests/modules/test_hgru.py)
 touch "$DONE"
-cat /tmp/scan_ids.??.log > "$OUT/gpu_tests.log"
-echo "tests done at $(el)s: $(wc -l < /tmp/scan_ids) collected"
+echo "tests done at $(el)s: $COLLECTED"
 grep -h "passed\|failed\|FAILED\|== " "$OUT/gpu_tests.log" | tail -30
 wait "$BENCH"
 tail -45 "$OUT/bench_run.log"

@@ -1,0 +1,24 @@
+# Sourced by the GPU-machine scripts (bench/gpu_checks.sh, bench/gpu_scan_run.sh).
+#
+# split_pytest NAME PROCS LIMIT_S LOG [pytest selection ...]
+#   Collects the selected tests and runs them in PROCS pytest processes at once (so that Triton
+#   compiles in parallel), each under a LIMIT_S time limit; the processes' logs, each ending in
+#   "== FILE rc=N", are concatenated into LOG; prints how many tests were collected. Environment
+#   assignments before the call (e.g. HGRN2_AUTOTUNE=0 split_pytest ...) reach the test processes.
+split_pytest() {
+  local name=$1 procs=$2 limit=$3 log=$4 f
+  shift 4
+  PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest -q --collect-only -p no:cacheprovider "$@" 2>/dev/null \
+    | grep '::' > "/tmp/$name"
+  rm -f "/tmp/$name".??
+  split -n r/"$procs" "/tmp/$name" "/tmp/$name."
+  local pids=()
+  for f in "/tmp/$name".??; do
+    (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout "$limit" xargs -a "$f" python3 -m pytest -q -p no:cacheprovider -rfEs \
+       > "$f.log" 2>&1; echo "== $f rc=$?" >> "$f.log") &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  cat "/tmp/$name".??.log > "$log"
+  echo "$(grep -c '' "/tmp/$name") collected"
+}
