@@ -12,6 +12,21 @@ Tensor = torch.Tensor
 BACKENDS = ("auto", "triton", "reference")
 
 
+def as_rows(t: Tensor) -> Tuple[Tensor, int]:
+    """``t`` as ``[N, C]`` rows with unit channel stride, a view when its layout allows (e.g. a slice
+    of a wider projection), else a copy; and the row stride the kernels should use."""
+    C = t.shape[-1]
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    try:
+        rows = t.view(-1, C)
+    except RuntimeError:
+        rows = t.reshape(-1, C)
+    if rows.shape[0] > 1 and rows.stride(0) < C:  # overlapping rows (an expanded tensor)
+        rows = rows.contiguous()
+    return rows, (rows.stride(0) if rows.shape[0] > 1 else C)
+
+
 def eager(fn):
     """Keep ``fn`` out of ``torch.compile`` graphs: the ops run our own kernels (and their autograd
     Functions) as they are; a compiled caller gets a graph break around them."""

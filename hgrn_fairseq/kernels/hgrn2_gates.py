@@ -16,12 +16,12 @@ Numerics (the same as ``hgrn2_log_decay_reference``): with no bound, ``logsigmoi
 from __future__ import annotations
 
 import os
-from typing import Optional, Tuple, Union
+from typing import Tuple, Union
 
 import torch
 
 from . import reference
-from .dispatch import eager, resolve_backend
+from .dispatch import as_rows, eager, resolve_backend
 
 Tensor = torch.Tensor
 ACTIVATIONS = ("silu", "sigmoid")
@@ -109,26 +109,12 @@ if triton is not None:
         tl.store(DF + out, df.to(DF.dtype.element_ty), mask=mask)
 
 
-def _rows(t: Tensor) -> Tuple[Tensor, int]:
-    """``t`` as [N, D] rows with unit channel stride (a view when possible) and its row stride."""
-    D = t.shape[-1]
-    if t.stride(-1) != 1:
-        t = t.contiguous()
-    try:
-        rows = t.view(-1, D)
-    except RuntimeError:
-        rows = t.reshape(-1, D)
-    if rows.shape[0] > 1 and rows.stride(0) < D:
-        rows = rows.contiguous()
-    return rows, (rows.stride(0) if rows.shape[0] > 1 else D)
-
-
 class _Hgrn2Gates(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q_pre, forget_logits, gamma, activation):
         shape = q_pre.shape
-        zp, stride_qp = _rows(q_pre)
-        fp, stride_f = _rows(forget_logits)
+        zp, stride_qp = as_rows(q_pre)
+        fp, stride_f = as_rows(forget_logits)
         N, D = zp.shape
         q = torch.empty(shape, device=q_pre.device, dtype=q_pre.dtype)
         g = torch.empty(shape, device=q_pre.device, dtype=q_pre.dtype)
@@ -146,8 +132,8 @@ class _Hgrn2Gates(torch.autograd.Function):
     def backward(ctx, dq, dg):
         q_pre, forget_logits, gamma = ctx.saved_tensors
         shape = q_pre.shape
-        zp, stride_qp = _rows(q_pre)
-        fp, stride_f = _rows(forget_logits)
+        zp, stride_qp = as_rows(q_pre)
+        fp, stride_f = as_rows(forget_logits)
         N, D = zp.shape
         dq = torch.zeros(shape, device=zp.device, dtype=zp.dtype) if dq is None else dq.contiguous()
         dg = torch.zeros(shape, device=zp.device, dtype=zp.dtype) if dg is None else dg.contiguous()

@@ -9,13 +9,10 @@ weight and bias gradients, and one column sum of those.
 """
 from __future__ import annotations
 
-import os
-from typing import Tuple
-
 import torch
 import torch.nn.functional as F
 
-from .dispatch import eager, resolve_backend
+from .dispatch import as_rows, eager, resolve_backend
 
 Tensor = torch.Tensor
 
@@ -25,7 +22,6 @@ try:
 except ImportError:
     triton = None
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _ROWS_PER_PROGRAM = 16
 
 
@@ -92,23 +88,11 @@ if triton is not None:
         tl.store(DB_PART + pid.to(tl.int64) * C + cols, db, mask=cmask)
 
 
-def _rows(t: Tensor) -> Tuple[Tensor, int]:
-    """``t`` as [N, C] rows with unit channel stride (a view when possible) and its row stride."""
-    C = t.shape[-1]
-    if t.stride(-1) != 1:
-        t = t.contiguous()
-    try:
-        rows = t.view(-1, C)
-    except RuntimeError:
-        rows = t.reshape(-1, C)
-    return rows, (rows.stride(0) if rows.shape[0] > 1 else C)
-
-
 class _NormGate(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, g, weight, bias, eps):
-        hr, stride_h = _rows(h)
-        gr, stride_g = _rows(g)
+        hr, stride_h = as_rows(h)
+        gr, stride_g = as_rows(g)
         N, C = hr.shape
         y = torch.empty(h.shape, device=h.device, dtype=h.dtype)
         mean = torch.empty(N, device=h.device, dtype=torch.float32)
@@ -122,8 +106,8 @@ class _NormGate(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         h, g, weight, bias, mean, rstd = ctx.saved_tensors
-        hr, stride_h = _rows(h)
-        gr, stride_g = _rows(g)
+        hr, stride_h = as_rows(h)
+        gr, stride_g = as_rows(g)
         N, C = hr.shape
         dy = dy.contiguous()
         dh = torch.empty(h.shape, device=h.device, dtype=h.dtype)
