@@ -27,6 +27,7 @@ pytest.importorskip("triton")
 
 from hgrn_fairseq.kernels import hgrn2_scan, hgrn2_scan_reference, hgrn2_step  # noqa: E402
 from hgrn_fairseq.kernels import hgrn2_triton  # noqa: E402
+from tests.kernels.float64_compare import rel  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 if INTERPRET:
@@ -51,12 +52,6 @@ def gpu_only(fn):
 
 FP32_TOL = 2e-5 if INTERPRET else 5e-3
 BF16_TOL = 2e-2
-
-
-def rel(x, ref):
-    x, ref = x.detach().double().cpu(), ref.detach().double().cpu()
-    assert torch.isfinite(x).all(), "non-finite values"
-    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def make_inputs(B, T, H, K, V, dtype, h0=True, decay_scale=1.0, seed=0, device=DEVICE):

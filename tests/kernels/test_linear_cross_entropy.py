@@ -26,6 +26,7 @@ import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from hgrn_fairseq.kernels import linear_cross_entropy  # noqa: E402
+from tests.kernels.float64_compare import rel  # noqa: E402
 
 # the module itself (the package attribute of that name is the function)
 lce = importlib.import_module("hgrn_fairseq.kernels.linear_cross_entropy")
@@ -44,12 +45,6 @@ IGNORE = -100
 @pytest.fixture(autouse=True)
 def small_vocab_blocks(monkeypatch):
     monkeypatch.setattr(lce, "MAX_BLOCK_V", 64)
-
-
-def rel(x, ref):
-    x, ref = x.detach().double().cpu(), ref.detach().double().cpu()
-    assert torch.isfinite(x).all(), "non-finite values"
-    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def make_inputs(n, d, vocab, dtype=torch.float32, ignored=(), ignore_index=IGNORE, seed=0):

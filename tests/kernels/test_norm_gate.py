@@ -17,15 +17,10 @@ import torch.nn.functional as F  # noqa: E402
 pytest.importorskip("triton")
 
 from hgrn_fairseq.kernels.norm_gate import norm_gate  # noqa: E402
+from tests.kernels.float64_compare import KERNEL_DEVICE, rel  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+DEVICE = KERNEL_DEVICE
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
-
-
-def rel(x, ref):
-    x, ref = x.detach().double().cpu(), ref.detach().double().cpu()
-    assert torch.isfinite(x).all(), "non-finite values"
-    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
