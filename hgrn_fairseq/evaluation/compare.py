@@ -21,7 +21,7 @@ import os
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .extrapolation import MODE_LABELS, MODES, REPORT_STEM, log_y_if_wide, pyplot_or_none
+from .extrapolation import MODE_LABELS, MODES, REPORT_STEM, log_y_if_wide, pyplot_or_none, save_ppl_plot
 
 COMPARE_STEM = "comparison"
 
@@ -150,15 +150,7 @@ def write_plot(lengths, series, summaries, path: str, title: str) -> Optional[st
     for t in sorted({s["trained"] for s in summaries if s["trained"]}):
         ax.axvline(t, color="grey", linestyle="--", linewidth=1, label=f"training length {t}")
     log_y_if_wide(ax, [v for pts in series.values() for v in pts.values()])
-    ax.set_xlabel("evaluation length L (tokens per block)")
-    ax.set_ylabel("test perplexity")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_ppl_plot(plt, fig, ax, path, "test perplexity", title)
 
 
 def compare(run_specs: Sequence[str], out_dir: str, title: str = "Length extrapolation", plot: bool = True) -> Dict[str, str]:

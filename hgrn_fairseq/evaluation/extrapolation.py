@@ -591,6 +591,19 @@ def log_y_if_wide(ax, values) -> bool:
     return False
 
 
+def save_ppl_plot(plt, fig, ax, path: str, ylabel: str, title: str) -> str:
+    """The common finish of the perplexity-against-L plots (axes labels, grid, legend) and the PNG."""
+    ax.set_xlabel("evaluation length L (tokens per block)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def write_plot(results: Sequence[ExtrapolationResult], info: dict, path: str) -> Optional[str]:
     """PNG of PPL against L; returns None (and says why) when matplotlib is missing."""
     plt = pyplot_or_none()
@@ -606,15 +619,8 @@ def write_plot(results: Sequence[ExtrapolationResult], info: dict, path: str) ->
         ax.axvline(trained, color="grey", linestyle="--", linewidth=1, label=f"training length {trained}")
     if not log_y_if_wide(ax, [r.ppl for r in results]):
         ax.ticklabel_format(axis="y", useOffset=False, style="plain")
-    ax.set_xlabel("evaluation length L (tokens per block)")
-    ax.set_ylabel(f"{info.get('split', 'test')} perplexity")
-    ax.set_title(f"Length extrapolation: {info.get('arch')}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_ppl_plot(plt, fig, ax, path, f"{info.get('split', 'test')} perplexity",
+                         f"Length extrapolation: {info.get('arch')}")
 
 
 def write_reports(
