@@ -747,6 +747,14 @@ def _unpack(w):
 
 
 @triton.jit
+def _compose_maps(amr, ami, asr, asi, bmr, bmi, bsr, bsi):
+    """(A o B)(h) = A(B(h)) for affine maps h -> m h + s with complex m, s: the look-back's running
+    map A (later chunks) extended by the map B of the chunk(s) before them."""
+    return (amr * bmr - ami * bmi, amr * bmi + ami * bmr,
+            amr * bsr - ami * bsi + asr, amr * bsi + ami * bsr + asi)
+
+
+@triton.jit
 def _lookback(LBUF, c, NC, B, D, b, d, dm, mr, mi, sr, si, ir, ii, E,
               COMPLEX: tl.constexpr, PUBLISH_INC: tl.constexpr, LBW: tl.constexpr):
     """State entering chunk ``c`` of one (batch, channel-block) column, by decoupled look-back
@@ -830,8 +838,7 @@ def _lookback_single(LBUF, plane, c, B, D, b, d, dm, mr, cr, ci, E, COMPLEX: tl.
             ci = amr * pi + ami * pr + asi
             go = go * 0
         elif tl.min(agg_ok.to(tl.int32), axis=0) == 1:
-            asr, asi = amr * ksr - ami * ksi + asr, amr * ksi + ami * ksr + asi
-            amr, ami = amr * kmr - ami * kmi, amr * kmi + ami * kmr
+            amr, ami, asr, asi = _compose_maps(amr, ami, asr, asi, kmr, kmi, ksr, ksi)
             k -= 1
             go = (k >= 0).to(tl.int32)
         else:
@@ -903,8 +910,7 @@ def _lookback_window(LBUF, plane, c, B, D, b, d, dm, mr, cr, ci, E, COMPLEX: tl.
                 gmi = gmr * 0.0
                 gsi = gmr * 0.0
             # running map := running map o window map
-            asr, asi = amr * gsr - ami * gsi + asr, amr * gsi + ami * gsr + asi
-            amr, ami = amr * gmr - ami * gmi, amr * gmi + ami * gmr
+            amr, ami, asr, asi = _compose_maps(amr, ami, asr, asi, gmr, gmi, gsr, gsi)
             if j >= 0:  # the window map was constant: asr, asi is the state
                 cr = asr
                 ci = asi
