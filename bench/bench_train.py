@@ -51,8 +51,11 @@ if REPO not in sys.path:
 VOCAB = 50264
 MODELS = ("hgrn_lm_base", "hgrn2_lm_base", "transformer_lm", "fla_hgrn", "fla_hgrn2")
 OURS = ("hgrn_lm_base", "hgrn2_lm_base")
-# ours with --compile-blocks (torch.compile of each block around our kernels), measured when asked for
-COMPILED = tuple(f"{m}+compile" for m in OURS)
+# ours with an option, measured when asked for: +compile = --compile-blocks (torch.compile of each block
+# around our kernels), +graphs = --cuda-graphs (each training step's forward and backward replayed as
+# CUDA graphs)
+VARIANT_FLAGS = {"+compile": "--compile-blocks", "+graphs": "--cuda-graphs"}
+VARIANTS = tuple(f"{m}{suffix}" for suffix in VARIANT_FLAGS for m in OURS)
 # loss of the fairseq models: fairseq's cross_entropy criterion, or our linear_cross_entropy criterion
 LOSSES = ("fairseq", "fused")
 SHAPES = ((16, 512), (4, 2048), (1, 8192))
@@ -146,10 +149,12 @@ def fairseq_model_flags(name, tiny, kernel_backend):
         # positions for the longest evaluation (sinusoidal: no parameters)
         return ["--arch", "transformer_lm", *size, "--decoder-normalize-before",
                 "--share-decoder-input-output-embed", "--tokens-per-sample", str(EVAL_L + 2048)]
-    compiled = name.endswith("+compile")
-    name = name[: -len("+compile")] if compiled else name
+    flags = []
+    for suffix, flag in VARIANT_FLAGS.items():
+        if name.endswith(suffix):
+            name, flags = name[: -len(suffix)], [flag]
     arch = {"hgrn_lm_base": "hgrn_lm_tiny", "hgrn2_lm_base": "hgrn2_lm_tiny"}[name] if tiny else name
-    return ["--arch", arch, "--kernel-backend", kernel_backend, *(["--compile-blocks"] if compiled else [])]
+    return ["--arch", arch, "--kernel-backend", kernel_backend, *flags]
 
 
 def label(name, loss):
@@ -369,7 +374,8 @@ def run_worker(args):
             del tokens, step
             free()
 
-    if name.startswith("fla_") or "+compile" in name:  # compiled: every new T would recompile
+    if name.startswith("fla_") or any(suffix in name for suffix in VARIANT_FLAGS):
+        # (a variant would recompile / capture a graph per T; the base model's rows have these)
         return 0
 
     # ---- training memory against T at batch 1 -------------------------------------------------
@@ -535,7 +541,7 @@ def summarise(args, models, status, records, losses=("fairseq",)):
     # own fused loss; ours with each loss measured. "Same loss" rows (target None) are for comparison.
     ratios = []
     for ours, peer, shape, target in TARGETS:
-        for variant in (ours, f"{ours}+compile"):
+        for variant in (ours, *(ours + suffix for suffix in VARIANT_FLAGS)):
             for loss in losses:
                 if variant == ours or label(variant, loss) in models:
                     ratios.append(ratio_row(label(variant, loss), peer, shape, target))
@@ -648,7 +654,8 @@ def main(argv=None):
     parser.add_argument("--out", help="output folder for bench_train.json / bench_train.md")
     parser.add_argument("--quick", action="store_true", help="tiny shapes (and tiny models on CPU): a smoke test")
     parser.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
-    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS + COMPILED)} (+compile: ours with --compile-blocks)")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS + VARIANTS)} (+compile: ours with --compile-blocks, "
+                        "+graphs: ours with --cuda-graphs)")
     parser.add_argument("--shapes", default=None, help="override the BxT shapes, e.g. 16x512,1x8192")
     parser.add_argument("--vocab", type=int, default=None,
                         help=f"vocabulary size (default {VOCAB}; 1000 for tiny models)")
@@ -684,7 +691,7 @@ def main(argv=None):
     if not args.out:
         parser.error("--out FOLDER is required")
     models = [m for m in args.models.split(",") if m]
-    unknown = [m for m in models if m not in MODELS + COMPILED]
+    unknown = [m for m in models if m not in MODELS + VARIANTS]
     if unknown:
         parser.error(f"--models: unknown {unknown}; choose from {','.join(MODELS)}")
 

@@ -1266,19 +1266,31 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
 
 
 _LB_BUFFERS = {}
+# Buffers a CUDA graph captured: the graph keeps their addresses, so they must never be freed.
+_LB_CAPTURED = []
 
 
 def _lookback_buffers(device: torch.device, n_words: int):
     """Tagged chunk maps/states and the launch epoch of the look-back kernels, kept per device and
     stream: launches on one stream run in order, each advances the epoch, and words from older
-    epochs are ignored, so nothing is ever cleared."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream)
+    epochs are ignored, so nothing is ever cleared.
+
+    Under CUDA graph capture the buffers get their own key (graphs are replayed on the stream they
+    are launched on, one after the other) and are allocated with device-side fills only (no
+    host-to-device copy, which a capture forbids); every buffer a capture used is kept alive."""
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if capturing:
+        key = (str(device), "graph")
+    else:
+        key = (str(device), torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
     lbuf, state = _LB_BUFFERS.get(key, (None, None))
     if lbuf is None or lbuf.numel() < n_words:
         lbuf = torch.zeros(max(n_words, 1024), dtype=torch.int64, device=device)
-        state = torch.tensor([1, 0], dtype=torch.int32, device=device)  # epoch, last-chunk programs done
+        state = torch.zeros(2, dtype=torch.int32, device=device)  # epoch, last-chunk programs done
+        state[0] = 1
         _LB_BUFFERS[key] = (lbuf, state)
+    if capturing:
+        _LB_CAPTURED.append((lbuf, state))
     return lbuf, state
 
 

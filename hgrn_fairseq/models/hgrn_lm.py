@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from ..kernels import BACKENDS
 from ..modules import LayerLowerBounds
 from ..modules.block import TOKEN_MIXERS, HgrnBlock, build_token_mixer
+from ..modules.cuda_graph import GraphedCallCache
 from ..modules.glu import ACTIVATIONS
 
 # What max_positions() reports: large enough that no length filter in fairseq ever applies, small
@@ -68,6 +69,12 @@ class HgrnLanguageModelConfig(FairseqDataclass):
         default=False,
         metadata={"help": "torch.compile each block for training (fuses the elementwise work around our "
                   "kernels; evaluation and decoding stay eager; the first steps compile)"},
+    )
+    cuda_graphs: bool = field(
+        default=False,
+        metadata={"help": "CUDA training steps replay the embedding-to-final-norm forward and backward as "
+                  "two CUDA graphs, one capture per batch shape (up to 4; more run eagerly): the host "
+                  "issues 2 launches instead of hundreds. Evaluation, decoding and CPU run eagerly"},
     )
 
 
@@ -143,6 +150,7 @@ class HgrnDecoder(FairseqIncrementalDecoder):
             cfg.decoder_layers, self.layers[0].mixer.gate_dim, enabled=cfg.use_lower_bound
         )
         self.final_norm = nn.LayerNorm(d)
+        self.cuda_graphs = bool(getattr(cfg, "cuda_graphs", False))
         if cfg.share_decoder_input_output_embed:
             self.output_projection = None
         else:
@@ -188,22 +196,43 @@ class HgrnDecoder(FairseqIncrementalDecoder):
                             f"{seen}: pass the whole prefix plus new tokens, or continue_stream=True"
                         )
                     tokens = tokens[:, seen:]
+        keep_state = incremental_state is not None
+        if self.cuda_graphs and not keep_state and GraphedCallCache.usable(self, tokens):
+            # (the graph's output buffer: valid until the next training forward of this shape)
+            x = self._graph_cache()(tokens)
+            return x, {"attn": [None], "inner_states": [x]}
+        x, new_states, inner_states = self._features(tokens, states, keep_state)
+        if keep_state:
+            cache: Dict[str, Optional[Tensor]] = {f"layer{i}": s for i, s in enumerate(new_states)}
+            cache["seen"] = torch.full((tokens.size(0),), seen + tokens.size(1), dtype=torch.long)
+            self.set_incremental_state(incremental_state, "recurrent", cache)
+        return x, {"attn": [None], "inner_states": inner_states}
+
+    def _features(self, tokens: Tensor, states=None, keep_state: bool = False):
+        """Embedding, blocks and final norm: (features, the layers' final states, inner states)."""
         x = self.embed_scale * self.embed_tokens(tokens)
         x = self.dropout(x)
         bounds = self.lower_bounds().to(x.device)
-        keep_state = incremental_state is not None
         new_states: List[Optional[Tensor]] = []
         inner_states = [x]
         for i, layer in enumerate(self.layers):
             x, state = layer(x, bounds[i], None if states is None else states[i], keep_state)
             new_states.append(state)
             inner_states.append(x)
-        x = self.final_norm(x)
-        if keep_state:
-            cache: Dict[str, Optional[Tensor]] = {f"layer{i}": s for i, s in enumerate(new_states)}
-            cache["seen"] = torch.full((tokens.size(0),), seen + tokens.size(1), dtype=torch.long)
-            self.set_incremental_state(incremental_state, "recurrent", cache)
-        return x, {"attn": [None], "inner_states": inner_states}
+        return self.final_norm(x), new_states, inner_states
+
+    def _graph_cache(self) -> GraphedCallCache:
+        cache = self.__dict__.get("_graphs")
+        if cache is None:  # kept out of the module's state (and of pickling)
+            cache = GraphedCallCache(lambda: _GraphedTrunk(self), lambda: self.embed_tokens.weight,
+                                     name="hgrn_lm decoder")
+            self.__dict__["_graphs"] = cache
+        return cache
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("_graphs", None)
+        return state
 
     def output_layer(self, features: Tensor) -> Tensor:
         if self.output_projection is None:
@@ -224,6 +253,18 @@ class HgrnDecoder(FairseqIncrementalDecoder):
             for key, value in cached.items()
         }
         self.set_incremental_state(incremental_state, "recurrent", reordered)
+
+
+class _GraphedTrunk(nn.Module):
+    """tokens -> features of a training forward (``HgrnDecoder._features``): what a CUDA graph records.
+    A fresh wrapper per captured shape; its parameters are the decoder's."""
+
+    def __init__(self, decoder: HgrnDecoder):
+        super().__init__()
+        self.decoder = decoder
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.decoder._features(tokens)[0]
 
 
 @register_model("hgrn_lm", dataclass=HgrnLanguageModelConfig)
@@ -262,6 +303,7 @@ def hgrn_lm_default(args):
         no_scale_embedding=False,
         kernel_backend="auto",
         compile_blocks=False,
+        cuda_graphs=False,
     )
 
 

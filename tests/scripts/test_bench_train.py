@@ -39,6 +39,8 @@ def test_full_run_plan(bench):
     flags = bench.fairseq_model_flags("hgrn2_lm_base+compile", tiny=False, kernel_backend="auto")
     assert flags[:2] == ["--arch", "hgrn2_lm_base"] and "--compile-blocks" in flags
     assert "--compile-blocks" not in bench.fairseq_model_flags("hgrn2_lm_base", tiny=False, kernel_backend="auto")
+    flags = bench.fairseq_model_flags("hgrn_lm_base+graphs", tiny=True, kernel_backend="auto")
+    assert flags[:2] == ["--arch", "hgrn_lm_tiny"] and "--cuda-graphs" in flags and "--compile-blocks" not in flags
 
 
 def test_compiled_variant_runs_and_gets_target_rows(bench, tmp_path, monkeypatch):

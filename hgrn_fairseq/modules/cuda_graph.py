@@ -1,0 +1,100 @@
+"""CUDA graphs for training steps whose cost is kernel launches, not arithmetic.
+
+At 16 x 512 tokens per step a 6-layer d-512 model issues some 500 kernels, and the host takes longer
+to issue them than the GPU takes to run them. :class:`GraphedCallCache` records the forward and the
+backward of a module once per input shape with :func:`torch.cuda.make_graphed_callables` and then
+replays each as one launch; the parameters' gradients come back through autograd as usual, so
+optimizers, gradient accumulation, clipping and DDP's hooks see nothing different.
+
+What a caller must respect (:meth:`GraphedCallCache.usable` checks the first four):
+
+* CUDA, training mode, gradients enabled: evaluation and decoding run the module eagerly;
+* the tensors the module returns are the graph's static buffers: they hold their values until the
+  same shape is replayed again, i.e. until the next training forward, which is after the backward;
+* parameters are updated in place (every torch and fairseq optimizer does); a module moved or cast
+  after a capture (``.to()``, ``.half()``) gets new graphs, since the key holds the parameters'
+  dtype and the address of the first one;
+* the module has no host synchronisation and no data-dependent shapes inside;
+* dropout is fine: the graph draws fresh random numbers on every replay;
+* autocast: the capture runs under the caller's autocast device type and dtype, with autocast's
+  weight cache off, as :func:`torch.cuda.make_graphed_callables` requires.
+
+At most ``max_graphs`` shapes are captured (each holds its own activation memory); further shapes
+run eagerly, with one warning.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable, Dict, Tuple
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+
+def _autocast_state() -> Tuple[bool, torch.dtype]:
+    return torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+
+
+class GraphedCallCache:
+    """Graphed copies of ``make_module()`` (a fresh ``nn.Module`` sharing the owner's parameters),
+    one per (input shapes and dtypes, autocast state, dtype and address of ``probe()``)."""
+
+    def __init__(
+        self,
+        make_module: Callable[[], nn.Module],
+        probe: Callable[[], torch.Tensor],
+        max_graphs: int = 4,
+        name: str = "module",
+    ):
+        self.make_module = make_module
+        self.probe = probe  # a parameter of the module: its dtype and address join the key
+        self.max_graphs = max_graphs
+        self.name = name
+        self.graphed: Dict[tuple, nn.Module] = {}
+        self._warned = False
+
+    @staticmethod
+    def usable(module: nn.Module, *inputs: torch.Tensor) -> bool:
+        return (
+            module.training
+            and torch.is_grad_enabled()
+            and all(t.is_cuda for t in inputs)
+            and not torch.cuda.is_current_stream_capturing()
+        )
+
+    def _key(self, inputs, first_param: torch.Tensor) -> tuple:
+        shapes = tuple((tuple(t.shape), t.dtype, t.device, t.requires_grad) for t in inputs)
+        return shapes, _autocast_state(), first_param.dtype, first_param.data_ptr()
+
+    def __call__(self, *inputs: torch.Tensor):
+        key = self._key(inputs, self.probe())
+        graphed = self.graphed.get(key)
+        if graphed is None:
+            if len(self.graphed) >= self.max_graphs:
+                if not self._warned:
+                    logger.warning(
+                        f"cuda graphs: {self.name} already has {self.max_graphs} captured shapes; "
+                        f"shape {[tuple(t.shape) for t in inputs]} and later new ones run without a graph"
+                    )
+                    self._warned = True
+                return self.make_module()(*inputs)
+            graphed = self._capture(self.make_module(), inputs)
+            self.graphed[key] = graphed
+        return graphed(*inputs)
+
+    def _capture(self, module: nn.Module, inputs) -> nn.Module:
+        enabled, dtype = _autocast_state()
+        logger.info(
+            f"cuda graphs: capturing {self.name} for inputs {[tuple(t.shape) for t in inputs]}"
+            + (f" under autocast({dtype})" if enabled else "")
+        )
+        # sample inputs of the same shapes; their values do not matter (warm-up and capture only)
+        samples = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs)
+        with torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=False):
+            return torch.cuda.make_graphed_callables(module, samples, allow_unused_input=True)
+
+    def clear(self) -> None:
+        self.graphed.clear()
+        self._warned = False

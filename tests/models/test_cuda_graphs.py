@@ -1,0 +1,186 @@
+"""``--cuda-graphs``: training steps replayed as CUDA graphs give the eager model's numbers.
+
+The CPU tests check that the option changes nothing off CUDA (and adds no state); the GPU tests
+(skipped without CUDA, run on the GPU machine) train an eager model and a graphed copy side by side
+through optimizer steps, new shapes and the capture limit.
+"""
+import argparse
+import copy
+import logging
+import os
+import re
+import sys
+import types
+
+import pytest
+import torch
+
+import hgrn_fairseq  # noqa: F401  (registers the plugin)
+from fairseq import options
+from fairseq.data import Dictionary
+from fairseq.models import ARCH_CONFIG_REGISTRY
+
+from hgrn_fairseq.models.hgrn_lm import HgrnLanguageModel
+from hgrn_fairseq.modules.cuda_graph import GraphedCallCache
+from tests.lm_corpus import binarise, write_corpus
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU (run on the GPU machine)")
+PLUGIN = os.path.dirname(os.path.abspath(hgrn_fairseq.__file__))
+
+
+def dictionary(size=300):
+    d = Dictionary()
+    for i in range(size - len(d)):
+        d.add_symbol(f"tok{i}")
+    return d
+
+
+def build(arch, **overrides):
+    args = argparse.Namespace(**overrides)
+    ARCH_CONFIG_REGISTRY[arch](args)
+    return HgrnLanguageModel.build_model(args, types.SimpleNamespace(target_dictionary=dictionary()))
+
+
+def loss_of(model, tokens):
+    logits, _ = model(tokens[:, :-1])
+    return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+
+
+def test_flag_reaches_the_model_config():
+    def parse(*flags):
+        argv = ["/unused", "--task", "language_modeling", "--arch", "hgrn_lm_tiny", *flags]
+        return options.parse_args_and_arch(options.get_training_parser(), argv)
+
+    assert parse("--cuda-graphs").cuda_graphs is True
+    assert parse().cuda_graphs is False
+
+
+@pytest.mark.parametrize("arch", ["hgrn_lm_tiny", "hgrn2_lm_tiny"])
+def test_off_cuda_the_option_changes_nothing(arch):
+    torch.manual_seed(0)
+    eager = build(arch, dropout=0.0)
+    graphed = build(arch, dropout=0.0, cuda_graphs=True)
+    graphed.load_state_dict(eager.state_dict())
+    assert graphed.decoder.cuda_graphs and not eager.decoder.cuda_graphs
+    assert graphed.state_dict().keys() == eager.state_dict().keys()
+    tokens = torch.randint(4, 300, (2, 17))
+    assert not GraphedCallCache.usable(graphed.decoder, tokens)  # CPU tensors
+    for model in (eager, graphed):
+        model.train()
+    torch.testing.assert_close(loss_of(graphed, tokens), loss_of(eager, tokens), rtol=0, atol=0)
+    assert "_graphs" not in graphed.decoder.__dict__  # nothing was captured
+    # the graph cache never travels with a copy of the model (deepcopy for EMA and the like)
+    graphed.decoder._graph_cache()
+    assert "_graphs" in graphed.decoder.__dict__
+    assert "_graphs" not in copy.deepcopy(graphed).decoder.__dict__
+
+
+# ----------------------------------------------------------------------------------------------
+# On the GPU
+
+
+def twin_models(arch, dropout=0.0, **overrides):
+    torch.manual_seed(0)
+    eager = build(arch, dropout=dropout, **overrides).cuda().train()
+    graphed = build(arch, dropout=dropout, cuda_graphs=True, **overrides).cuda().train()
+    graphed.load_state_dict(eager.state_dict())
+    return eager, graphed
+
+
+def train_side_by_side(eager, graphed, batches, amp_dtype):
+    """Adam steps on both models over ``batches``; returns the (eager, graphed) losses."""
+    opts = [torch.optim.Adam(m.parameters(), lr=3e-3) for m in (eager, graphed)]
+    losses = []
+    for tokens in batches:
+        pair = []
+        for model, opt in zip((eager, graphed), opts):
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+                loss = loss_of(model, tokens)
+            loss.backward()
+            opt.step()
+            pair.append(loss.item())
+        losses.append(tuple(pair))
+    return losses
+
+
+@needs_cuda
+@pytest.mark.parametrize("arch", ["hgrn_lm_tiny", "hgrn2_lm_tiny"])
+@pytest.mark.parametrize("amp", ["fp32", "bf16"])
+def test_graphed_training_matches_eager(arch, amp):
+    eager, graphed = twin_models(arch)
+    amp_dtype = {"fp32": None, "bf16": torch.bfloat16}[amp]
+    # same shape four times (capture, then replays that must see Adam's in-place updates), then a
+    # second shape (a second capture)
+    g = torch.Generator().manual_seed(1)
+    batches = [torch.randint(4, 300, (4, 65), generator=g).cuda() for _ in range(4)]
+    batches += [torch.randint(4, 300, (2, 33), generator=g).cuda() for _ in range(2)]
+    losses = train_side_by_side(eager, graphed, batches, amp_dtype)
+    tol = 1e-4 if amp_dtype is None else 2e-3
+    for step, (a, b) in enumerate(losses):
+        assert abs(a - b) <= tol * abs(a), f"step {step}: eager loss {a} vs graphed {b}"
+    assert losses[3][0] < losses[0][0]  # it trained
+    for (name, p), q in zip(eager.named_parameters(), graphed.parameters()):
+        err = (p - q).abs().max().item() / max(p.abs().max().item(), 1e-6)
+        assert err <= 10 * tol, f"{name}: relative difference {err:.2e} after 6 steps"
+    assert len(graphed.decoder._graph_cache().graphed) == 2
+    # evaluation runs eagerly (no graph) and agrees
+    eager.eval(), graphed.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loss_of(graphed, batches[0]), loss_of(eager, batches[0]), rtol=tol, atol=0)
+    assert len(graphed.decoder._graph_cache().graphed) == 2
+
+
+@needs_cuda
+def test_capture_limit_falls_back_to_eager(caplog):
+    eager, graphed = twin_models("hgrn_lm_tiny")
+    limit = graphed.decoder._graph_cache().max_graphs
+    g = torch.Generator().manual_seed(2)
+    batches = [torch.randint(4, 300, (1, 9 + 8 * i), generator=g).cuda() for i in range(limit + 2)]
+    with caplog.at_level(logging.WARNING):
+        losses = train_side_by_side(eager, graphed, batches, None)
+    for a, b in losses:
+        assert abs(a - b) <= 1e-4 * abs(a)
+    assert len(graphed.decoder._graph_cache().graphed) == limit
+    assert any("run without a graph" in r.getMessage() for r in caplog.records)
+
+
+@needs_cuda
+def test_graphed_dropout_draws_new_masks_each_step():
+    _, graphed = twin_models("hgrn_lm_tiny", dropout=0.3)
+    tokens = torch.randint(4, 300, (4, 65)).cuda()
+    losses = []
+    for _ in range(3):
+        loss = loss_of(graphed, tokens)
+        loss.backward()
+        losses.append(loss.item())
+    assert len(graphed.decoder._graph_cache().graphed) == 1
+    assert len(set(losses)) == 3, f"the same dropout mask was replayed: {losses}"
+    graphed.eval()
+    with torch.no_grad():
+        eval_losses = {loss_of(graphed, tokens).item() for _ in range(2)}
+    assert len(eval_losses) == 1  # no dropout in evaluation
+
+
+@needs_cuda
+def test_fairseq_train_with_cuda_graphs(tmp_path):
+    import subprocess
+
+    write_corpus(str(tmp_path / "text"))
+    data = binarise(str(tmp_path / "text"), str(tmp_path / "bin"))
+    # scripts/fairseq_train.py: fairseq-train as the recipes run it (--bf16 on CUDA, not TPU)
+    cmd = [sys.executable, os.path.join(os.path.dirname(PLUGIN), "scripts", "fairseq_train.py"), data,
+           "--user-dir", PLUGIN,
+           "--task", "hgrn_language_modeling", "--arch", "hgrn_lm_tiny", "--cuda-graphs",
+           "--tokens-per-sample", "32", "--sample-break-mode", "none", "--batch-size", "8",
+           "--optimizer", "adam", "--lr", "3e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "5",
+           "--max-update", "20", "--save-dir", str(tmp_path / "ckpt"), "--no-save",
+           "--log-interval", "1", "--log-format", "simple", "--num-workers", "0", "--seed", "3"]
+    for precision in ([], ["--bf16"]):
+        proc = subprocess.run(cmd + precision, capture_output=True, text=True, timeout=600)
+        log = proc.stdout + proc.stderr
+        assert proc.returncode == 0, log[-4000:]
+        assert "cuda graphs: capturing hgrn_lm decoder" in log
+        losses = [float(m.group(1)) for m in re.finditer(r"\| train_inner \|.* loss=([0-9.]+),", log)]
+        assert len(losses) == 20 and losses[-1] < losses[0] - 0.5, f"{precision}: loss did not fall: {losses}"
