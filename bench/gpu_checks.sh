@@ -7,7 +7,7 @@
 #   tests   pytest tests/kernels tests/modules on CUDA (no TRITON_INTERPRET), split over processes
 #           so Triton compiles in parallel; log in $OUT/gpu_tests.log
 #   train   bench/bench_train.py (needs fairseq, built from .whl in the background meanwhile)
-#   mqar    scripts/run_mqar.sh with a reduced grid (needs fairseq)
+#   mqar    scripts/run_mqar.sh with a reduced grid (needs fairseq); MQAR_* below
 #   evidence  scripts/lm_evidence.sh (issue 5: corpus, BPE, 3 models trained, extrapolation table);
 #           its corpus and BPE steps run while fairseq builds
 #   profile bench/profile_train.py (where a training step's time goes; PROFILE_ARGS passed on)
@@ -19,8 +19,21 @@
 # Triton's cache lives in /tmp/tc with autotuning results kept (TRITON_CACHE_AUTOTUNING=1), seeded
 # from .whl/fla_autotune.tgz when that exists.
 #
+# fairseq-fixed: installed from .whl/prebuilt/fairseq_fixed-*.whl when that exists (seconds), else
+# built from .whl/fairseq_fixed-*.tar.gz as a wheel (85-110 s); SAVE_FAIRSEQ_WHEEL=1 returns that wheel
+# in $OUT as two parts (NAME.whl.part00, .part01: a file of $OUT may have 16 MiB; they count 2 of its 8
+# files): `cat NAME.whl.part* > .whl/prebuilt/NAME.whl`, and later calls skip the build.
+#
 # Time limits per stage come from TESTS_S, TRAIN_S, MQAR_S (seconds). TEST_PATHS narrows the tests
 # stage; BENCH_TRAIN_ARGS goes to bench_train.py; SAVE_AUTOTUNE=1 returns Triton's autotune cache.
+#
+# mqar stage (scripts/run_mqar.sh documents each; defaults in brackets): MQAR_SETTINGS [256:16,512:64]
+# MQAR_DIMS [64,128,256,512] MQAR_LRS [1e-3,3e-3] MQAR_TRAIN_SIZE [20000] MQAR_EPOCHS [4]
+# MQAR_MAX_UPDATE [none] MQAR_VALIDATE_EVERY [0] MQAR_JOBS [4] MQAR_GPUS [all] MQAR_S [420: no run
+# starts after] MQAR_RUN_TIMEOUT [none]. MQAR_MPS=1 runs the sweep under CUDA MPS (several processes'
+# kernels on one GPU at once), falling back to plain time-slicing when MPS does not start or fails its
+# check; mqar.log says which. Outputs: mqar.log, mqar/{runs.csv,table.md,plot.png} and mqar_logs.tgz
+# (per-run fairseq logs and runs/*.json with the validation curves).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . bench/split_pytest.sh
@@ -44,9 +57,34 @@ save_autotune() { (cd /tmp/tc && find . -name '*.autotune.json' | tar czf "$OUT/
 
 need_fairseq=0
 case " $STAGES " in *" train "*|*" mqar "*|*" evidence "*|*" profile "*|*" flawarm "*) need_fairseq=1 ;; esac
+# fairseq-fixed into /tmp/site2 (console scripts in /tmp/site2/bin): the prebuilt wheel, else a wheel
+# built from the sdist. The other sdists of .whl/ (antlr4) are pure Python and install from source.
+# (The globs do not recurse: .whl/*.whl and .whl/*.tar.gz never match files in .whl/prebuilt/.)
+install_fairseq() {
+  local wheel sdist="" others=() f
+  wheel=$(ls "$R"/.whl/prebuilt/fairseq_fixed-*.whl 2>/dev/null | tail -1)
+  for f in "$R"/.whl/*.tar.gz; do
+    case ${f##*/} in fairseq_fixed-*) sdist=$f ;; *) others+=("$f") ;; esac
+  done
+  if [ -n "$wheel" ]; then
+    echo "fairseq: prebuilt ${wheel##*/}"
+  else
+    [ -n "$sdist" ] || { echo "fairseq: neither .whl/prebuilt/fairseq_fixed-*.whl nor .whl/fairseq_fixed-*.tar.gz"; return 1; }
+    rm -rf /tmp/fairseq_wheel
+    (cd /tmp && env -u CUDA_HOME MAX_JOBS=$(( $(nproc) < 32 ? $(nproc) : 32 )) python3 -m pip wheel -q --no-index \
+       --no-deps --no-build-isolation -w /tmp/fairseq_wheel "$sdist") || return
+    wheel=$(ls /tmp/fairseq_wheel/fairseq_fixed-*.whl) || return
+    echo "fairseq: built ${wheel##*/} at $(el)s"
+    if [ "${SAVE_FAIRSEQ_WHEEL:-0}" = 1 ]; then  # ~22 MB, over the 16 MiB a file of $OUT may have: in parts
+      split -b 15M -d "$wheel" "$OUT/${wheel##*/}.part" \
+        && echo "fairseq: wheel saved as \$OUT/${wheel##*/}.part*; cat them into .whl/prebuilt/${wheel##*/}"
+    fi
+  fi
+  (cd /tmp && python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site2 \
+     "$wheel" "${others[@]}")
+}
 if [ $need_fairseq = 1 ] && [ ! -d /tmp/site2/fairseq ]; then
-  (cd /tmp && env -u CUDA_HOME MAX_JOBS=8 python3 -m pip install -q --no-index --no-deps --no-build-isolation \
-     --target /tmp/site2 "$R"/.whl/*.tar.gz > /tmp/fairseq_build.log 2>&1; echo "build rc=$? at $(el)s" >> /tmp/fairseq_build.log) &
+  (install_fairseq > /tmp/fairseq_build.log 2>&1; echo "fairseq install rc=$? at $(el)s" >> /tmp/fairseq_build.log) &
   BUILD_PID=$!
 fi
 
@@ -79,7 +117,7 @@ fi
 
 if [ $need_fairseq = 1 ]; then
   [ -n "${BUILD_PID:-}" ] && wait "$BUILD_PID" 2>/dev/null
-  cat /tmp/fairseq_build.log 2>/dev/null | tail -3
+  grep -v "^ *$" /tmp/fairseq_build.log 2>/dev/null | tail -4
   export PYTHONPATH=$R:/tmp/site:/tmp/site2 PATH=/tmp/site2/bin:$PATH
 fi
 
@@ -97,12 +135,51 @@ if [[ " $STAGES " == *" train "* ]]; then
   echo "bench_train done at $(el)s"
 fi
 
+# CUDA MPS for the mqar stage: sets MPS_MODE to what was used (MPS on, or off and why).
+start_mps() {
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  local why="" check rc
+  if ! command -v nvidia-cuda-mps-control > /dev/null; then
+    why="nvidia-cuda-mps-control is not on the PATH"
+  else
+    # a daemon left by an earlier call that was cut (daemons outlive their call on a warm machine)
+    echo quit | timeout 10 nvidia-cuda-mps-control > /dev/null 2>&1
+    if ! nvidia-cuda-mps-control -d; then
+      why="nvidia-cuda-mps-control -d failed"
+    else
+      check=$(timeout 60 python3 -c 'import torch; print(torch.ones(1, device="cuda").sum().item())' 2>&1)
+      rc=$?
+      if [ $rc != 0 ] || [ "$(echo "$check" | tail -1)" != "1.0" ]; then
+        why="health check failed (rc $rc; 124: timed out): $(echo "$check" | tail -2 | tr '\n' ' ')"
+        [ -s /tmp/mps_log/control.log ] && why+=" control.log: $(tail -2 /tmp/mps_log/control.log | tr '\n' ' ')"
+      fi
+    fi
+  fi
+  if [ -z "$why" ]; then
+    MPS_MODE="CUDA MPS on (pipe $CUDA_MPS_PIPE_DIRECTORY): the runs sharing a GPU run their kernels concurrently"
+    return
+  fi
+  stop_mps
+  MPS_MODE="MPS off: $why; the runs sharing a GPU time-slice it"
+}
+stop_mps() {
+  [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo quit | timeout 30 nvidia-cuda-mps-control > /dev/null 2>&1
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+
 if [[ " $STAGES " == *" mqar "* ]]; then
-  TRAIN_SIZE=${MQAR_TRAIN_SIZE:-20000} EPOCHS=${MQAR_EPOCHS:-4} LRS=${MQAR_LRS:-1e-3,3e-3} \
-    JOBS=${MQAR_JOBS:-4} TIME_BUDGET=${MQAR_S:-420} OUT=$OUT/mqar bash scripts/run_mqar.sh ${MQAR_RUN_TIMEOUT:+--run-timeout $MQAR_RUN_TIMEOUT} 2>&1 \
-    | tee "$OUT/mqar.log" | tail -30
-  # $OUT brings back at most 8 files: the per-run logs travel as one archive
-  (cd "$OUT/mqar" && tar czf ../mqar_logs.tgz logs && rm -rf logs)
+  MPS_MODE="MPS off (MQAR_MPS is not 1): the runs sharing a GPU time-slice it"
+  [ "${MQAR_MPS:-0}" = 1 ] && start_mps
+  echo "mqar: $MPS_MODE" | tee "$OUT/mqar.log"
+  SETTINGS=${MQAR_SETTINGS:-256:16,512:64} DIMS=${MQAR_DIMS:-64,128,256,512} LRS=${MQAR_LRS:-1e-3,3e-3} \
+    TRAIN_SIZE=${MQAR_TRAIN_SIZE:-20000} EPOCHS=${MQAR_EPOCHS:-4} MAX_UPDATE=${MQAR_MAX_UPDATE:-} \
+    VALIDATE_EVERY=${MQAR_VALIDATE_EVERY:-0} JOBS=${MQAR_JOBS:-4} GPUS=${MQAR_GPUS:-} TIME_BUDGET=${MQAR_S:-420} \
+    OUT=$OUT/mqar bash scripts/run_mqar.sh ${MQAR_RUN_TIMEOUT:+--run-timeout $MQAR_RUN_TIMEOUT} 2>&1 \
+    | tee -a "$OUT/mqar.log" | tail -30
+  [ "${MQAR_MPS:-0}" = 1 ] && stop_mps
+  # $OUT brings back at most 8 files: the per-run logs and JSONs travel as one archive
+  (cd "$OUT/mqar" && rm -rf checkpoints && tar czf ../mqar_logs.tgz $(ls -d logs runs 2>/dev/null) && rm -rf logs runs)
   echo "mqar done at $(el)s"
 fi
 if [[ " $STAGES " == *" evidence "* ]]; then

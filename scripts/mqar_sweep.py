@@ -7,14 +7,22 @@ weights decoupled -- weight decay 0.1, cosine schedule with linear warm-up, no d
 validation accuracy on the held-out set from its JSON log, keeps the best learning rate per
 (setting, model, d) and writes into ``--out``:
 
-* ``runs.csv``: every run (final and best validation accuracy, updates, wall time, status), the
-  selected learning rates marked;
+* ``runs.csv``: every run (final and best validation accuracy, updates done and planned, training
+  speed, wall time, GPU, status), the selected learning rates marked;
 * ``table.md``: per setting, the best accuracy per d for each model and whether HGRN2 beats HGRN1;
 * ``plot.png``: accuracy vs d, one line per model, one panel per setting;
-* ``runs/<name>.json`` and ``logs/<name>.log``: per-run results and fairseq logs.
+* ``runs/<name>.json`` and ``logs/<name>.log``: per-run results (with every validation as
+  ``valid_curve``: ``[updates, accuracy]`` pairs) and fairseq logs.
 
 A learning rate is selected by the *final* validation accuracy (the end of the cosine schedule;
-ties by the best one), so nothing is picked by peeking at the held-out set mid-run.
+ties by the best one), so nothing is picked by peeking at the held-out set mid-run. A cell whose
+runs were all cut by ``--run-timeout`` shows the best accuracy any of them reached, marked ``*``,
+and stays out of the HGRN2-vs-HGRN1 verdict; ``--validate-interval-updates`` makes sure such runs
+have validations on record.
+
+The budget is ``--epochs`` or ``--max-update``, one value for every setting or one per setting
+(``--settings 256:16,512:64 --max-update 6000,4000``). On GPUs the runs are spread over
+``--gpus`` devices: each run gets the GPU with the fewest runs on it when it starts.
 
 The reports are rewritten after every finished run, so a sweep cut short still leaves a table of
 what finished; a rerun with the same ``--out`` skips runs whose result exists (``--force`` redoes).
@@ -24,7 +32,8 @@ Example (a few minutes on CPU, for trying the pipeline)::
     python scripts/mqar_sweep.py --out /tmp/mqar --settings 32:4 --vocab-size 64 --dims 32,64 \\
         --lrs 3e-3 --train-size 2000 --test-size 300 --epochs 2 --models hgrn1
 
-``scripts/run_mqar.sh`` wraps this with the GPU settings.
+``scripts/run_mqar.sh`` wraps this with the GPU settings; ``bench/gpu_checks.sh mqar`` runs it on the
+GPU machine.
 """
 import argparse
 import csv
@@ -38,7 +47,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Dict, List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,6 +56,7 @@ ARCHS = {"hgrn1": "hgrn1_mqar", "hgrn2": "hgrn2_mqar"}
 LABELS = {"hgrn1": "HGRN1", "hgrn2": "HGRN2"}
 VALID_LINE = re.compile(r"\|\s*valid\s*\|\s*(\{.*\})\s*$")
 TRAIN_INNER_LINE = re.compile(r"\|\s*train_inner\s*\|\s*(\{.*\})\s*$")
+TRAIN_LINE = re.compile(r"\|\s*train\s*\|\s*(\{.*\})\s*$")  # the end-of-epoch summary
 
 
 @dataclass
@@ -69,6 +79,7 @@ class Run:
     model: str
     d: int
     lr: float
+    max_update: int = 0  # the whole schedule: cosine length, warm-up share, --max-update
 
     @property
     def name(self) -> str:
@@ -84,18 +95,28 @@ class RunResult:
     d: int
     lr: float
     status: str  # ok | failed | timeout (--run-timeout) | skipped (--time-budget)
-    final_acc: Optional[float] = None
-    best_acc: Optional[float] = None
+    final_acc: Optional[float] = None  # last validation of a run that finished its schedule
+    best_acc: Optional[float] = None  # best validation seen, finished or not
     final_loss: Optional[float] = None
-    epochs: int = 0
-    updates: int = 0
+    epochs: int = 0  # epochs completed (end-of-epoch validations)
+    updates: int = 0  # updates done
     wall_s: float = 0.0
-    valid_acc_per_epoch: List[float] = field(default_factory=list)
+    valid_acc_per_epoch: List[float] = field(default_factory=list)  # end-of-epoch validations only
     error: str = ""
+    max_update: int = 0  # updates planned (0: not recorded, runs from before it was)
+    updates_per_s: Optional[float] = None  # the last train_inner ``ups``, else updates / wall_s
+    gpu: str = ""  # CUDA_VISIBLE_DEVICES of the run ("" on CPU)
+    valid_curve: List[List[float]] = field(default_factory=list)  # every validation: [updates, accuracy]
+
+    @classmethod
+    def from_json(cls, data: Dict) -> "RunResult":
+        """A run JSON of this or an older sweep (missing fields take their defaults)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 def parse_list(text: str, cast):
-    return [cast(x) for x in text.replace(" ", "").split(",") if x]
+    return [cast(x) for x in str(text).replace(" ", "").split(",") if x]
 
 
 def parse_settings(text: str) -> List[Setting]:
@@ -108,31 +129,72 @@ def parse_settings(text: str) -> List[Setting]:
     return settings
 
 
-def parse_fairseq_log(text: str) -> Dict:
-    """Validation accuracy per epoch, the last validation loss and the last update from a JSON log."""
-    accs, loss, updates = [], None, 0
-    for line in text.splitlines():
-        m = VALID_LINE.search(line)
-        if m:
-            stats = json.loads(m.group(1))
-            if "valid_accuracy" in stats:
-                accs.append(float(stats["valid_accuracy"]))
-                loss = float(stats["valid_loss"])
-                updates = int(float(stats.get("valid_num_updates", updates)))
-            continue
-        m = TRAIN_INNER_LINE.search(line)
-        if m:
-            updates = max(updates, int(float(json.loads(m.group(1)).get("num_updates", 0))))
-    return {"accs": accs, "loss": loss, "updates": updates}
+def per_setting(text, option: str, settings: List[Setting]) -> List[int]:
+    """``"6"`` -> ``[6] * len(settings)``; ``"6,3"`` -> one positive integer per setting, in order."""
+    values = []
+    for item in parse_list(text, str):
+        if not item.isdigit() or int(item) < 1:
+            raise SystemExit(f"{option}: {item!r} in {text!r} is not a positive integer")
+        values.append(int(item))
+    if len(values) == 1:
+        return values * len(settings)
+    if len(values) != len(settings):
+        names = ",".join(f"{s.seq_len}:{s.num_kv_pairs}" for s in settings)
+        raise SystemExit(f"{option}: {len(values)} values ({text}) for {len(settings)} settings ({names}): "
+                         f"give one value for every setting or one per setting, in the order of --settings")
+    return values
 
 
 def updates_per_epoch(args) -> int:
     return math.ceil(args.train_size / args.batch_size)
 
 
+def planned_updates(args, settings: List[Setting]) -> Dict[str, int]:
+    """Setting name -> updates per run: ``--max-update`` where given, else ``--epochs`` x updates/epoch."""
+    if getattr(args, "max_update", None):
+        totals = per_setting(args.max_update, "--max-update", settings)
+    else:
+        totals = [e * updates_per_epoch(args) for e in per_setting(args.epochs, "--epochs", settings)]
+    return {s.name: t for s, t in zip(settings, totals)}
+
+
+def warmup_updates(total: int, args) -> int:
+    return max(1, int(round(args.warmup_frac * total)))
+
+
+def parse_fairseq_log(text: str) -> Dict:
+    """From a fairseq JSON log: every validation as ``curve`` (``[updates, accuracy]``) and ``accs``,
+    the end-of-epoch ones as ``epoch_accs`` (a validation followed by the epoch's ``train`` summary,
+    not by more training), the last validation loss, the last update and the last ``ups``."""
+    curve, epoch_accs, loss, updates, ups = [], [], None, 0, None
+    pending = None  # the last validation, until we know whether the epoch ended there
+    for line in text.splitlines():
+        m = VALID_LINE.search(line)
+        if m:
+            stats = json.loads(m.group(1))
+            if "valid_accuracy" in stats:
+                updates = max(updates, int(float(stats.get("valid_num_updates", updates))))
+                pending = float(stats["valid_accuracy"])
+                curve.append([updates, pending])
+                loss = float(stats["valid_loss"])
+            continue
+        m = TRAIN_INNER_LINE.search(line)
+        if m:
+            stats = json.loads(m.group(1))
+            updates = max(updates, int(float(stats.get("num_updates", 0))))
+            if "ups" in stats:
+                ups = float(stats["ups"])
+            pending = None
+            continue
+        if TRAIN_LINE.search(line) and pending is not None:
+            epoch_accs.append(pending)
+            pending = None
+    return {"curve": curve, "accs": [acc for _, acc in curve], "epoch_accs": epoch_accs, "loss": loss,
+            "updates": updates, "ups": ups}
+
+
 def fairseq_command(run: Run, args, use_cpu: bool) -> List[str]:
-    total = updates_per_epoch(args) * args.epochs
-    warmup = max(1, int(round(args.warmup_frac * total)))
+    total = run.max_update
     cmd = [
         sys.executable, "-m", "fairseq_cli.train",
         "--user-dir", PLUGIN, "--task", "mqar",
@@ -142,43 +204,101 @@ def fairseq_command(run: Run, args, use_cpu: bool) -> List[str]:
         "--arch", ARCHS[run.model], "--decoder-embed-dim", run.d,
         "--criterion", "mqar_cross_entropy",
         "--optimizer", "adam", "--weight-decay", args.weight_decay, "--clip-norm", args.clip_norm,
-        "--lr", run.lr, "--lr-scheduler", "cosine", "--warmup-updates", warmup,
-        "--max-update", total, "--max-epoch", args.epochs, "--batch-size", args.batch_size,
+        "--lr", run.lr, "--lr-scheduler", "cosine", "--warmup-updates", warmup_updates(total, args),
+        "--max-update", total, "--max-epoch", math.ceil(total / updates_per_epoch(args)),
+        "--batch-size", args.batch_size,
         "--no-save", "--save-dir", os.path.join(args.out, "checkpoints", run.name),  # only probed, per run
         "--num-workers", 0, "--log-format", "json",
         "--log-interval", args.log_interval, "--seed", args.seed,
     ]
+    if args.validate_interval_updates > 0:
+        cmd += ["--validate-interval-updates", args.validate_interval_updates]
     if use_cpu:
         cmd.append("--cpu")
     cmd += shlex.split(args.fairseq_args)
     return [str(c) for c in cmd]
 
 
-def run_one(run: Run, args, use_cpu: bool, deadline: Optional[float] = None) -> RunResult:
+class GpuPool:
+    """Hands each run the GPU with the fewest runs on it at the moment it starts (ties: the first
+    listed) and takes it back when the run ends. Thread-safe: the sweep's worker threads share one."""
+
+    def __init__(self, devices: List[str]):
+        if not devices:
+            raise ValueError("GpuPool: devices is empty; expected at least one CUDA_VISIBLE_DEVICES id")
+        self.devices = list(devices)
+        self.running = [0] * len(self.devices)
+        self._lock = threading.Lock()
+
+    def acquire(self) -> str:
+        with self._lock:
+            i = min(range(len(self.devices)), key=lambda j: self.running[j])
+            self.running[i] += 1
+            return self.devices[i]
+
+    def release(self, device: str) -> None:
+        with self._lock:
+            i = next((j for j, d in enumerate(self.devices) if d == device and self.running[j] > 0), None)
+            if i is None:
+                raise ValueError(f"GpuPool.release: {device!r} has no running run (devices {self.devices})")
+            self.running[i] -= 1
+
+
+def visible_gpus(requested: Optional[int], available: int, environ=os.environ) -> List[str]:
+    """The CUDA_VISIBLE_DEVICES ids a child may be given: the first ``requested`` (default all) of
+    the ``available`` GPUs, through the inherited CUDA_VISIBLE_DEVICES list when there is one."""
+    listed = [x.strip() for x in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+    ids = listed[:available] if listed else [str(i) for i in range(available)]
+    n = len(ids) if requested is None else requested
+    if not 1 <= n <= len(ids):
+        raise SystemExit(f"--gpus {requested}: expected 1 to {len(ids)} (the GPUs visible: {','.join(ids) or 'none'})")
+    return ids[:n]
+
+
+def set_child_threads(env: Dict[str, str], use_cpu: bool, jobs: int, cpus: int) -> None:
+    """CPU runs: one thread each unless OMP_NUM_THREADS is set. GPU runs with several jobs: the cores
+    split evenly, max(1, cpus // jobs) threads each, overriding an inherited value (16 runs with an
+    inherited 4 threads each on 16 cores only contended)."""
+    if use_cpu:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    elif jobs > 1:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(max(1, cpus // jobs))
+
+
+def run_one(run: Run, args, use_cpu: bool, deadline: Optional[float] = None,
+            gpus: Optional[GpuPool] = None) -> RunResult:
     if deadline is not None and time.time() > deadline:
         return RunResult(run.name, run.setting.seq_len, run.setting.num_kv_pairs, run.model, run.d, run.lr,
-                         status="skipped", error="--time-budget spent before it started")
+                         status="skipped", error="--time-budget spent before it started",
+                         max_update=run.max_update)
     logs = os.path.join(args.out, "logs")
     os.makedirs(logs, exist_ok=True)
     log_path = os.path.join(logs, run.name + ".log")
     env = dict(os.environ)
-    if use_cpu:
-        env.setdefault("OMP_NUM_THREADS", "1")  # parallel jobs on few cores: threads only contend
-    elif args.tf32:
+    set_child_threads(env, use_cpu, args.jobs, os.cpu_count() or 1)
+    if not use_cpu and args.tf32:
         env.setdefault("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "1")
+    gpu = gpus.acquire() if gpus is not None else ""
+    if gpu:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
     cmd = fairseq_command(run, args, use_cpu)
     start = time.time()
     status = "ok"
-    with open(log_path, "w") as log:
-        log.write("# " + " ".join(shlex.quote(c) for c in cmd) + "\n")
-        log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-        try:
-            proc.wait(timeout=args.run_timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            status = "timeout"
+    try:
+        with open(log_path, "w") as log:
+            log.write(f"# CUDA_VISIBLE_DEVICES={gpu or '-'} OMP_NUM_THREADS={env.get('OMP_NUM_THREADS', '-')}\n")
+            log.write("# " + " ".join(shlex.quote(c) for c in cmd) + "\n")
+            log.flush()
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+            try:
+                proc.wait(timeout=args.run_timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                status = "timeout"
+    finally:
+        if gpu:
+            gpus.release(gpu)
     wall = time.time() - start
     try:  # fairseq probes the (per-run, so parallel runs cannot race) save dir even with --no-save
         os.removedirs(os.path.join(args.out, "checkpoints", run.name))
@@ -193,13 +313,16 @@ def run_one(run: Run, args, use_cpu: bool, deadline: Optional[float] = None) -> 
         lines = [ln for ln in text.splitlines() if ln.strip()]
         error = " / ".join(lines[-3:])[-500:]
     accs = parsed["accs"]
+    ups = parsed["ups"] if parsed["ups"] is not None else (parsed["updates"] / wall if wall > 0 else None)
     return RunResult(
         name=run.name, seq_len=run.setting.seq_len, num_kv_pairs=run.setting.num_kv_pairs,
         model=run.model, d=run.d, lr=run.lr, status=status,
         final_acc=accs[-1] if accs and status == "ok" else None,
         best_acc=max(accs) if accs else None,
-        final_loss=parsed["loss"], epochs=len(accs), updates=parsed["updates"],
-        wall_s=round(wall, 1), valid_acc_per_epoch=accs, error=error,
+        final_loss=parsed["loss"], epochs=len(parsed["epoch_accs"]), updates=parsed["updates"],
+        wall_s=round(wall, 1), valid_acc_per_epoch=parsed["epoch_accs"], error=error,
+        max_update=run.max_update, updates_per_s=None if ups is None else round(ups, 2), gpu=gpu,
+        valid_curve=parsed["curve"],
     )
 
 
@@ -220,36 +343,77 @@ def select_best(results: List[RunResult]) -> Dict:
     return {k: v[1] for k, v in best.items()}
 
 
+def select_cut(results: List[RunResult], best: Dict) -> Dict:
+    """(seq_len, kv, model, d) -> for cells with no finished run but runs cut by --run-timeout, the cut
+    run with the best accuracy seen (ties: the most updates)."""
+    cut = {}
+    for r in results:
+        key = (r.seq_len, r.num_kv_pairs, r.model, r.d)
+        if r.status != "timeout" or key in best:
+            continue
+        score = (r.best_acc if r.best_acc is not None else -1.0, r.updates)
+        if key not in cut or score > cut[key][0]:
+            cut[key] = (score, r)
+    return {k: v[1] for k, v in cut.items()}
+
+
+CSV_COLUMNS = ["seq_len", "num_kv_pairs", "model", "d", "lr", "final_acc", "best_acc", "final_loss", "epochs",
+               "updates", "max_update", "updates_per_s", "wall_s", "status", "gpu", "selected"]
+
+
 def write_csv(path: str, results: List[RunResult], best: Dict) -> None:
     chosen = {r.name for r in best.values()}
-    columns = ["seq_len", "num_kv_pairs", "model", "d", "lr", "final_acc", "best_acc", "final_loss",
-               "epochs", "updates", "wall_s", "status", "selected"]
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(columns)
+        writer.writerow(CSV_COLUMNS)
         for r in sorted(results, key=lambda r: (r.seq_len, r.num_kv_pairs, r.model, r.d, r.lr)):
             row = asdict(r)
             row["selected"] = int(r.name in chosen)
-            writer.writerow(["" if row[c] is None else row[c] for c in columns])
+            writer.writerow(["" if row[c] is None else row[c] for c in CSV_COLUMNS])
+
+
+def fmt_pct(x: float) -> str:
+    """Accuracy in percent: one decimal, two significant digits below 1% (chance can be 0.024%)."""
+    return f"{x:.1f}" if x >= 1 else f"{x:.2g}"
 
 
 def fmt_acc(r: Optional[RunResult]) -> str:
-    return "-" if r is None else f"{r.final_acc:.1f} (lr {r.lr:g})"
+    return "-" if r is None else f"{fmt_pct(r.final_acc)} (lr {r.lr:g})"
+
+
+def fmt_cut(r: RunResult) -> str:
+    done = f"{r.updates}/{r.max_update}" if r.max_update else f"{r.updates}"
+    acc = "-" if r.best_acc is None else fmt_pct(r.best_acc)
+    return f"{acc}* (lr {r.lr:g}, cut at {done} upd)"
+
+
+CUT_FOOTNOTE = ("\\* every run of this cell was cut by the run timeout before its schedule ended: the best "
+                "validation accuracy any of them reached, at any point of the run (so picked by looking at the "
+                "held-out set, unlike finished cells), with its learning rate and the updates it had done of "
+                "those planned. Such cells are not counted in the verdict.")
 
 
 def write_table(path: str, results: List[RunResult], best: Dict, settings, models, dims, args) -> None:
+    cut = select_cut(results, best)
+    totals = planned_updates(args, settings)
+    upe = updates_per_epoch(args)
+    every = getattr(args, "validate_interval_updates", 0)
     lines = [
         "# MQAR: validation accuracy (%) on query positions, best learning rate per cell",
         "",
         f"vocab {args.vocab_size}, {args.train_size} train / {args.test_size} held-out examples, "
-        f"{args.epochs} epoch(s), batch {args.batch_size}, learning rates {args.lrs}, AdamW wd "
+        f"batch {args.batch_size}, learning rates {args.lrs}, AdamW wd "
         f"{args.weight_decay}, gradient clip {getattr(args, 'clip_norm', '-')}, cosine with "
         f"{args.warmup_frac:g} warm-up; 2 layers, no MLP, no positions. "
-        f"Chance: {100.0 / (args.vocab_size - 1 - (args.vocab_size - 1) // 2):.3g}%.",
+        f"Chance: {100.0 / (args.vocab_size - 1 - (args.vocab_size - 1) // 2):.3g}%. Validation at the end of "
+        "every epoch" + (f" and every {every} updates" if every else "") + ".",
         "",
     ]
     for s in settings:
-        lines += [f"## {s.title}", ""]
+        total = totals[s.name]
+        lines += [f"## {s.title}", "",
+                  f"{total} updates per run ({total / upe:.3g} epoch(s) of {upe}), "
+                  f"{warmup_updates(total, args)} of them warm-up.", ""]
         header = "| d | " + " | ".join(LABELS[m] for m in models)
         sep = "|---|" + "---|" * len(models)
         both = "hgrn1" in models and "hgrn2" in models
@@ -257,10 +421,11 @@ def write_table(path: str, results: List[RunResult], best: Dict, settings, model
             header += " | HGRN2 > HGRN1"
             sep += "---|"
         lines += [header + " |", sep]
-        wins = compared = 0
+        wins = compared = cut_cells = 0
         for d in dims:
-            cells = [best.get((s.seq_len, s.num_kv_pairs, m, d)) for m in models]
-            row = f"| {d} | " + " | ".join(fmt_acc(c) for c in cells)
+            keys = [(s.seq_len, s.num_kv_pairs, m, d) for m in models]
+            cut_cells += sum(k in cut for k in keys)
+            row = f"| {d} | " + " | ".join(fmt_cut(cut[k]) if k in cut else fmt_acc(best.get(k)) for k in keys)
             if both:
                 a = best.get((s.seq_len, s.num_kv_pairs, "hgrn1", d))
                 b = best.get((s.seq_len, s.num_kv_pairs, "hgrn2", d))
@@ -272,10 +437,15 @@ def write_table(path: str, results: List[RunResult], best: Dict, settings, model
                     row += " | -"
             lines.append(row + " |")
         if both:
-            verdict = f"HGRN2 beats HGRN1 at {wins} of {compared} widths measured"
+            verdict = f"HGRN2 beats HGRN1 at {wins} of {compared} widths measured (finished runs only"
             if compared < len(dims):
-                verdict += f" ({len(dims) - compared} not measured)"
+                verdict += f"; {len(dims) - compared} not measured"
+            verdict += ")"
+            if cut_cells:
+                verdict += f"; {cut_cells} of {len(dims) * len(models)} cells cut by the run timeout (marked *)"
             lines += ["", verdict + "."]
+        if cut_cells:
+            lines += ["", CUT_FOOTNOTE]
         failed = [r for r in results if (r.seq_len, r.num_kv_pairs) == (s.seq_len, s.num_kv_pairs) and r.status != "ok"]
         if failed:
             lines += ["", "Runs without a final result: " + ", ".join(f"{r.name} ({r.status})" for r in failed)]
@@ -284,7 +454,8 @@ def write_table(path: str, results: List[RunResult], best: Dict, settings, model
         f.write("\n".join(lines))
 
 
-def write_plot(path: str, best: Dict, settings, models, dims) -> None:
+def write_plot(path: str, best: Dict, cut: Dict, settings, models, dims) -> None:
+    """Finished cells as lines; cells whose runs were all cut as hollow markers (best accuracy seen)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -292,12 +463,18 @@ def write_plot(path: str, best: Dict, settings, models, dims) -> None:
 
     fig, axes = plt.subplots(1, len(settings), figsize=(4.2 * len(settings), 3.6), squeeze=False)
     for ax, s in zip(axes[0], settings):
-        for m in models:
+        for i, m in enumerate(models):
+            color = f"C{i}"
             points = [(d, best[(s.seq_len, s.num_kv_pairs, m, d)].final_acc) for d in dims
                       if (s.seq_len, s.num_kv_pairs, m, d) in best]
             if points:
                 xs, ys = zip(*points)
-                ax.plot(xs, ys, marker="o", label=LABELS[m])
+                ax.plot(xs, ys, marker="o", color=color, label=LABELS[m])
+            cut_points = [(d, cut[k].best_acc) for d in dims for k in [(s.seq_len, s.num_kv_pairs, m, d)]
+                          if k in cut and cut[k].best_acc is not None]
+            if cut_points:
+                xs, ys = zip(*cut_points)
+                ax.scatter(xs, ys, marker="o", facecolors="none", edgecolors=color, label=f"{LABELS[m]} (cut)")
         ax.set_xscale("log", base=2)
         ax.set_xticks(dims)
         ax.set_xticklabels([str(d) for d in dims])
@@ -318,7 +495,7 @@ def write_reports(results, settings, models, dims, args) -> None:
     write_table(os.path.join(args.out, "table.md"), results, best, settings, models, dims, args)
     if not args.no_plot:
         try:
-            write_plot(os.path.join(args.out, "plot.png"), best, settings, models, dims)
+            write_plot(os.path.join(args.out, "plot.png"), best, select_cut(results, best), settings, models, dims)
         except ImportError as e:  # a sweep must not die on a missing plotting library
             args.no_plot = True
             print(f"warning: no plot.png ({e}); pip install matplotlib, then rerun with --report-only",
@@ -346,6 +523,19 @@ for arch in sys.argv[2:]:
 """
 
 
+def order_runs(settings, models, dims, lrs, totals: Dict[str, int]) -> List[Run]:
+    """Per setting, the biggest d first so parallel jobs end together. Within one d the (model, lr)
+    pairs are rotated by one per width, so that runs started together and dealt round the GPUs do
+    not give one GPU every run of one model and learning rate (HGRN2 steps cost more than HGRN1's)."""
+    pairs = [(m, lr) for m in models for lr in lrs]
+    runs = []
+    for s in settings:
+        for i, d in enumerate(sorted(dims, reverse=True)):
+            shift = i % len(pairs)
+            runs += [Run(s, m, d, lr, totals[s.name]) for m, lr in pairs[shift:] + pairs[:shift]]
+    return runs
+
+
 def preflight(models, use_cpu: bool) -> None:
     """Build each arch and run one step on the target device, so a missing module or kernel fails
     the sweep in seconds instead of in every run."""
@@ -368,14 +558,27 @@ def main(argv=None) -> None:
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--train-size", type=int, default=100_000)
     p.add_argument("--test-size", type=int, default=3_000)
-    p.add_argument("--epochs", type=int, default=32)
+    p.add_argument("--epochs", default="32",
+                   help="epochs per run: one value, or one per setting (e.g. 6,3 for --settings 256:16,512:64)")
+    p.add_argument("--max-update", default="",
+                   help="updates per run, one value or one per setting (e.g. 6000,4000); overrides --epochs "
+                        "(default: epochs x updates per epoch). The cosine schedule and warm-up span it")
+    p.add_argument("--validate-interval-updates", type=int, default=0,
+                   help="also validate every N updates (default 0: at the end of each epoch only), so a run "
+                        "cut by --run-timeout still has accuracies on record")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--warmup-frac", type=float, default=0.1, help="warm-up share of all updates")
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--clip-norm", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=1, help="model seed")
     p.add_argument("--data-seed", type=int, default=1)
-    p.add_argument("--jobs", type=int, default=1, help="runs at the same time (they share the device)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs at the same time (they share the GPUs). On GPU with --jobs > 1 each run gets "
+                        "OMP_NUM_THREADS=MKL_NUM_THREADS=max(1, CPU cores // jobs), overriding an inherited "
+                        "value; on CPU each run gets 1 thread unless OMP_NUM_THREADS is set")
+    p.add_argument("--gpus", type=int, default=None,
+                   help="GPUs to spread the runs over (default: every visible one); each run gets "
+                        "CUDA_VISIBLE_DEVICES set to the one with the fewest runs when it starts")
     p.add_argument("--run-timeout", type=float, default=None, help="seconds before a run is killed")
     p.add_argument("--time-budget", type=float, default=None,
                    help="seconds after which no new run starts (those left are reported as skipped)")
@@ -402,9 +605,9 @@ def main(argv=None) -> None:
 
     use_cpu = args.cpu or not torch.cuda.is_available()
 
-    runs = [Run(s, m, d, lr) for s in settings for m in models for d in dims for lr in lrs]
-    # Per setting, the biggest runs first so parallel jobs end together.
-    runs.sort(key=lambda r: (settings.index(r.setting), -r.d, r.model, r.lr))
+    if args.validate_interval_updates < 0:
+        raise SystemExit(f"--validate-interval-updates {args.validate_interval_updates}: expected >= 0")
+    runs = order_runs(settings, models, dims, lrs, planned_updates(args, settings))
     if args.dry_run:
         for run in runs:
             print(" ".join(shlex.quote(c) for c in fairseq_command(run, args, use_cpu)))
@@ -415,7 +618,7 @@ def main(argv=None) -> None:
     for run in runs:
         path = os.path.join(args.out, "runs", run.name + ".json")
         if os.path.exists(path) and not args.force:
-            results[run.name] = RunResult(**json.load(open(path)))
+            results[run.name] = RunResult.from_json(json.load(open(path)))
         else:
             todo.append(run)
     if args.report_only:
@@ -423,9 +626,18 @@ def main(argv=None) -> None:
         print(f"reports from {len(results)} runs written to {args.out}")
         return
 
-    device = "CPU" if use_cpu else torch.cuda.get_device_name(0)
+    gpus = None if use_cpu else GpuPool(visible_gpus(args.gpus, torch.cuda.device_count()))
+    if use_cpu:
+        device = "CPU"
+    else:
+        threads = {}
+        set_child_threads(threads, use_cpu, args.jobs, os.cpu_count() or 1)
+        device = (f"{len(gpus.devices)} x {torch.cuda.get_device_name(0)} (CUDA_VISIBLE_DEVICES "
+                  f"{','.join(gpus.devices)}; OMP_NUM_THREADS {threads.get('OMP_NUM_THREADS', 'inherited')})")
+    totals = planned_updates(args, settings)
+    budget = ", ".join(f"{s.seq_len}:{s.num_kv_pairs} {totals[s.name]}" for s in settings)
     print(f"MQAR sweep: {len(runs)} runs ({len(runs) - len(todo)} already done), {args.jobs} at a time on "
-          f"{device}; {updates_per_epoch(args) * args.epochs} updates each; output in {args.out}", flush=True)
+          f"{device}; updates per run: {budget}; output in {args.out}", flush=True)
     if todo:
         preflight(sorted({r.model for r in todo}), use_cpu)
     start, lock, finished = time.time(), threading.Lock(), [0]
@@ -441,13 +653,18 @@ def main(argv=None) -> None:
             elapsed = time.time() - start
             eta = elapsed / finished[0] * (len(todo) - finished[0])
             acc = "-" if result.final_acc is None else f"{result.final_acc:.1f}%"
+            if result.final_acc is None and result.best_acc is not None:
+                acc += f" (best seen {result.best_acc:.3g}%)"
             extra = f" [{result.status}: {result.error[-200:]}]" if result.status != "ok" else ""
-            print(f"[{finished[0]}/{len(todo)}] {result.name}: acc {acc} after {result.updates} updates, "
-                  f"{result.wall_s:.0f}s (elapsed {elapsed:.0f}s, eta {eta:.0f}s){extra}", flush=True)
+            speed = "" if result.updates_per_s is None else f", {result.updates_per_s:g} upd/s"
+            where = f" on GPU {result.gpu}" if result.gpu else ""
+            print(f"[{finished[0]}/{len(todo)}] {result.name}: acc {acc} after {result.updates}/{result.max_update} "
+                  f"updates, {result.wall_s:.0f}s{speed}{where} (elapsed {elapsed:.0f}s, eta {eta:.0f}s){extra}",
+                  flush=True)
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         deadline = None if args.time_budget is None else start + args.time_budget
-        futures = [pool.submit(run_one, run, args, use_cpu, deadline) for run in todo]
+        futures = [pool.submit(run_one, run, args, use_cpu, deadline, gpus) for run in todo]
         for future in as_completed(futures):
             done(future.result())
     write_reports(list(results.values()), settings, models, dims, args)

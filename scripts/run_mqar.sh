@@ -6,21 +6,28 @@
 # Every knob is an environment variable (defaults in brackets); extra arguments go to
 # scripts/mqar_sweep.py (e.g. --dry-run, --force, --report-only, --run-timeout 120):
 #   OUT [results/mqar]  SETTINGS [256:16,512:64]  MODELS [hgrn1,hgrn2]  DIMS [64,128,256,512]
-#   LRS [1e-4,3e-4,1e-3,3e-3]  VOCAB_SIZE [8192]  TRAIN_SIZE [100000]  TEST_SIZE [3000]
-#   EPOCHS [32]  BATCH_SIZE [64]  JOBS [1]  TIME_BUDGET [none: seconds before no new run starts]
-#   FAIRSEQ_ARGS [none: extra fairseq-train arguments]
+#   LRS [1e-4,3e-4,1e-3,3e-3]  VOCAB_SIZE [8192]  TRAIN_SIZE [100000]  TEST_SIZE [3000]  BATCH_SIZE [64]
+#   EPOCHS [32]: epochs per run, one value or one per setting (EPOCHS=6,3 with SETTINGS=256:16,512:64)
+#   MAX_UPDATE [none]: updates per run, one value or one per setting; overrides EPOCHS (the cosine
+#       schedule and its warm-up span it)
+#   VALIDATE_EVERY [0: end of each epoch only]: also validate every N updates, so that a run cut by
+#       --run-timeout still has accuracies on record (its cell shows the best one, marked *)
+#   JOBS [1]: runs at the same time; on GPU each gets OMP_NUM_THREADS = CPU cores / JOBS
+#   GPUS [every visible GPU]: GPUs the runs are spread over, each run on the least-loaded one
+#   TIME_BUDGET [none: seconds before no new run starts]  FAIRSEQ_ARGS [none: extra fairseq-train arguments]
 #
-# The defaults are the paper-scale sweep (100k examples, 4 learning rates): hours on one GPU.
+# The defaults are the paper-scale sweep (100k examples, 32 epochs, 4 learning rates): hours on one GPU.
 #
-# Reduced sweep for one H100 in about 8 minutes (the two settings issue 4 requires, 32 runs):
-#   OUT=$OUT/mqar TRAIN_SIZE=20000 EPOCHS=4 LRS=1e-3,3e-3 JOBS=4 TIME_BUDGET=420 bash scripts/run_mqar.sh
-# Estimate (not yet measured on a GPU): ~10 s of start-up per run (imports, CUDA/Triton, data),
-# 1252 updates of batch 64 per run at ~10-30 ms each with 4 runs sharing the GPU (small d is
-# launch-bound, d = 512 at seq 512 about 10 GFLOP-equivalent of TF32 work per step): ~30-45 s per
-# run, 32 runs / 4 jobs -> ~5-7 min. TIME_BUDGET=420 stops starting new runs after 7 minutes so the
-# command ends inside a 10-minute limit; runs not started are listed as skipped, and the same
-# command again (same OUT) does only those. 20k x 4 epochs is far less training than the paper's:
-# treat that table as a first look, not the reproduction.
+# Reduced sweep for 4 H200s in one 10-minute call (the two settings issue 4 requires, 32 runs at once,
+# 8 per GPU, 2 CPU threads each on 64 cores):
+#   OUT=$OUT/mqar TRAIN_SIZE=100000 MAX_UPDATE=4000,3000 LRS=1e-3,3e-3 GPUS=4 JOBS=32 VALIDATE_EVERY=500 \
+#     bash scripts/run_mqar.sh --run-timeout 370
+# (bench/gpu_checks.sh mqar runs it with MQAR_* variables, optionally under CUDA MPS.) The budget is a
+# guess: the last sweep (16 runs sharing one H200, 4 threads each on 16 cores) did ~8-9 updates/s per
+# run; 4000 updates need ~12/s in the ~330 s a run has after its start-up. Runs that do not finish
+# are cut at --run-timeout and shown with the best accuracy seen (*); every run records its updates/s
+# (runs.csv, updates_per_s) to size the next sweep. Either way this is far less training than the
+# paper's (Zoology: 64 epochs of 100k examples): a first look, not the reproduction.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -36,7 +43,10 @@ args=(
   --epochs "${EPOCHS:-32}"
   --batch-size "${BATCH_SIZE:-64}"
   --jobs "${JOBS:-1}"
+  --validate-interval-updates "${VALIDATE_EVERY:-0}"
 )
+if [[ -n "${MAX_UPDATE:-}" ]]; then args+=(--max-update "$MAX_UPDATE"); fi
+if [[ -n "${GPUS:-}" ]]; then args+=(--gpus "$GPUS"); fi
 if [[ -n "${TIME_BUDGET:-}" ]]; then args+=(--time-budget "$TIME_BUDGET"); fi
 if [[ -n "${FAIRSEQ_ARGS:-}" ]]; then args+=(--fairseq-args "$FAIRSEQ_ARGS"); fi
 exec "$PYTHON" scripts/mqar_sweep.py "${args[@]}" "$@"

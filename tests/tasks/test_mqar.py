@@ -1,7 +1,6 @@
 """The ``mqar`` task: generator, fairseq dataset and criterion, the MQAR archs, the sweep's reports,
 and ``fairseq-train --task mqar`` learning the task on CPU at a tiny size."""
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -29,6 +28,7 @@ from hgrn_fairseq.tasks.mqar import (
     key_range,
     value_range,
 )
+from tests.script_module import load_script
 
 PLUGIN = os.path.dirname(os.path.abspath(hgrn_fairseq.__file__))
 REPO = os.path.dirname(PLUGIN)
@@ -266,10 +266,7 @@ def test_criterion_scores_queries_only_and_matches_full_logits():
 
 
 def load_sweep():
-    spec = importlib.util.spec_from_file_location("mqar_sweep", os.path.join(REPO, "scripts", "mqar_sweep.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(os.path.join(REPO, "scripts", "mqar_sweep.py"))
 
 
 def test_sweep_reports_pick_the_best_lr_per_model_and_width(tmp_path):
@@ -302,7 +299,7 @@ def test_sweep_reports_pick_the_best_lr_per_model_and_width(tmp_path):
     assert "| 64 | 30.0 (lr 0.003) | 90.0 (lr 0.001) | yes |" in table
     assert "| 128 | 50.0 (lr 0.001) | 45.0 (lr 0.001) | no |" in table
     assert "| 256 | - | - | - |" in table
-    assert "HGRN2 beats HGRN1 at 1 of 2 widths measured (1 not measured)" in table
+    assert "HGRN2 beats HGRN1 at 1 of 2 widths measured (finished runs only; 1 not measured)." in table
     rows = (tmp_path / "runs.csv").read_text().splitlines()
     assert rows[0].startswith("seq_len,num_kv_pairs,model,d,lr,final_acc") and len(rows) == 1 + len(results)
     assert sum(row.endswith(",1") for row in rows[1:]) == 4

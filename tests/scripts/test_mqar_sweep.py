@@ -1,0 +1,304 @@
+"""scripts/mqar_sweep.py's GPU and budget plumbing (GPU assignment, threads per run, per-setting
+budgets), its log parsing and its reports for runs cut by the timeout, run_mqar.sh's pass-through, and
+one tiny sweep on CPU through fairseq-train with interval validations. (The report basics are in
+tests/tasks/test_mqar.py; the sweep's numbers come from the GPU machine.)"""
+import argparse
+import csv
+import json
+import os
+import subprocess
+import threading
+
+import pytest
+
+from tests.fixtures_corpus import REPO, subprocess_env
+from tests.script_module import load_script
+
+SWEEP = os.path.join(REPO, "scripts", "mqar_sweep.py")
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    return load_script(SWEEP)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPUs and threads
+
+
+def test_gpu_pool_gives_the_least_loaded_gpu_and_takes_it_back(sweep):
+    pool = sweep.GpuPool(["3", "5", "7"])
+    assert [pool.acquire() for _ in range(4)] == ["3", "5", "7", "3"]  # round the GPUs, ties to the first
+    assert pool.running == [2, 1, 1]
+    pool.release("5")
+    pool.release("7")
+    assert pool.acquire() == "5"  # now the least loaded (0 runs), ahead of "7" (also 0) by order
+    assert pool.acquire() == "7"
+    assert pool.acquire() == "5"  # 3:2, 5:1, 7:1 -> 5
+    assert pool.running == [2, 2, 1]
+    with pytest.raises(ValueError, match="'9' has no running run"):
+        pool.release("9")
+    with pytest.raises(ValueError, match="devices is empty"):
+        sweep.GpuPool([])
+
+
+def test_gpu_pool_counts_stay_right_under_threads(sweep):
+    pool = sweep.GpuPool(["0", "1", "2", "3"])
+    seen = []
+
+    def work():
+        for _ in range(200):
+            gpu = pool.acquire()
+            seen.append(gpu)
+            pool.release(gpu)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert pool.running == [0, 0, 0, 0] and len(seen) == 1600
+    held = [pool.acquire() for _ in range(8)]  # 8 runs at once: 2 per GPU
+    assert sorted(held) == ["0", "0", "1", "1", "2", "2", "3", "3"]
+
+
+def test_visible_gpus_maps_through_cuda_visible_devices(sweep):
+    assert sweep.visible_gpus(None, 4, environ={}) == ["0", "1", "2", "3"]
+    assert sweep.visible_gpus(2, 4, environ={}) == ["0", "1"]
+    assert sweep.visible_gpus(None, 2, environ={"CUDA_VISIBLE_DEVICES": "4,6"}) == ["4", "6"]
+    assert sweep.visible_gpus(1, 2, environ={"CUDA_VISIBLE_DEVICES": " 4, 6 "}) == ["4"]
+    uuid = "GPU-8f4c2f2e-0000-0000-0000-000000000000"
+    assert sweep.visible_gpus(None, 1, environ={"CUDA_VISIBLE_DEVICES": uuid}) == [uuid]
+    with pytest.raises(SystemExit, match=r"--gpus 3: expected 1 to 2 \(the GPUs visible: 4,6\)"):
+        sweep.visible_gpus(3, 2, environ={"CUDA_VISIBLE_DEVICES": "4,6"})
+    with pytest.raises(SystemExit, match="--gpus 0: expected 1 to 4"):
+        sweep.visible_gpus(0, 4, environ={})
+
+
+def test_child_threads(sweep):
+    env = {"OMP_NUM_THREADS": "4"}
+    sweep.set_child_threads(env, use_cpu=False, jobs=32, cpus=64)
+    assert env == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}  # the inherited 4 is overridden
+    env = {}
+    sweep.set_child_threads(env, use_cpu=False, jobs=32, cpus=16)
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "1"  # never below 1
+    env = {"OMP_NUM_THREADS": "4"}
+    sweep.set_child_threads(env, use_cpu=False, jobs=1, cpus=64)
+    assert env == {"OMP_NUM_THREADS": "4"}  # one run alone keeps what it inherits
+    env = {}
+    sweep.set_child_threads(env, use_cpu=True, jobs=8, cpus=64)
+    assert env == {"OMP_NUM_THREADS": "1"}  # CPU runs: 1 thread ...
+    env = {"OMP_NUM_THREADS": "3"}
+    sweep.set_child_threads(env, use_cpu=True, jobs=8, cpus=64)
+    assert env == {"OMP_NUM_THREADS": "3"}  # ... unless the user set it
+
+
+def test_runs_of_one_width_rotate_over_model_and_lr(sweep):
+    settings = [sweep.Setting(256, 16), sweep.Setting(512, 64)]
+    runs = sweep.order_runs(settings, ["hgrn1", "hgrn2"], [64, 128, 256, 512], [1e-3, 3e-3],
+                            {"seq256_kv16": 900, "seq512_kv64": 500})
+    assert len(runs) == 32 and len({r.name for r in runs}) == 32
+    assert [r.d for r in runs[:16]] == [512] * 4 + [256] * 4 + [128] * 4 + [64] * 4
+    assert all(r.setting == settings[0] and r.max_update == 900 for r in runs[:16])
+    assert all(r.setting == settings[1] and r.max_update == 500 for r in runs[16:])
+    # dealt round 4 GPUs in start order, each GPU gets every (model, lr) pair once per setting
+    for g in range(4):
+        assert len({(r.model, r.lr) for r in runs[g:16:4]}) == 4
+
+
+# ----------------------------------------------------------------------------------------------
+# Budgets
+
+
+def budget_args(**kw):
+    base = dict(train_size=1000, batch_size=64, epochs="32", max_update="", warmup_frac=0.1)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def test_per_setting_budgets(sweep):
+    two = sweep.parse_settings("256:16,512:64")
+    assert sweep.planned_updates(budget_args(epochs="6,3"), two) == {"seq256_kv16": 96, "seq512_kv64": 48}
+    assert sweep.planned_updates(budget_args(epochs="2"), two) == {"seq256_kv16": 32, "seq512_kv64": 32}
+    assert sweep.planned_updates(budget_args(epochs=2), two) == {"seq256_kv16": 32, "seq512_kv64": 32}
+    got = sweep.planned_updates(budget_args(epochs="6,3", max_update="9000,5000"), two)
+    assert got == {"seq256_kv16": 9000, "seq512_kv64": 5000}  # --max-update wins
+    assert sweep.planned_updates(budget_args(max_update="700"), two) == {"seq256_kv16": 700, "seq512_kv64": 700}
+
+
+def test_budget_list_of_the_wrong_length_is_refused(sweep):
+    two = sweep.parse_settings("256:16,512:64")
+    with pytest.raises(SystemExit, match=r"--epochs: 3 values \(6,3,2\) for 2 settings \(256:16,512:64\): give one "
+                                         r"value for every setting or one per setting"):
+        sweep.planned_updates(budget_args(epochs="6,3,2"), two)
+    with pytest.raises(SystemExit, match=r"--max-update: 2 values \(9000,5000\) for 1 settings \(256:16\)"):
+        sweep.planned_updates(budget_args(max_update="9000,5000"), two[:1])
+    with pytest.raises(SystemExit, match=r"--epochs: '0' in '6,0' is not a positive integer"):
+        sweep.planned_updates(budget_args(epochs="6,0"), two)
+    with pytest.raises(SystemExit, match=r"--max-update: '1e4' in '1e4' is not a positive integer"):
+        sweep.planned_updates(budget_args(max_update="1e4"), two)
+
+
+def test_command_uses_the_run_budget(sweep):
+    args = argparse.Namespace(out="/tmp/x", vocab_size=64, train_size=1000, test_size=10, data_seed=1, weight_decay=0.1,
+                              clip_norm=1.0, warmup_frac=0.1, batch_size=64, log_interval=10, seed=1, fairseq_args="",
+                              validate_interval_updates=250)
+    run = sweep.Run(sweep.Setting(256, 16), "hgrn2", 128, 3e-3, max_update=1000)
+    cmd = sweep.fairseq_command(run, args, use_cpu=True)
+
+    def value(flag):
+        return cmd[cmd.index(flag) + 1]
+
+    assert value("--max-update") == "1000" and value("--warmup-updates") == "100"
+    assert value("--max-epoch") == "63"  # ceil(1000 / 16): the update limit is the one that stops it
+    assert value("--validate-interval-updates") == "250"
+    args.validate_interval_updates = 0
+    assert "--validate-interval-updates" not in sweep.fairseq_command(run, args, use_cpu=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Logs and reports
+
+
+def log_line(tag, stats):
+    return f"2026-01-01 00:00:00 | INFO | {tag} | " + json.dumps({k: str(v) for k, v in stats.items()})
+
+
+def test_log_parsing_keeps_every_validation_and_tells_epoch_ends(sweep):
+    lines = [
+        log_line("train_inner", {"epoch": 1, "loss": 9, "ups": "7.5", "num_updates": 100}),
+        log_line("valid", {"epoch": 1, "valid_loss": 9.1, "valid_accuracy": 0.5, "valid_num_updates": 100}),
+        log_line("train_inner", {"epoch": 1, "loss": 8, "ups": "8.25", "num_updates": 200}),
+        log_line("valid", {"epoch": 1, "valid_loss": 8.0, "valid_accuracy": 2.5, "valid_num_updates": 200}),
+        # the epoch's end
+        log_line("valid", {"epoch": 1, "valid_loss": 7.9, "valid_accuracy": 3.0, "valid_num_updates": 250}),
+        log_line("train", {"epoch": 1, "train_loss": 8, "train_num_updates": 250}),
+        log_line("train_inner", {"epoch": 2, "loss": 7, "ups": "9", "num_updates": 300}),
+        log_line("valid", {"epoch": 2, "valid_loss": 7.0, "valid_accuracy": 4.0, "valid_num_updates": 300}),
+        "something else | not json",
+        log_line("train_inner", {"epoch": 2, "loss": 7, "ups": "9.5", "num_updates": 400}),
+        log_line("train", {"epoch": 2, "train_loss": 7, "train_num_updates": 500}),  # an epoch end not validated
+        log_line("train_inner", {"epoch": 3, "loss": 7, "ups": "9.75", "num_updates": 600}),  # then killed
+    ]
+    parsed = sweep.parse_fairseq_log("\n".join(lines))
+    assert parsed["curve"] == [[100, 0.5], [200, 2.5], [250, 3.0], [300, 4.0]]
+    assert parsed["accs"] == [0.5, 2.5, 3.0, 4.0]
+    assert parsed["epoch_accs"] == [3.0]  # not 4.0: training went on after that validation
+    assert parsed["updates"] == 600 and parsed["ups"] == 9.75 and parsed["loss"] == 7.0
+
+
+def result(sweep, model, d, lr, status="ok", final=None, best=None, updates=1000, max_update=1000):
+    return sweep.RunResult(name=f"seq64_kv4_{model}_d{d}_lr{lr:g}", seq_len=64, num_kv_pairs=4, model=model, d=d,
+                           lr=lr, status=status, final_acc=final, best_acc=best if best is not None else final,
+                           updates=updates, max_update=max_update, updates_per_s=12.5, gpu="1")
+
+
+def report_args(out, **kw):
+    base = dict(out=str(out), no_plot=False, vocab_size=8192, train_size=64000, test_size=10, epochs="1",
+                max_update="1000", batch_size=64, lrs="1e-3,3e-3", weight_decay=0.1, warmup_frac=0.1,
+                validate_interval_updates=100)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def test_report_marks_cut_cells_and_counts_only_finished_runs(sweep, tmp_path):
+    results = [
+        # d 64: both finished, HGRN2 wins
+        result(sweep, "hgrn1", 64, 1e-3, final=20.0), result(sweep, "hgrn2", 64, 1e-3, final=30.0),
+        # d 128: HGRN2 finished; HGRN1's runs both cut: the best accuracy seen of either is shown
+        result(sweep, "hgrn1", 128, 1e-3, "timeout", best=2.0, updates=420),
+        result(sweep, "hgrn1", 128, 3e-3, "timeout", best=3.14, updates=400),
+        result(sweep, "hgrn2", 128, 1e-3, final=1.0),
+        # d 256: both cut; the HGRN2 run was cut before its first validation
+        result(sweep, "hgrn1", 256, 1e-3, "timeout", best=0.0213, updates=300),
+        result(sweep, "hgrn2", 256, 3e-3, "timeout", updates=50),
+        # d 512: HGRN2 has a finished run and a cut one with a higher accuracy: the finished one counts
+        result(sweep, "hgrn1", 512, 1e-3, final=50.0),
+        result(sweep, "hgrn2", 512, 1e-3, final=40.0), result(sweep, "hgrn2", 512, 3e-3, "timeout", best=90.0),
+    ]
+    sweep.write_reports(results, [sweep.Setting(64, 4)], ["hgrn1", "hgrn2"], [64, 128, 256, 512],
+                        report_args(tmp_path))
+    table = (tmp_path / "table.md").read_text()
+    assert "| 64 | 20.0 (lr 0.001) | 30.0 (lr 0.001) | yes |" in table
+    assert "| 128 | 3.1* (lr 0.003, cut at 400/1000 upd) | 1.0 (lr 0.001) | - |" in table
+    assert "| 256 | 0.021* (lr 0.001, cut at 300/1000 upd) | -* (lr 0.003, cut at 50/1000 upd) | - |" in table
+    assert "| 512 | 50.0 (lr 0.001) | 40.0 (lr 0.001) | no |" in table
+    assert ("HGRN2 beats HGRN1 at 1 of 2 widths measured (finished runs only; 2 not measured); "
+            "3 of 8 cells cut by the run timeout (marked *).") in table
+    assert "\\* every run of this cell was cut by the run timeout" in table
+    assert "1000 updates per run (1 epoch(s) of 1000), 100 of them warm-up." in table
+    assert "every 100 updates" in table
+    with open(tmp_path / "runs.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(results)  # every run, cut ones too
+    cut = next(r for r in rows if r["d"] == "128" and r["lr"] == "0.003" and r["model"] == "hgrn1")
+    columns = ["status", "best_acc", "final_acc", "updates", "max_update", "updates_per_s", "gpu", "selected"]
+    assert [cut[c] for c in columns] == ["timeout", "3.14", "", "400", "1000", "12.5", "1", "0"]
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+OLD_JSON = {  # a run JSON written before valid_curve / max_update / updates_per_s / gpu existed
+    "name": "seq256_kv16_hgrn1_d64_lr0.003", "seq_len": 256, "num_kv_pairs": 16, "model": "hgrn1", "d": 64,
+    "lr": 0.003, "status": "timeout", "final_acc": None, "best_acc": 1.794, "final_loss": 10.326, "epochs": 2,
+    "updates": 4000, "wall_s": 430.7, "valid_acc_per_epoch": [0.9, 1.794], "error": "killed",
+}
+
+
+def test_report_only_reads_old_run_jsons(sweep, tmp_path):
+    r = sweep.RunResult.from_json(dict(OLD_JSON, some_future_field=1))
+    assert r.valid_curve == [] and r.max_update == 0 and r.updates_per_s is None and r.best_acc == 1.794
+    out = tmp_path / "sweep"
+    (out / "runs").mkdir(parents=True)
+    (out / "runs" / (OLD_JSON["name"] + ".json")).write_text(json.dumps(OLD_JSON))
+    sweep.main(["--out", str(out), "--report-only", "--settings", "256:16", "--dims", "64", "--lrs", "3e-3",
+                "--epochs", "4", "--no-plot"])
+    table = (out / "table.md").read_text()
+    assert "| 64 | 1.8* (lr 0.003, cut at 4000 upd) | - | - |" in table  # no planned total on record
+    rows = (out / "runs.csv").read_text().splitlines()
+    assert len(rows) == 2 and ",timeout," in rows[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Shell wrappers
+
+
+@pytest.mark.parametrize("script", ["bench/gpu_checks.sh", "scripts/run_mqar.sh", "bench/split_pytest.sh"])
+def test_shell_syntax(script):
+    r = subprocess.run(["bash", "-n", os.path.join(REPO, script)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_run_mqar_passes_the_budget_gpu_and_validation_variables():
+    env = subprocess_env()
+    env.update(PYTHON="echo", OUT="/tmp/o", SETTINGS="256:16,512:64", EPOCHS="6,3", MAX_UPDATE="9000,5000",
+               GPUS="4", JOBS="32", VALIDATE_EVERY="500", LRS="1e-3,3e-3")
+    r = subprocess.run(["bash", os.path.join(REPO, "scripts", "run_mqar.sh"), "--run-timeout", "390"], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    for part in ["--settings 256:16,512:64", "--epochs 6,3", "--max-update 9000,5000", "--gpus 4", "--jobs 32",
+                 "--validate-interval-updates 500", "--lrs 1e-3,3e-3", "--run-timeout 390"]:
+        assert part in r.stdout, (part, r.stdout)
+    for name in ("MAX_UPDATE", "GPUS", "VALIDATE_EVERY"):
+        env.pop(name)
+    r = subprocess.run(["bash", os.path.join(REPO, "scripts", "run_mqar.sh")], env=env, capture_output=True, text=True)
+    assert "--max-update" not in r.stdout and "--gpus" not in r.stdout
+    assert "--validate-interval-updates 0" in r.stdout
+
+
+# ----------------------------------------------------------------------------------------------
+# A tiny sweep through fairseq-train on CPU: 15 updates per epoch, 30 in all, validation every 10
+
+
+def test_tiny_cpu_sweep_records_interval_validations(sweep, tmp_path):
+    out = tmp_path / "sweep"
+    sweep.main(["--out", str(out), "--cpu", "--settings", "32:4", "--vocab-size", "64", "--models", "hgrn1",
+                "--dims", "32", "--lrs", "3e-3", "--train-size", "960", "--test-size", "64", "--max-update", "30",
+                "--validate-interval-updates", "10", "--log-interval", "5", "--jobs", "1", "--no-plot"])
+    run = json.loads((out / "runs" / "seq32_kv4_hgrn1_d32_lr0.003.json").read_text())
+    assert run["status"] == "ok", run["error"]
+    assert [u for u, _ in run["valid_curve"]] == [10, 15, 20, 30]  # every 10 and at each epoch's end (15, 30)
+    assert run["valid_acc_per_epoch"] == [run["valid_curve"][1][1], run["valid_curve"][3][1]]
+    assert run["epochs"] == 2 and run["updates"] == run["max_update"] == 30
+    assert run["final_acc"] == run["valid_curve"][-1][1]
+    assert run["updates_per_s"] > 0 and run["gpu"] == ""
+    assert "| 32 | " in (out / "table.md").read_text()
