@@ -1287,7 +1287,7 @@ def _lookback_buffers(device: torch.device, n_words: int):
     if lbuf is None or lbuf.numel() < n_words:
         lbuf = torch.zeros(max(n_words, 1024), dtype=torch.int64, device=device)
         state = torch.zeros(2, dtype=torch.int32, device=device)  # epoch, last-chunk programs done
-        state[0] = 1
+        state.narrow(0, 0, 1).fill_(1)  # (a fill kernel: no host copy)
         _LB_BUFFERS[key] = (lbuf, state)
     if capturing:
         _LB_CAPTURED.append((lbuf, state))
