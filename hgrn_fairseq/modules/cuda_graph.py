@@ -17,13 +17,18 @@ What a caller must respect (:meth:`GraphedCallCache.usable` checks the first fou
 * the module has no host synchronisation and no data-dependent shapes inside;
 * dropout is fine: the graph draws fresh random numbers on every replay;
 * autocast: the capture runs under the caller's autocast device type and dtype, with autocast's
-  weight cache off, as :func:`torch.cuda.make_graphed_callables` requires.
+  weight cache off, as :func:`torch.cuda.make_graphed_callables` requires;
+* DDP (fairseq's distributed training): the captures use the ``"thread_local"`` error mode, so NCCL's
+  watchdog thread cannot break them; DDP's gradient hooks fire when the graph's backward hands the
+  parameters their gradients.
 
 At most ``max_graphs`` shapes are captured (each holds its own activation memory); further shapes
 run eagerly, with one warning.
 """
 from __future__ import annotations
 
+import importlib
+import inspect
 import logging
 from typing import Callable, Dict, Tuple
 
@@ -31,6 +36,35 @@ import torch
 from torch import nn
 
 logger = logging.getLogger(__name__)
+
+
+def make_graphed_thread_local(module: nn.Module, samples: tuple) -> nn.Module:
+    """:func:`torch.cuda.make_graphed_callables` with the captures in ``"thread_local"`` error mode.
+
+    In the default ``"global"`` mode a capture fails when *another* thread makes a CUDA call that a
+    capture forbids, and under DDP one always may: NCCL's watchdog thread queries its events. The
+    capturing thread is held to the same rules either way. torch releases whose
+    ``make_graphed_callables`` has no ``capture_error_mode`` argument get it through the
+    ``torch.cuda.graph`` context they construct, swapped for the duration of the call."""
+    if "capture_error_mode" in inspect.signature(torch.cuda.make_graphed_callables).parameters:
+        return torch.cuda.make_graphed_callables(
+            module, samples, allow_unused_input=True, capture_error_mode="thread_local"
+        )
+    original = torch.cuda.graph
+
+    class _ThreadLocalGraph(original):
+        def __init__(self, cuda_graph, pool=None, stream=None, capture_error_mode="thread_local", **kwargs):
+            super().__init__(cuda_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode, **kwargs)
+
+    graphs_module = importlib.import_module("torch.cuda.graphs")  # where make_graphed_callables lives
+    patched = [m for m in (torch.cuda, graphs_module) if getattr(m, "graph", None) is original]
+    for m in patched:
+        m.graph = _ThreadLocalGraph
+    try:
+        return torch.cuda.make_graphed_callables(module, samples, allow_unused_input=True)
+    finally:
+        for m in patched:
+            m.graph = original
 
 
 def _autocast_state() -> Tuple[bool, torch.dtype]:
@@ -93,7 +127,7 @@ class GraphedCallCache:
         # sample inputs of the same shapes; their values do not matter (warm-up and capture only)
         samples = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs)
         with torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=False):
-            return torch.cuda.make_graphed_callables(module, samples, allow_unused_input=True)
+            return make_graphed_thread_local(module, samples)
 
     def clear(self) -> None:
         self.graphed.clear()

@@ -76,6 +76,38 @@ def test_off_cuda_the_option_changes_nothing(arch):
     assert "_graphs" not in copy.deepcopy(graphed).decoder.__dict__
 
 
+@pytest.mark.parametrize("has_mode_argument", [True, False])
+def test_captures_use_thread_local_error_mode(monkeypatch, has_mode_argument):
+    """NCCL's watchdog thread must not break a capture under DDP: whatever the torch release, the
+    capture contexts are built in "thread_local" mode, and torch.cuda.graph is restored after."""
+    import importlib
+    import inspect
+
+    from hgrn_fairseq.modules import cuda_graph
+
+    graphs_module = importlib.import_module("torch.cuda.graphs")
+    original = torch.cuda.graph
+    seen = {}
+
+    if has_mode_argument:
+        def fake(module, samples, allow_unused_input=False, capture_error_mode="global"):
+            seen["mode"] = capture_error_mode
+            return module
+    else:
+        def fake(module, samples, allow_unused_input=False):
+            init = inspect.signature(torch.cuda.graph.__init__).parameters
+            seen["mode"] = init["capture_error_mode"].default
+            seen["same_in_module"] = graphs_module.graph is torch.cuda.graph
+            return module
+
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", fake)
+    module = torch.nn.Linear(2, 2)
+    assert cuda_graph.make_graphed_thread_local(module, ()) is module
+    assert seen["mode"] == "thread_local"
+    assert seen.get("same_in_module", True)
+    assert torch.cuda.graph is original and graphs_module.graph is original
+
+
 # ----------------------------------------------------------------------------------------------
 # On the GPU
 
