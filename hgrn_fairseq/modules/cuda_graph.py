@@ -38,7 +38,30 @@ from torch import nn
 logger = logging.getLogger(__name__)
 
 
-def make_graphed_thread_local(module: nn.Module, samples: tuple) -> nn.Module:
+def graph_with_parameter_aliases(module: nn.Module, samples: tuple, make_graphed: Callable) -> Callable:
+    """``inputs -> module(*inputs)`` as a graphed function whose parameters are explicit inputs.
+
+    The warm-up and the capture run ``module`` through :func:`torch.func.functional_call` on aliases
+    of its parameters (``p.detach()``: the same memory, fresh autograd leaves), so the hooks that
+    DDP keeps on the real parameters never fire inside a capture (their all-reduce cannot be
+    captured). A replay takes the real parameters as inputs (same addresses: nothing is copied), and
+    its backward hands them their gradients through autograd as an eager backward would."""
+    names, params = zip(*module.named_parameters())
+    aliases = tuple(p.detach().requires_grad_(p.requires_grad) for p in params)
+    n = len(samples)
+
+    def run(*args):
+        return torch.func.functional_call(module, dict(zip(names, args[n:])), args[:n])
+
+    graphed = make_graphed(run, samples + aliases)
+
+    def replay(*inputs):
+        return graphed(*inputs, *params)
+
+    return replay
+
+
+def make_graphed_thread_local(fn: Callable, samples: tuple) -> Callable:
     """:func:`torch.cuda.make_graphed_callables` with the captures in ``"thread_local"`` error mode.
 
     In the default ``"global"`` mode a capture fails when *another* thread makes a CUDA call that a
@@ -48,7 +71,7 @@ def make_graphed_thread_local(module: nn.Module, samples: tuple) -> nn.Module:
     ``torch.cuda.graph`` context they construct, swapped for the duration of the call."""
     if "capture_error_mode" in inspect.signature(torch.cuda.make_graphed_callables).parameters:
         return torch.cuda.make_graphed_callables(
-            module, samples, allow_unused_input=True, capture_error_mode="thread_local"
+            fn, samples, allow_unused_input=True, capture_error_mode="thread_local"
         )
     original = torch.cuda.graph
 
@@ -61,7 +84,7 @@ def make_graphed_thread_local(module: nn.Module, samples: tuple) -> nn.Module:
     for m in patched:
         m.graph = _ThreadLocalGraph
     try:
-        return torch.cuda.make_graphed_callables(module, samples, allow_unused_input=True)
+        return torch.cuda.make_graphed_callables(fn, samples, allow_unused_input=True)
     finally:
         for m in patched:
             m.graph = original
@@ -86,7 +109,7 @@ class GraphedCallCache:
         self.probe = probe  # a parameter of the module: its dtype and address join the key
         self.max_graphs = max_graphs
         self.name = name
-        self.graphed: Dict[tuple, nn.Module] = {}
+        self.graphed: Dict[tuple, Callable] = {}
         self._warned = False
 
     @staticmethod
@@ -118,7 +141,7 @@ class GraphedCallCache:
             self.graphed[key] = graphed
         return graphed(*inputs)
 
-    def _capture(self, module: nn.Module, inputs) -> nn.Module:
+    def _capture(self, module: nn.Module, inputs) -> Callable:
         enabled, dtype = _autocast_state()
         logger.info(
             f"cuda graphs: capturing {self.name} for inputs {[tuple(t.shape) for t in inputs]}"
@@ -127,7 +150,7 @@ class GraphedCallCache:
         # sample inputs of the same shapes; their values do not matter (warm-up and capture only)
         samples = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs)
         with torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=False):
-            return make_graphed_thread_local(module, samples)
+            return graph_with_parameter_aliases(module, samples, make_graphed_thread_local)
 
     def clear(self) -> None:
         self.graphed.clear()

@@ -108,6 +108,47 @@ def test_captures_use_thread_local_error_mode(monkeypatch, has_mode_argument):
     assert torch.cuda.graph is original and graphs_module.graph is original
 
 
+def test_parameter_aliases_keep_hooks_out_of_the_capture_and_grads_on_the_parameters():
+    """The capture runs the module on aliases of its parameters (DDP's hooks on the real ones must
+    not fire inside a capture); a replay's backward gives the real parameters the eager gradients.
+    make_graphed is replaced by a recorder that runs the function as the warm-up would."""
+    from hgrn_fairseq.modules.cuda_graph import graph_with_parameter_aliases
+
+    torch.manual_seed(0)
+    model = build("hgrn_lm_tiny", dropout=0.0).train()
+    trunk_of = lambda: _trunk(model)  # noqa: E731
+    tokens = torch.randint(4, 300, (2, 9))
+    fired = []
+    for p in model.parameters():
+        p.register_hook(lambda g: fired.append(1))
+
+    def make_graphed(fn, samples):  # stand-in: one warm-up forward/backward on the samples
+        out = fn(*samples)
+        grads = torch.autograd.grad(out.sum(), [t for t in samples if t.requires_grad], allow_unused=True)
+        assert any(g is not None for g in grads)
+        return fn
+
+    replay = graph_with_parameter_aliases(trunk_of(), (tokens.clone(),), make_graphed)
+    assert fired == []  # the warm-up touched only the aliases
+    out = replay(tokens)
+    (out * out).sum().backward()
+    assert fired  # the replay's backward reached the real parameters
+    graphed_grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    ref = model.decoder._features(tokens)[0]
+    (ref * ref).sum().backward()
+    eager_grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert len(graphed_grads) == len(eager_grads) > 10
+    for a, b in zip(graphed_grads, eager_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def _trunk(model):
+    from hgrn_fairseq.models.hgrn_lm import _GraphedTrunk
+
+    return _GraphedTrunk(model.decoder)
+
+
 # ----------------------------------------------------------------------------------------------
 # On the GPU
 
