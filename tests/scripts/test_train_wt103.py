@@ -74,9 +74,9 @@ COMMON = {
 }
 EXPECTED = {
     "hgrn_lm_base": {"--arch": "hgrn_lm_base", "--warmup-updates": "8000", "--weight-decay": "0.2",
-                     "--clip-norm": "0.0", "--max-update": "100000"},
+                     "--clip-norm": "0.0", "--max-update": "100000", "--cuda-graphs": True},
     "hgrn2_lm_base": {"--arch": "hgrn2_lm_base", "--warmup-updates": "4000", "--weight-decay": "0.1",
-                      "--clip-norm": "1.0", "--max-update": "50000", "--bf16": True},
+                      "--clip-norm": "1.0", "--max-update": "50000", "--bf16": True, "--cuda-graphs": True},
     "transformer_lm_wt103_small": {
         "--arch": "transformer_lm", "--decoder-layers": "6", "--decoder-embed-dim": "512",
         "--decoder-ffn-embed-dim": "2048", "--decoder-attention-heads": "8", "--decoder-normalize-before": True,
@@ -115,6 +115,21 @@ def test_update_freq_keeps_128_sequences_per_update(gpus, batch, update_freq, da
         assert "torch.distributed.run" not in argv
     else:  # one process per GPU through torchrun
         assert argv[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node"] and argv[5] == gpus
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_cuda_graphs_on_for_hgrn_recipes_unless_switched_off(recipe, data):
+    hgrn = recipe != "transformer_lm_wt103_small"
+    argv, _ = dry_run(recipe, data, env={"NUM_GPUS": "1"})
+    assert ("--cuda-graphs" in argv) == hgrn
+    if hgrn:
+        assert shell_args(recipe, data).cuda_graphs is True
+        assert hydra_config(recipe, data)["model"]["cuda_graphs"] is True
+    argv, _ = dry_run(recipe, data, env={"NUM_GPUS": "1", "CUDA_GRAPHS": "0"})
+    assert "--cuda-graphs" not in argv
+    proc = subprocess.run(["bash", SCRIPT, "--dry-run", recipe, data], capture_output=True, text=True,
+                          env={**os.environ, "NUM_GPUS": "1", "CUDA_GRAPHS": "yes"})
+    assert proc.returncode != 0 and "CUDA_GRAPHS='yes' is not 0 or 1" in proc.stderr
 
 
 def test_cpu_and_overrides(data):
