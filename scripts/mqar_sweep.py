@@ -607,7 +607,8 @@ def main(argv=None) -> None:
 
     if args.validate_interval_updates < 0:
         raise SystemExit(f"--validate-interval-updates {args.validate_interval_updates}: expected >= 0")
-    runs = order_runs(settings, models, dims, lrs, planned_updates(args, settings))
+    totals = planned_updates(args, settings)
+    runs = order_runs(settings, models, dims, lrs, totals)
     if args.dry_run:
         for run in runs:
             print(" ".join(shlex.quote(c) for c in fairseq_command(run, args, use_cpu)))
@@ -634,7 +635,6 @@ def main(argv=None) -> None:
         set_child_threads(threads, use_cpu, args.jobs, os.cpu_count() or 1)
         device = (f"{len(gpus.devices)} x {torch.cuda.get_device_name(0)} (CUDA_VISIBLE_DEVICES "
                   f"{','.join(gpus.devices)}; OMP_NUM_THREADS {threads.get('OMP_NUM_THREADS', 'inherited')})")
-    totals = planned_updates(args, settings)
     budget = ", ".join(f"{s.seq_len}:{s.num_kv_pairs} {totals[s.name]}" for s in settings)
     print(f"MQAR sweep: {len(runs)} runs ({len(runs) - len(todo)} already done), {args.jobs} at a time on "
           f"{device}; updates per run: {budget}; output in {args.out}", flush=True)

@@ -1289,8 +1289,8 @@ def _lookback_buffers(device: torch.device, n_words: int):
         state = torch.zeros(2, dtype=torch.int32, device=device)  # epoch, last-chunk programs done
         state.narrow(0, 0, 1).fill_(1)  # (a fill kernel: no host copy)
         _LB_BUFFERS[key] = (lbuf, state)
-    if capturing:
-        _LB_CAPTURED.append((lbuf, state))
+        if capturing:  # (graph-key buffers are only ever allocated under capture)
+            _LB_CAPTURED.append((lbuf, state))
     return lbuf, state
 
 

@@ -224,8 +224,7 @@ class HgrnDecoder(FairseqIncrementalDecoder):
     def _graph_cache(self) -> GraphedCallCache:
         cache = self.__dict__.get("_graphs")
         if cache is None:  # kept out of the module's state (and of pickling)
-            cache = GraphedCallCache(lambda: _GraphedTrunk(self), lambda: self.embed_tokens.weight,
-                                     name="hgrn_lm decoder")
+            cache = GraphedCallCache(_GraphedTrunk(self), name="hgrn_lm decoder")
             self.__dict__["_graphs"] = cache
         return cache
 
@@ -257,7 +256,7 @@ class HgrnDecoder(FairseqIncrementalDecoder):
 
 class _GraphedTrunk(nn.Module):
     """tokens -> features of a training forward (``HgrnDecoder._features``): what a CUDA graph records.
-    A fresh wrapper per captured shape; its parameters are the decoder's."""
+    Its parameters are the decoder's."""
 
     def __init__(self, decoder: HgrnDecoder):
         super().__init__()

@@ -6,7 +6,7 @@ backward of a module once per input shape with :func:`torch.cuda.make_graphed_ca
 replays each as one launch; the parameters' gradients come back through autograd as usual, so
 optimizers, gradient accumulation, clipping and DDP's hooks see nothing different.
 
-What a caller must respect (:meth:`GraphedCallCache.usable` checks the first four):
+What a caller must respect (:meth:`GraphedCallCache.usable` checks the first point):
 
 * CUDA, training mode, gradients enabled: evaluation and decoding run the module eagerly;
 * the tensors the module returns are the graph's static buffers: they hold their values until the
@@ -95,18 +95,11 @@ def _autocast_state() -> Tuple[bool, torch.dtype]:
 
 
 class GraphedCallCache:
-    """Graphed copies of ``make_module()`` (a fresh ``nn.Module`` sharing the owner's parameters),
-    one per (input shapes and dtypes, autocast state, dtype and address of ``probe()``)."""
+    """Graphed versions of ``module`` (which shares the owner's parameters), one per (input shapes
+    and dtypes, autocast state, dtype and address of the module's first parameter)."""
 
-    def __init__(
-        self,
-        make_module: Callable[[], nn.Module],
-        probe: Callable[[], torch.Tensor],
-        max_graphs: int = 4,
-        name: str = "module",
-    ):
-        self.make_module = make_module
-        self.probe = probe  # a parameter of the module: its dtype and address join the key
+    def __init__(self, module: nn.Module, max_graphs: int = 4, name: str = "module"):
+        self.module = module
         self.max_graphs = max_graphs
         self.name = name
         self.graphed: Dict[tuple, Callable] = {}
@@ -121,12 +114,13 @@ class GraphedCallCache:
             and not torch.cuda.is_current_stream_capturing()
         )
 
-    def _key(self, inputs, first_param: torch.Tensor) -> tuple:
+    def _key(self, inputs) -> tuple:
         shapes = tuple((tuple(t.shape), t.dtype, t.device, t.requires_grad) for t in inputs)
+        first_param = next(self.module.parameters())
         return shapes, _autocast_state(), first_param.dtype, first_param.data_ptr()
 
     def __call__(self, *inputs: torch.Tensor):
-        key = self._key(inputs, self.probe())
+        key = self._key(inputs)
         graphed = self.graphed.get(key)
         if graphed is None:
             if len(self.graphed) >= self.max_graphs:
@@ -136,12 +130,12 @@ class GraphedCallCache:
                         f"shape {[tuple(t.shape) for t in inputs]} and later new ones run without a graph"
                     )
                     self._warned = True
-                return self.make_module()(*inputs)
-            graphed = self._capture(self.make_module(), inputs)
+                return self.module(*inputs)
+            graphed = self._capture(inputs)
             self.graphed[key] = graphed
         return graphed(*inputs)
 
-    def _capture(self, module: nn.Module, inputs) -> Callable:
+    def _capture(self, inputs) -> Callable:
         enabled, dtype = _autocast_state()
         logger.info(
             f"cuda graphs: capturing {self.name} for inputs {[tuple(t.shape) for t in inputs]}"
@@ -150,8 +144,4 @@ class GraphedCallCache:
         # sample inputs of the same shapes; their values do not matter (warm-up and capture only)
         samples = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs)
         with torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=False):
-            return graph_with_parameter_aliases(module, samples, make_graphed_thread_local)
-
-    def clear(self) -> None:
-        self.graphed.clear()
-        self._warned = False
+            return graph_with_parameter_aliases(self.module, samples, make_graphed_thread_local)

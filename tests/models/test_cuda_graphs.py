@@ -4,42 +4,29 @@ The CPU tests check that the option changes nothing off CUDA (and adds no state)
 (skipped without CUDA, run on the GPU machine) train an eager model and a graphed copy side by side
 through optimizer steps, new shapes and the capture limit.
 """
-import argparse
 import copy
 import logging
 import os
 import re
 import sys
-import types
 
 import pytest
 import torch
 
 import hgrn_fairseq  # noqa: F401  (registers the plugin)
 from fairseq import options
-from fairseq.data import Dictionary
-from fairseq.models import ARCH_CONFIG_REGISTRY
 
-from hgrn_fairseq.models.hgrn_lm import HgrnLanguageModel
 from hgrn_fairseq.modules.cuda_graph import GraphedCallCache
 from tests.lm_corpus import binarise, write_corpus
+from tests.models.test_hgrn_lm import build as build_lm, gpt2_sized_dictionary
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU (run on the GPU machine)")
 PLUGIN = os.path.dirname(os.path.abspath(hgrn_fairseq.__file__))
 
 
-def dictionary(size=300):
-    d = Dictionary()
-    for i in range(size - len(d)):
-        d.add_symbol(f"tok{i}")
-    return d
-
-
 def build(arch, **overrides):
-    args = argparse.Namespace(**overrides)
-    ARCH_CONFIG_REGISTRY[arch](args)
-    return HgrnLanguageModel.build_model(args, types.SimpleNamespace(target_dictionary=dictionary()))
+    return build_lm(arch, gpt2_sized_dictionary(300), **overrides)
 
 
 def loss_of(model, tokens):
