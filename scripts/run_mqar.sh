@@ -48,5 +48,5 @@ args=(
 if [[ -n "${MAX_UPDATE:-}" ]]; then args+=(--max-update "$MAX_UPDATE"); fi
 if [[ -n "${GPUS:-}" ]]; then args+=(--gpus "$GPUS"); fi
 if [[ -n "${TIME_BUDGET:-}" ]]; then args+=(--time-budget "$TIME_BUDGET"); fi
-if [[ -n "${FAIRSEQ_ARGS:-}" ]]; then args+=(--fairseq-args "$FAIRSEQ_ARGS"); fi
+if [[ -n "${FAIRSEQ_ARGS:-}" ]]; then args+=("--fairseq-args=$FAIRSEQ_ARGS"); fi  # (= form: the value starts with --)
 exec "$PYTHON" scripts/mqar_sweep.py "${args[@]}" "$@"

@@ -285,6 +285,19 @@ def test_run_mqar_passes_the_budget_gpu_and_validation_variables():
     assert "--validate-interval-updates 0" in r.stdout
 
 
+def test_run_mqar_passes_fairseq_args_that_start_with_dashes(tmp_path):
+    """FAIRSEQ_ARGS='--cuda-graphs ...' reaches fairseq-train (argparse once took such a value for an
+    option of its own and the sweep stopped with 'expected one argument')."""
+    env = subprocess_env()
+    env.update(OUT=str(tmp_path / "o"), SETTINGS="32:4", DIMS="32", LRS="3e-3", MODELS="hgrn1",
+               FAIRSEQ_ARGS="--cuda-graphs")  # (one word: argparse lets a value with a space through)
+    r = subprocess.run(["bash", os.path.join(REPO, "scripts", "run_mqar.sh"), "--dry-run"], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    train = [line for line in r.stdout.splitlines() if "fairseq_cli.train" in line]
+    assert len(train) == 1 and train[0].split()[-1] == "--cuda-graphs", r.stdout
+
+
 # ----------------------------------------------------------------------------------------------
 # A tiny sweep through fairseq-train on CPU: 15 updates per epoch, 30 in all, validation every 10
 
