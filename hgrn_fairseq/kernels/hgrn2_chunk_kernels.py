@@ -110,6 +110,21 @@ def _suffix_decay(g_base, i_n, T, H, K: tl.constexpr, o_k, m_k, BT: tl.constexpr
     return tl.cumsum(b_gn, axis=0, reverse=True)
 
 
+@triton.jit
+def _fwd_states_loads(g_base, v_base, i_n, T, H, K: tl.constexpr, V: tl.constexpr, o_k, m_k, o_v, m_v,
+                      BT: tl.constexpr, REVERSE: tl.constexpr):
+    """Chunk ``i_n``'s tiles for the forward state pass, in the input dtype: g, v and g shifted by one
+    row (for ``_suffix_decay``'s sums). A chunk past the end loads nothing (all masked: zeros)."""
+    pos, valid = _chunk_rows(i_n, T, BT, REVERSE)
+    b_g = tl.load(g_base + pos[:, None] * (H * K) + o_k[None, :], mask=valid[:, None] & m_k[None, :], other=0.0)
+    b_v = tl.load(v_base + pos[:, None] * (H * V) + o_v[None, :], mask=valid[:, None] & m_v[None, :], other=0.0)
+    o_t = tl.arange(0, BT)
+    posn, validn = _row_pos(i_n * BT + o_t + 1, T, REVERSE)
+    validn = validn & (o_t + 1 < BT)
+    b_gn = tl.load(g_base + posn[:, None] * (H * K) + o_k[None, :], mask=validn[:, None] & m_k[None, :], other=0.0)
+    return b_g, b_v, b_gn
+
+
 @triton.jit(do_not_specialize=["T"])
 def hgrn2_fwd_states_kernel(
     g, v, h, h0, ht,
@@ -117,7 +132,10 @@ def hgrn2_fwd_states_kernel(
     K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     REVERSE: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, EMU: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
+    """PREFETCH: the loads of chunk n+1 are issued before chunk n is computed (they do not depend on
+    the state), so their latency hides behind the chunk's work instead of adding to it."""
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b = (i_bh // H).to(tl.int64)
     i_h = i_bh % H
@@ -135,15 +153,20 @@ def hgrn2_fwd_states_kernel(
         b_s = tl.load(h0 + i_bh.to(tl.int64) * K * V + o_s, mask=m_s, other=0.0).to(tl.float32)
     else:
         b_s = tl.zeros([BK, BV], dtype=tl.float32)
+    if PREFETCH:
+        n_g, n_v, n_gn = _fwd_states_loads(g_base, v_base, 0, T, H, K, V, o_k, m_k, o_v, m_v, BT, REVERSE)
     for i_n in range(NT):
         tl.store(h_base + i_n * K * V + o_s, _cast(b_s, DT, EMU), mask=m_s)
-        pos, valid = _chunk_rows(i_n, T, BT, REVERSE)
-        b_g = tl.load(g_base + pos[:, None] * (H * K) + o_k[None, :],
-                      mask=valid[:, None] & m_k[None, :], other=0.0).to(tl.float32)
-        b_v = tl.load(v_base + pos[:, None] * (H * V) + o_v[None, :],
-                      mask=valid[:, None] & m_v[None, :], other=0.0)
+        if PREFETCH:
+            b_g, b_v, b_gn = n_g, n_v, n_gn
+            n_g, n_v, n_gn = _fwd_states_loads(g_base, v_base, i_n + 1, T, H, K, V, o_k, m_k, o_v, m_v, BT,
+                                               REVERSE)
+        else:
+            b_g, b_v, b_gn = _fwd_states_loads(g_base, v_base, i_n, T, H, K, V, o_k, m_k, o_v, m_v, BT, REVERSE)
+        b_g = b_g.to(tl.float32)
         b_B = tl.sum(b_g, axis=0)
-        b_kt = _neg_expm1(b_g) * tl.exp(_suffix_decay(g_base, i_n, T, H, K, o_k, m_k, BT, REVERSE))
+        # exclusive suffix sums (see _suffix_decay), from the shifted rows
+        b_kt = _neg_expm1(b_g) * tl.exp(tl.cumsum(b_gn.to(tl.float32), axis=0, reverse=True))
         b_s = b_s * tl.exp(b_B)[:, None] + tl.dot(tl.trans(_cast(b_kt, DT, EMU)), _cast(b_v, DT, EMU))
     if STORE_HT:
         tl.store(ht + i_bh.to(tl.int64) * K * V + o_s, b_s, mask=m_s)
@@ -228,6 +251,21 @@ def _intra_A_blocks(b_q, b_k, b_b, o_t, blk, off, i_n, T, H, K: tl.constexpr, g_
     return b_A
 
 
+@triton.jit
+def _output_loads(q_base, g_base, h, chunk, pos, valid, i_k, H, K: tl.constexpr, V: tl.constexpr, o_v, m_v,
+                  BK: tl.constexpr):
+    """Channels ``i_k * BK ..`` of one chunk for ``fwd_output``: g and q ``[BT, BK]`` (input dtype) and
+    the state rows ``[BK, BV]``. Past the last channel every load is masked."""
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    m_qk = valid[:, None] & m_k[None, :]
+    p_qk = pos[:, None] * (H * K) + o_k[None, :]
+    b_g = tl.load(g_base + p_qk, mask=m_qk, other=0.0)
+    b_q = tl.load(q_base + p_qk, mask=m_qk, other=0.0)
+    b_h = tl.load(h + chunk * (K * V) + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
+    return b_g, b_q, b_h
+
+
 @triton.jit(do_not_specialize=["T"])
 def hgrn2_fwd_output_kernel(
     q, v, g, h, o, A,
@@ -235,9 +273,11 @@ def hgrn2_fwd_output_kernel(
     K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     SAFE: tl.constexpr, CSAFE: tl.constexpr, REVERSE: tl.constexpr, STORE_A: tl.constexpr, EMU: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
 ):
     """One chunk: A = sum over channels (BK at a time) of the intra-chunk products, then
-    o = (q * exp(b)) S_n + A v."""
+    o = (q * exp(b)) S_n + A v. PREFETCH: the next BK channels' tiles are loaded before the current
+    ones are computed."""
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b = (i_bh // H).to(tl.int64)
     i_h = i_bh % H
@@ -256,17 +296,21 @@ def hgrn2_fwd_output_kernel(
 
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    if PREFETCH:
+        n_g, n_q, n_h = _output_loads(q_base, g_base, h, chunk, pos, valid, 0, H, K, V, o_v, m_v, BK)
     for i_k in range(NK):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        m_qk = valid[:, None] & m_k[None, :]
-        p_qk = pos[:, None] * (H * K) + o_k[None, :]
-        b_g = tl.load(g_base + p_qk, mask=m_qk, other=0.0).to(tl.float32)
+        if PREFETCH:
+            b_g, b_q, b_hk = n_g, n_q, n_h
+            n_g, n_q, n_h = _output_loads(q_base, g_base, h, chunk, pos, valid, i_k + 1, H, K, V, o_v, m_v,
+                                            BK)
+        else:
+            b_g, b_q, b_hk = _output_loads(q_base, g_base, h, chunk, pos, valid, i_k, H, K, V, o_v, m_v, BK)
+        b_g = b_g.to(tl.float32)
+        b_q = b_q.to(tl.float32)
         b_b = tl.cumsum(b_g, axis=0)
         b_k = _neg_expm1(b_g)
-        b_q = tl.load(q_base + p_qk, mask=m_qk, other=0.0).to(tl.float32)
-        b_hk = tl.load(h + chunk * (K * V) + o_k[:, None] * V + o_v[None, :],
-                       mask=m_k[:, None] & m_v[None, :], other=0.0)
         b_o += tl.dot(_cast(b_q * tl.exp(b_b), DT, EMU), b_hk)
         # one reference (mid-chunk) for the whole chunk when every factor stays within exp(+-CSAFE);
         # otherwise the four-block path. Only the lower triangle of A is kept: the upper one may overflow.
@@ -289,6 +333,18 @@ def hgrn2_fwd_output_kernel(
     tl.store(o + (i_b * T * H + i_h) * V + p_tv, b_o.to(o.dtype.element_ty), mask=m_tv)
 
 
+@triton.jit
+def _dstates_loads(q_base, g_base, do_base, i_n, T, H, K: tl.constexpr, V: tl.constexpr, o_k, m_k, o_v, m_v,
+                   BT: tl.constexpr, REVERSE: tl.constexpr):
+    """Chunk ``i_n``'s q, g and dO tiles for the backward state pass, in the input dtype."""
+    pos, valid = _chunk_rows(i_n, T, BT, REVERSE)
+    m_qk = valid[:, None] & m_k[None, :]
+    b_q = tl.load(q_base + pos[:, None] * (H * K) + o_k[None, :], mask=m_qk, other=0.0)
+    b_g = tl.load(g_base + pos[:, None] * (H * K) + o_k[None, :], mask=m_qk, other=0.0)
+    b_do = tl.load(do_base + pos[:, None] * (H * V) + o_v[None, :], mask=valid[:, None] & m_v[None, :], other=0.0)
+    return b_q, b_g, b_do
+
+
 @triton.jit(do_not_specialize=["T"])
 def hgrn2_bwd_dstates_kernel(
     q, g, do, dh, dht, dh0,
@@ -296,7 +352,9 @@ def hgrn2_bwd_dstates_kernel(
     K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     REVERSE: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, EMU: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
+    """PREFETCH: as in ``hgrn2_fwd_states_kernel`` (the next chunk down is loaded ahead)."""
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b = (i_bh // H).to(tl.int64)
     i_h = i_bh % H
@@ -315,15 +373,22 @@ def hgrn2_bwd_dstates_kernel(
         b_ds = tl.load(dht + i_bh.to(tl.int64) * K * V + o_s, mask=m_s, other=0.0).to(tl.float32)
     else:
         b_ds = tl.zeros([BK, BV], dtype=tl.float32)
+    if PREFETCH:
+        n_q, n_g, n_do = _dstates_loads(q_base, g_base, do_base, NT - 1, T, H, K, V, o_k, m_k, o_v, m_v, BT,
+                                        REVERSE)
     for i in range(NT):
         i_n = NT - 1 - i
         tl.store(dh_base + i_n * K * V + o_s, _cast(b_ds, DT, EMU), mask=m_s)
-        pos, valid = _chunk_rows(i_n, T, BT, REVERSE)
-        m_qk = valid[:, None] & m_k[None, :]
-        b_q = tl.load(q_base + pos[:, None] * (H * K) + o_k[None, :], mask=m_qk, other=0.0).to(tl.float32)
-        b_g = tl.load(g_base + pos[:, None] * (H * K) + o_k[None, :], mask=m_qk, other=0.0).to(tl.float32)
-        b_do = tl.load(do_base + pos[:, None] * (H * V) + o_v[None, :],
-                       mask=valid[:, None] & m_v[None, :], other=0.0)
+        if PREFETCH:
+            b_q, b_g, b_do = n_q, n_g, n_do
+            # (i_n - 1 = -1 after the last chunk: every row past the end, nothing loaded)
+            n_q, n_g, n_do = _dstates_loads(q_base, g_base, do_base, tl.where(i_n > 0, i_n - 1, NT), T, H, K,
+                                            V, o_k, m_k, o_v, m_v, BT, REVERSE)
+        else:
+            b_q, b_g, b_do = _dstates_loads(q_base, g_base, do_base, i_n, T, H, K, V, o_k, m_k, o_v, m_v, BT,
+                                            REVERSE)
+        b_q = b_q.to(tl.float32)
+        b_g = b_g.to(tl.float32)
         b_b = tl.cumsum(b_g, axis=0)
         b_B = tl.sum(b_g, axis=0)
         b_qt = _cast(b_q * tl.exp(b_b), DT, EMU)

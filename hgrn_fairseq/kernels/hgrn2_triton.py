@@ -96,21 +96,34 @@ def _pad(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
-# Small autotune spaces on purpose (see DEVICE.md). Sequential state passes: the state tile.
+# Small autotune spaces on purpose (see DEVICE.md). Sequential state passes: the state tile, and
+# whether the next chunk's loads are issued before the current chunk is computed (PREFETCH).
 _STATE_CONFIGS = _configs(
     [
-        triton.Config({"BK": 64, "BV": 64}, num_warps=4, num_stages=2),
-        triton.Config({"BK": 32, "BV": 64}, num_warps=4, num_stages=2),
-        triton.Config({"BK": 32, "BV": 32}, num_warps=2, num_stages=2),
+        triton.Config({"BK": 64, "BV": 64, "PREFETCH": False}, num_warps=4, num_stages=2),
+        triton.Config({"BK": 32, "BV": 64, "PREFETCH": False}, num_warps=4, num_stages=2),
+        triton.Config({"BK": 32, "BV": 32, "PREFETCH": False}, num_warps=2, num_stages=2),
+        triton.Config({"BK": 64, "BV": 64, "PREFETCH": True}, num_warps=4, num_stages=1),
+        triton.Config({"BK": 32, "BV": 64, "PREFETCH": True}, num_warps=4, num_stages=1),
     ],
-    triton.Config({"BK": 16, "BV": 16}, num_warps=4, num_stages=1),
+    triton.Config({"BK": 16, "BV": 16, "PREFETCH": True}, num_warps=4, num_stages=1),
 )
+
 # Chunk-parallel kernels: channels per step of the loop over K (fwd_output) or per program
 # (bwd_dqdg), and the warp count. Configs whose BK exceeds the padded head dim are pruned.
 _OUTPUT_CONFIGS = _configs(
-    [triton.Config({"BK": 32}, num_warps=8), triton.Config({"BK": 64}, num_warps=8)],
-    triton.Config({"BK": 16}, num_warps=4),
+    [
+        triton.Config({"BK": 32, "PREFETCH": False}, num_warps=8),
+        triton.Config({"BK": 64, "PREFETCH": False}, num_warps=8),
+        triton.Config({"BK": 32, "PREFETCH": True}, num_warps=8),
+    ],
+    triton.Config({"BK": 16, "PREFETCH": True}, num_warps=4),
 )
+# The interpreter's configs with PREFETCH off: a CPU test pins them, so that both paths run there.
+NO_PREFETCH_CONFIGS = {
+    "state": triton.Config({"BK": 16, "BV": 16, "PREFETCH": False}, num_warps=4, num_stages=1),
+    "output": triton.Config({"BK": 16, "PREFETCH": False}, num_warps=4),
+}
 # (checked offline with ptxas for sm_90: BK 64 or 4 warps spill registers in these two)
 _DQDG_CONFIGS = _configs([triton.Config({"BK": 32}, num_warps=8)], triton.Config({"BK": 16}, num_warps=4))
 _DV_CONFIGS = _configs([triton.Config({}, num_warps=8)], triton.Config({}, num_warps=4))

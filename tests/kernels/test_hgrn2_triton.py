@@ -133,6 +133,34 @@ def test_fused_state_pass(monkeypatch):
     check_against_reference(q, v, g, s0, True, "chunk", FP32_TOL, FP32_TOL)
 
 
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_prefetch_paths(monkeypatch, prefetch):
+    """The sequential state passes and the output kernel with and without PREFETCH (the next chunk's,
+    or the next channels', loads issued before the current ones are computed): both agree with the
+    reference, forwards and in reverse (where the state passes walk the chunks the other way)."""
+    monkeypatch.setattr(hgrn2_triton, "STATE_IMPL", "fused")
+    pinned = {
+        hgrn2_triton._fwd_states: "state", hgrn2_triton._bwd_dstates: "state", hgrn2_triton._fwd_output: "output",
+    }
+    saved = [(k, k.configs, dict(k.cache)) for k in pinned]
+    try:
+        for kernel, kind in pinned.items():
+            space = [c for c in dict(hgrn2_triton.AUTOTUNED)[kernel] if c.kwargs["PREFETCH"] == prefetch]
+            if INTERPRET and not prefetch:
+                space = [hgrn2_triton.NO_PREFETCH_CONFIGS[kind]]
+            assert space, kind
+            kernel.configs = space[:1]
+            kernel.cache.clear()
+        q, v, g, s0 = make_inputs(2, 150, 2, 32, 16, torch.float32, seed=16)
+        for reverse in (False, True):
+            check_against_reference(q, v, g, s0, reverse, "chunk", FP32_TOL, FP32_TOL)
+    finally:
+        for kernel, configs, cache in saved:
+            kernel.configs = configs
+            kernel.cache.clear()
+            kernel.cache.update(cache)
+
+
 @pytest.mark.parametrize("decay_scale", [3.0, 30.0])
 def test_steep_decay_is_exact(decay_scale):
     """Per-step log decays of a few units (scale 3: chunks on all three intra-chunk paths, one
@@ -348,7 +376,7 @@ def test_autotune_spaces_are_recorded():
 
 
 @gpu_only
-@pytest.mark.parametrize("index", [0, 1, 2])
+@pytest.mark.parametrize("index", [0, 1, 2, 3, 4])
 @pytest.mark.parametrize("state_impl", ["split", "fused"])
 @pytest.mark.parametrize("shape,dtype", [((4, 256, 1, 64, 64), torch.float32),
                                          ((4, 256, 1, 128, 128), torch.float32),
