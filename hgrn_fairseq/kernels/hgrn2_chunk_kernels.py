@@ -98,31 +98,42 @@ def _row_pos(t, T, REVERSE: tl.constexpr):
 
 
 @triton.jit
-def _suffix_decay(g_base, i_n, T, H, K: tl.constexpr, o_k, m_k, BT: tl.constexpr, REVERSE: tl.constexpr):
-    """Exclusive suffix sums of g inside chunk i_n: row j gets sum_{m > j} g_m (the log of the decay from
-    step j to the chunk end). Summed from the shifted rows rather than as B - b_j, which would cancel
-    when the decay is steep."""
+def _tile(base, pos, valid, stride, o_c, m_c):
+    """Rows ``pos`` (valid ones) by channels ``o_c`` (``m_c``) of a ``[.., T, H, C]`` tensor whose time
+    stride is ``stride``, in its own dtype; masked elements are 0."""
+    return tl.load(base + pos[:, None] * stride + o_c[None, :], mask=valid[:, None] & m_c[None, :], other=0.0)
+
+
+@triton.jit
+def _shifted_g(g_base, i_n, T, H, K: tl.constexpr, o_k, m_k, BT: tl.constexpr, REVERSE: tl.constexpr):
+    """g of chunk i_n shifted up by one row (row j holds step j + 1; the last row and steps past T are 0)."""
     o_t = tl.arange(0, BT)
     posn, validn = _row_pos(i_n * BT + o_t + 1, T, REVERSE)
-    validn = validn & (o_t + 1 < BT)
-    b_gn = tl.load(g_base + posn[:, None] * (H * K) + o_k[None, :],
-                   mask=validn[:, None] & m_k[None, :], other=0.0).to(tl.float32)
-    return tl.cumsum(b_gn, axis=0, reverse=True)
+    return _tile(g_base, posn, validn & (o_t + 1 < BT), H * K, o_k, m_k)
+
+
+@triton.jit
+def _suffix_sums(b_gn):
+    """Exclusive suffix sums from the shifted rows of ``_shifted_g``: row j gets sum_{m > j} g_m (the log
+    of the decay from step j to the chunk end), rather than B - b_j, which would cancel when the decay
+    is steep."""
+    return tl.cumsum(b_gn.to(tl.float32), axis=0, reverse=True)
+
+
+@triton.jit
+def _suffix_decay(g_base, i_n, T, H, K: tl.constexpr, o_k, m_k, BT: tl.constexpr, REVERSE: tl.constexpr):
+    """Exclusive suffix sums of g inside chunk i_n (see ``_suffix_sums``)."""
+    return _suffix_sums(_shifted_g(g_base, i_n, T, H, K, o_k, m_k, BT, REVERSE))
 
 
 @triton.jit
 def _fwd_states_loads(g_base, v_base, i_n, T, H, K: tl.constexpr, V: tl.constexpr, o_k, m_k, o_v, m_v,
                       BT: tl.constexpr, REVERSE: tl.constexpr):
-    """Chunk ``i_n``'s tiles for the forward state pass, in the input dtype: g, v and g shifted by one
-    row (for ``_suffix_decay``'s sums). A chunk past the end loads nothing (all masked: zeros)."""
+    """Chunk ``i_n``'s tiles for the forward state pass, in the input dtype: g, v and ``_shifted_g``.
+    A chunk past the end loads nothing (all masked: zeros)."""
     pos, valid = _chunk_rows(i_n, T, BT, REVERSE)
-    b_g = tl.load(g_base + pos[:, None] * (H * K) + o_k[None, :], mask=valid[:, None] & m_k[None, :], other=0.0)
-    b_v = tl.load(v_base + pos[:, None] * (H * V) + o_v[None, :], mask=valid[:, None] & m_v[None, :], other=0.0)
-    o_t = tl.arange(0, BT)
-    posn, validn = _row_pos(i_n * BT + o_t + 1, T, REVERSE)
-    validn = validn & (o_t + 1 < BT)
-    b_gn = tl.load(g_base + posn[:, None] * (H * K) + o_k[None, :], mask=validn[:, None] & m_k[None, :], other=0.0)
-    return b_g, b_v, b_gn
+    return (_tile(g_base, pos, valid, H * K, o_k, m_k), _tile(v_base, pos, valid, H * V, o_v, m_v),
+            _shifted_g(g_base, i_n, T, H, K, o_k, m_k, BT, REVERSE))
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -165,8 +176,7 @@ def hgrn2_fwd_states_kernel(
             b_g, b_v, b_gn = _fwd_states_loads(g_base, v_base, i_n, T, H, K, V, o_k, m_k, o_v, m_v, BT, REVERSE)
         b_g = b_g.to(tl.float32)
         b_B = tl.sum(b_g, axis=0)
-        # exclusive suffix sums (see _suffix_decay), from the shifted rows
-        b_kt = _neg_expm1(b_g) * tl.exp(tl.cumsum(b_gn.to(tl.float32), axis=0, reverse=True))
+        b_kt = _neg_expm1(b_g) * tl.exp(_suffix_sums(b_gn))
         b_s = b_s * tl.exp(b_B)[:, None] + tl.dot(tl.trans(_cast(b_kt, DT, EMU)), _cast(b_v, DT, EMU))
     if STORE_HT:
         tl.store(ht + i_bh.to(tl.int64) * K * V + o_s, b_s, mask=m_s)
@@ -258,12 +268,8 @@ def _output_loads(q_base, g_base, h, chunk, pos, valid, i_k, H, K: tl.constexpr,
     the state rows ``[BK, BV]``. Past the last channel every load is masked."""
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
-    m_qk = valid[:, None] & m_k[None, :]
-    p_qk = pos[:, None] * (H * K) + o_k[None, :]
-    b_g = tl.load(g_base + p_qk, mask=m_qk, other=0.0)
-    b_q = tl.load(q_base + p_qk, mask=m_qk, other=0.0)
     b_h = tl.load(h + chunk * (K * V) + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
-    return b_g, b_q, b_h
+    return _tile(g_base, pos, valid, H * K, o_k, m_k), _tile(q_base, pos, valid, H * K, o_k, m_k), b_h
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -273,7 +279,7 @@ def hgrn2_fwd_output_kernel(
     K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     SAFE: tl.constexpr, CSAFE: tl.constexpr, REVERSE: tl.constexpr, STORE_A: tl.constexpr, EMU: tl.constexpr,
-    PREFETCH: tl.constexpr = False,
+    PREFETCH: tl.constexpr,
 ):
     """One chunk: A = sum over channels (BK at a time) of the intra-chunk products, then
     o = (q * exp(b)) S_n + A v. PREFETCH: the next BK channels' tiles are loaded before the current
@@ -338,11 +344,8 @@ def _dstates_loads(q_base, g_base, do_base, i_n, T, H, K: tl.constexpr, V: tl.co
                    BT: tl.constexpr, REVERSE: tl.constexpr):
     """Chunk ``i_n``'s q, g and dO tiles for the backward state pass, in the input dtype."""
     pos, valid = _chunk_rows(i_n, T, BT, REVERSE)
-    m_qk = valid[:, None] & m_k[None, :]
-    b_q = tl.load(q_base + pos[:, None] * (H * K) + o_k[None, :], mask=m_qk, other=0.0)
-    b_g = tl.load(g_base + pos[:, None] * (H * K) + o_k[None, :], mask=m_qk, other=0.0)
-    b_do = tl.load(do_base + pos[:, None] * (H * V) + o_v[None, :], mask=valid[:, None] & m_v[None, :], other=0.0)
-    return b_q, b_g, b_do
+    return (_tile(q_base, pos, valid, H * K, o_k, m_k), _tile(g_base, pos, valid, H * K, o_k, m_k),
+            _tile(do_base, pos, valid, H * V, o_v, m_v))
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -381,7 +384,8 @@ def hgrn2_bwd_dstates_kernel(
         tl.store(dh_base + i_n * K * V + o_s, _cast(b_ds, DT, EMU), mask=m_s)
         if PREFETCH:
             b_q, b_g, b_do = n_q, n_g, n_do
-            # (i_n - 1 = -1 after the last chunk: every row past the end, nothing loaded)
+            # (after chunk 0 there is none: chunk NT lies past the end and loads nothing, whereas chunk
+            # -1 would map to valid rows)
             n_q, n_g, n_do = _dstates_loads(q_base, g_base, do_base, tl.where(i_n > 0, i_n - 1, NT), T, H, K,
                                             V, o_k, m_k, o_v, m_v, BT, REVERSE)
         else:

@@ -119,11 +119,6 @@ _OUTPUT_CONFIGS = _configs(
     ],
     triton.Config({"BK": 16, "PREFETCH": True}, num_warps=4),
 )
-# The interpreter's configs with PREFETCH off: a CPU test pins them, so that both paths run there.
-NO_PREFETCH_CONFIGS = {
-    "state": triton.Config({"BK": 16, "BV": 16, "PREFETCH": False}, num_warps=4, num_stages=1),
-    "output": triton.Config({"BK": 16, "PREFETCH": False}, num_warps=4),
-}
 # (checked offline with ptxas for sm_90: BK 64 or 4 warps spill registers in these two)
 _DQDG_CONFIGS = _configs([triton.Config({"BK": 32}, num_warps=8)], triton.Config({"BK": 16}, num_warps=4))
 _DV_CONFIGS = _configs([triton.Config({}, num_warps=8)], triton.Config({}, num_warps=4))

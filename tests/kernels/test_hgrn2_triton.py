@@ -23,7 +23,7 @@ if not torch.cuda.is_available():  # before triton compiles anything (tests/conf
 import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
 from hgrn_fairseq.kernels import hgrn2_scan, hgrn2_scan_reference, hgrn2_step  # noqa: E402
 from hgrn_fairseq.kernels import hgrn2_triton  # noqa: E402
@@ -139,26 +139,18 @@ def test_prefetch_paths(monkeypatch, prefetch):
     or the next channels', loads issued before the current ones are computed): both agree with the
     reference, forwards and in reverse (where the state passes walk the chunks the other way)."""
     monkeypatch.setattr(hgrn2_triton, "STATE_IMPL", "fused")
-    pinned = {
-        hgrn2_triton._fwd_states: "state", hgrn2_triton._bwd_dstates: "state", hgrn2_triton._fwd_output: "output",
-    }
-    saved = [(k, k.configs, dict(k.cache)) for k in pinned]
-    try:
-        for kernel, kind in pinned.items():
-            space = [c for c in dict(hgrn2_triton.AUTOTUNED)[kernel] if c.kwargs["PREFETCH"] == prefetch]
-            if INTERPRET and not prefetch:
-                space = [hgrn2_triton.NO_PREFETCH_CONFIGS[kind]]
-            assert space, kind
-            kernel.configs = space[:1]
-            kernel.cache.clear()
-        q, v, g, s0 = make_inputs(2, 150, 2, 32, 16, torch.float32, seed=16)
+    spaces = dict(hgrn2_triton.AUTOTUNED)
+    configs = {}
+    for kernel in (hgrn2_triton._fwd_states, hgrn2_triton._bwd_dstates, hgrn2_triton._fwd_output):
+        # the space's first config with this PREFETCH; else (the interpreter's one-config space) its
+        # config with PREFETCH set
+        c = next((c for c in spaces[kernel] if c.kwargs["PREFETCH"] == prefetch), spaces[kernel][0])
+        configs[kernel] = triton.Config({**c.kwargs, "PREFETCH": prefetch}, num_warps=c.num_warps,
+                                        num_stages=c.num_stages)
+    q, v, g, s0 = make_inputs(2, 150, 2, 32, 16, torch.float32, seed=16)
+    with pinned(configs):
         for reverse in (False, True):
             check_against_reference(q, v, g, s0, reverse, "chunk", FP32_TOL, FP32_TOL)
-    finally:
-        for kernel, configs, cache in saved:
-            kernel.configs = configs
-            kernel.cache.clear()
-            kernel.cache.update(cache)
 
 
 @pytest.mark.parametrize("decay_scale", [3.0, 30.0])
@@ -337,7 +329,7 @@ def test_intra_chunk_A_every_config(path, decay_scale, bk, warps):
     A = torch.full((B * H, NT, BT, BT), float("nan"), device=q.device)
     hgrn2_fwd_output_kernel[(NT, B * H)](
         q, v, g, h, o, A, T, H, NT, K=K, V=V, BT=BT, BC=hgrn2_triton.BLOCK, BK=bk, BV=16,
-        SAFE=safe, CSAFE=csafe, REVERSE=False, STORE_A=True, EMU=False, num_warps=warps,
+        SAFE=safe, CSAFE=csafe, REVERSE=False, STORE_A=True, EMU=False, PREFETCH=False, num_warps=warps,
     )
     A_ref = _intra_chunk_A_reference(q, g, BT)
     assert rel(A, A_ref) < FP32_TOL
@@ -348,12 +340,12 @@ def test_intra_chunk_A_every_config(path, decay_scale, bk, warps):
 
 
 @contextlib.contextmanager
-def pinned_configs(index):
-    """Every autotuned HGRN2 kernel pinned to config ``index`` of its full space (or its last one)."""
-    saved = [(k, k.configs, dict(k.cache)) for k, _ in hgrn2_triton.AUTOTUNED]
+def pinned(configs):
+    """Autotuned kernels pinned to one config each (``{kernel: config}``), restored afterwards."""
+    saved = [(k, k.configs, dict(k.cache)) for k in configs]
     try:
-        for kernel, space in hgrn2_triton.AUTOTUNED:
-            kernel.configs = [space[min(index, len(space) - 1)]]
+        for kernel, config in configs.items():
+            kernel.configs = [config]
             kernel.cache.clear()
         yield
     finally:
@@ -361,6 +353,11 @@ def pinned_configs(index):
             kernel.configs = configs
             kernel.cache.clear()
             kernel.cache.update(cache)
+
+
+def pinned_configs(index):
+    """Every autotuned HGRN2 kernel pinned to config ``index`` of its full space (or its last one)."""
+    return pinned({kernel: space[min(index, len(space) - 1)] for kernel, space in hgrn2_triton.AUTOTUNED})
 
 
 def test_autotune_spaces_are_recorded():
