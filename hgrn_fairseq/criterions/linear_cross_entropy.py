@@ -13,6 +13,7 @@ untied: ``output_projection``) and fairseq's ``transformer_lm`` without adaptive
 Other decoders get an error that says to use ``--criterion cross_entropy``.
 """
 
+import functools
 import inspect
 from dataclasses import dataclass
 
@@ -30,6 +31,13 @@ class LinearCrossEntropyCriterionConfig(CrossEntropyCriterionConfig):
     pass
 
 
+@functools.lru_cache(maxsize=None)
+def _takes_features_only(decoder_cls) -> bool:
+    """Whether the decoder class's forward has a features_only argument (per class: the check runs on
+    every training step)."""
+    return "features_only" in inspect.signature(decoder_cls.forward).parameters
+
+
 def output_weight(model):
     """The ``[V, d]`` weight of the decoder's output projection (the logits are features @ weight.T).
 
@@ -40,8 +48,7 @@ def output_weight(model):
         raise ValueError(f"linear_cross_entropy: {name} has no .decoder; {USE_CROSS_ENTROPY}")
     if getattr(decoder, "adaptive_softmax", None) is not None:
         raise ValueError(f"linear_cross_entropy: {name} uses an adaptive softmax; {USE_CROSS_ENTROPY}")
-    forward_params = inspect.signature(decoder.forward).parameters
-    if "features_only" not in forward_params:
+    if not _takes_features_only(type(decoder)):
         raise ValueError(
             f"linear_cross_entropy: {name}.forward takes no features_only argument; {USE_CROSS_ENTROPY}"
         )

@@ -18,10 +18,7 @@ def as_rows(t: Tensor) -> Tuple[Tensor, int]:
     C = t.shape[-1]
     if t.stride(-1) != 1:
         t = t.contiguous()
-    try:
-        rows = t.view(-1, C)
-    except RuntimeError:
-        rows = t.reshape(-1, C)
+    rows = t.reshape(-1, C)  # (a view when the strides allow)
     if rows.shape[0] > 1 and rows.stride(0) < C:  # overlapping rows (an expanded tensor)
         rows = rows.contiguous()
     return rows, (rows.stride(0) if rows.shape[0] > 1 else C)

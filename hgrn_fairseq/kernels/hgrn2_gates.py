@@ -38,10 +38,7 @@ _BLOCK_D = 128 if not _INTERPRET else 32
 
 
 if triton is not None:
-
-    @triton.jit
-    def _sigmoid(x):
-        return 1.0 / (1.0 + tl.exp(-x))
+    from .hgru_triton import _sigmoid
 
     @triton.jit
     def _hgrn2_gates_fwd_kernel(
@@ -77,8 +74,10 @@ if triton is not None:
     @triton.jit
     def _hgrn2_gates_bwd_kernel(
         QP, stride_qp, F_, stride_f, GAMMA, DQ, DG, DQP, DF, DGAMMA_PART, N, D,
-        HAS_GAMMA: tl.constexpr, ACT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        HAS_GAMMA: tl.constexpr, NEED_DGAMMA: tl.constexpr, ACT: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr,
     ):
+        """NEED_DGAMMA: write the lower bound's gradient, per program's rows, to DGAMMA_PART."""
         pid_n = tl.program_id(0)
         rows = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
         cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -101,8 +100,9 @@ if triton is not None:
             alive = lam >= 1.1754943508222875e-38
             inv = tl.where(alive, 1.0 / tl.where(alive, lam, 1.0), 0.0)
             df = dg * (1.0 - gamma) * s_pos * s_neg * inv
-            dgamma = tl.sum(tl.where(mask, dg * s_neg * inv, 0.0), axis=0)
-            tl.store(DGAMMA_PART + pid_n.to(tl.int64) * D + cols, dgamma, mask=cols < D)
+            if NEED_DGAMMA:
+                dgamma = tl.sum(tl.where(mask, dg * s_neg * inv, 0.0), axis=0)
+                tl.store(DGAMMA_PART + pid_n.to(tl.int64) * D + cols, dgamma, mask=cols < D)
         else:
             df = dg * s_neg
         tl.store(DQP + out, dz.to(DQP.dtype.element_ty), mask=mask)
@@ -140,16 +140,17 @@ class _Hgrn2Gates(torch.autograd.Function):
         dqp = torch.empty(shape, device=zp.device, dtype=q_pre.dtype)
         df = torch.empty(shape, device=zp.device, dtype=forget_logits.dtype)
         has_gamma = gamma is not None
+        # (a bound that needs no gradient, e.g. the zeros of LayerLowerBounds(enabled=False), gets none)
+        need_dgamma = has_gamma and ctx.needs_input_grad[2]
         grid = (triton.cdiv(N, _BLOCK_N), triton.cdiv(D, _BLOCK_D))
-        part = torch.empty((grid[0], D), device=zp.device, dtype=torch.float32) if has_gamma else None
+        part = torch.empty((grid[0], D), device=zp.device, dtype=torch.float32) if need_dgamma else None
         _hgrn2_gates_bwd_kernel[grid](
             zp, stride_qp, fp, stride_f, gamma if has_gamma else zp, dq, dg, dqp, df,
-            part if has_gamma else zp, N, D,
-            HAS_GAMMA=has_gamma, ACT=ACTIVATIONS.index(ctx.activation), BLOCK_N=_BLOCK_N, BLOCK_D=_BLOCK_D,
+            part if need_dgamma else zp, N, D,
+            HAS_GAMMA=has_gamma, NEED_DGAMMA=need_dgamma, ACT=ACTIVATIONS.index(ctx.activation),
+            BLOCK_N=_BLOCK_N, BLOCK_D=_BLOCK_D,
         )
-        dgamma = None
-        if has_gamma and ctx.needs_input_grad[2]:
-            dgamma = part.sum(0).to(gamma.dtype)
+        dgamma = part.sum(0).to(gamma.dtype) if need_dgamma else None
         return dqp, df, dgamma, None
 
 

@@ -747,14 +747,6 @@ def _unpack(w):
 
 
 @triton.jit
-def _compose_maps(amr, ami, asr, asi, bmr, bmi, bsr, bsi):
-    """(A o B)(h) = A(B(h)) for affine maps h -> m h + s with complex m, s: the look-back's running
-    map A (later chunks) extended by the map B of the chunk(s) before them."""
-    return (amr * bmr - ami * bmi, amr * bmi + ami * bmr,
-            amr * bsr - ami * bsi + asr, amr * bsi + ami * bsr + asi)
-
-
-@triton.jit
 def _lookback(LBUF, c, NC, B, D, b, d, dm, mr, mi, sr, si, ir, ii, E,
               COMPLEX: tl.constexpr, PUBLISH_INC: tl.constexpr, LBW: tl.constexpr):
     """State entering chunk ``c`` of one (batch, channel-block) column, by decoupled look-back
@@ -838,7 +830,8 @@ def _lookback_single(LBUF, plane, c, B, D, b, d, dm, mr, cr, ci, E, COMPLEX: tl.
             ci = amr * pi + ami * pr + asi
             go = go * 0
         elif tl.min(agg_ok.to(tl.int32), axis=0) == 1:
-            amr, ami, asr, asi = _compose_maps(amr, ami, asr, asi, kmr, kmi, ksr, ksi)
+            # running map := running map o chunk k's map (the chunk's map applies first)
+            amr, ami, asr, asi = _combine_affine_complex(kmr, kmi, ksr, ksi, amr, ami, asr, asi)
             k -= 1
             go = (k >= 0).to(tl.int32)
         else:
@@ -910,7 +903,7 @@ def _lookback_window(LBUF, plane, c, B, D, b, d, dm, mr, cr, ci, E, COMPLEX: tl.
                 gmi = gmr * 0.0
                 gsi = gmr * 0.0
             # running map := running map o window map
-            amr, ami, asr, asi = _compose_maps(amr, ami, asr, asi, gmr, gmi, gsr, gsi)
+            amr, ami, asr, asi = _combine_affine_complex(gmr, gmi, gsr, gsi, amr, ami, asr, asi)
             if j >= 0:  # the window map was constant: asr, asi is the state
                 cr = asr
                 ci = asi

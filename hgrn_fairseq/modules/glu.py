@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .hgru import stack_old_projections
+
 ACTIVATIONS: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "none": lambda x: x,
     "silu": F.silu,
@@ -71,8 +73,6 @@ class GLU(nn.Module):
 
     def upgrade_state_dict_named(self, state_dict, name: str) -> None:
         """Checkpoints with separate ``l1``/``l2``/``l3`` load as ``in_proj``/``out_proj``."""
-        from .hgru import stack_old_projections
-
         stack_old_projections(state_dict, name, ("l1", "l2"), "in_proj")
         stack_old_projections(state_dict, name, ("l3",), "out_proj")
 

@@ -26,13 +26,13 @@ import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from hgrn_fairseq.kernels import linear_cross_entropy  # noqa: E402
-from tests.kernels.float64_compare import rel  # noqa: E402
+from tests.kernels.float64_compare import KERNEL_DEVICE, rel  # noqa: E402
 
 # the module itself (the package attribute of that name is the function)
 lce = importlib.import_module("hgrn_fairseq.kernels.linear_cross_entropy")
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
+DEVICE = KERNEL_DEVICE
 TRITON_OK = importlib.util.find_spec("triton") is not None and (INTERPRET or DEVICE == "cuda")
 BACKENDS = ["reference"] + (["triton"] if TRITON_OK else [])
 
