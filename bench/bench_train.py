@@ -162,6 +162,17 @@ def label(name, loss):
     return name if loss == "fairseq" or name.startswith("fla_") else f"{name} (fused CE)"
 
 
+def parse_shapes(text):
+    """"16x512,1x8192" -> ((16, 512), (1, 8192))."""
+    return tuple(tuple(int(v) for v in s.split("x")) for s in text.split(","))
+
+
+def random_tokens(torch, vocab, device, batch, length):
+    """(inputs, targets), each [batch, length] and contiguous, targets = inputs shifted by one."""
+    text = torch.randint(4, vocab, (batch, length + 1), device=device)
+    return text[:, :-1].contiguous(), text[:, 1:].contiguous()
+
+
 def build_fairseq(name, tiny, kernel_backend, vocab, device, torch, loss="fairseq"):
     """Parse the flags with fairseq's own parser (ARCH_CONFIG_REGISTRY fills the arch's defaults) and
     build through the model class of the arch, with a dictionary of ``vocab`` entries. ``loss``:
@@ -279,7 +290,7 @@ def run_worker(args):
     plan = QUICK[device] if args.quick else {"shapes": SHAPES, "memory_t": MEMORY_T, "eval_l": EVAL_L,
                                              "tiny": False}
     if args.shapes:
-        plan["shapes"] = tuple(tuple(int(v) for v in s.split("x")) for s in args.shapes.split(","))
+        plan["shapes"] = parse_shapes(args.shapes)
     tiny = plan["tiny"]
     vocab = args.vocab or (1000 if tiny else VOCAB)
     record = Recorder(args.record)
@@ -323,9 +334,7 @@ def run_worker(args):
         return step
 
     def tokens_of(batch, length):
-        """(inputs, targets), each [batch, length] and contiguous, targets = inputs shifted by one."""
-        text = torch.randint(4, vocab, (batch, length + 1), device=device)
-        return text[:, :-1].contiguous(), text[:, 1:].contiguous()
+        return random_tokens(torch, vocab, device, batch, length)
 
     def is_oom(e):
         return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()

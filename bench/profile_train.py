@@ -49,15 +49,13 @@ def profile_one(name, shapes, kernel_backend, loss, out, device="cuda"):
     if name.startswith("fla_"):
         model, loss_fn, _, _ = bench_train.build_fla(name, tiny, vocab, device, torch)
     else:
-        extra = {} if loss == "fairseq" else {"loss": loss}
         model, loss_fn, _, _ = bench_train.build_fairseq(name, tiny, kernel_backend, vocab, device, torch,
-                                                          **extra)
+                                                          loss=loss)
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=5e-4, betas=(0.9, 0.98), fused=cuda)
     results = []
     for batch, length in shapes:
-        text = torch.randint(4, vocab, (batch, length + 1), device=device)
-        tokens = (text[:, :-1].contiguous(), text[:, 1:].contiguous())
+        tokens = bench_train.random_tokens(torch, vocab, device, batch, length)
 
         def step():
             optimizer.zero_grad(set_to_none=True)
@@ -128,7 +126,7 @@ def main():
     parser.add_argument("--models", default="hgrn_lm_base,hgrn2_lm_base,transformer_lm")
     parser.add_argument("--shapes", default="16x512,1x8192")
     parser.add_argument("--kernel-backend", default="auto", help="auto: Triton on CUDA, reference on CPU")
-    parser.add_argument("--loss", default="fairseq", choices=getattr(bench_train, "LOSSES", ("fairseq",)),
+    parser.add_argument("--loss", default="fairseq", choices=bench_train.LOSSES,
                         help="loss of the fairseq models (see bench_train.py --loss)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                         help="cpu: tiny models, no GPU numbers (a smoke test of this script)")
@@ -136,7 +134,7 @@ def main():
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--timeout-s", type=float, default=240)
     args = parser.parse_args()
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    shapes = bench_train.parse_shapes(args.shapes)
     if args.worker:
         profile_one(args.worker, shapes, args.kernel_backend, args.loss, args.result, args.device)
         return

@@ -393,8 +393,7 @@ CUT_FOOTNOTE = ("\\* every run of this cell was cut by the run timeout before it
                 "those planned. Such cells are not counted in the verdict.")
 
 
-def write_table(path: str, results: List[RunResult], best: Dict, settings, models, dims, args) -> None:
-    cut = select_cut(results, best)
+def write_table(path: str, results: List[RunResult], best: Dict, cut: Dict, settings, models, dims, args) -> None:
     totals = planned_updates(args, settings)
     upe = updates_per_epoch(args)
     every = getattr(args, "validate_interval_updates", 0)
@@ -492,10 +491,11 @@ def write_plot(path: str, best: Dict, cut: Dict, settings, models, dims) -> None
 def write_reports(results, settings, models, dims, args) -> None:
     best = select_best(results)
     write_csv(os.path.join(args.out, "runs.csv"), results, best)
-    write_table(os.path.join(args.out, "table.md"), results, best, settings, models, dims, args)
+    cut = select_cut(results, best)
+    write_table(os.path.join(args.out, "table.md"), results, best, cut, settings, models, dims, args)
     if not args.no_plot:
         try:
-            write_plot(os.path.join(args.out, "plot.png"), best, select_cut(results, best), settings, models, dims)
+            write_plot(os.path.join(args.out, "plot.png"), best, cut, settings, models, dims)
         except ImportError as e:  # a sweep must not die on a missing plotting library
             args.no_plot = True
             print(f"warning: no plot.png ({e}); pip install matplotlib, then rerun with --report-only",

@@ -165,23 +165,25 @@ COMMON=(
     --lr 0.0005 --lr-scheduler inverse_sqrt --warmup-init-lr 1e-07
     --dropout 0.1
 )
+case "${CUDA_GRAPHS:-1}" in
+    1) GRAPHS=(--cuda-graphs) ;;
+    0) GRAPHS=() ;;
+    *) die "CUDA_GRAPHS='$CUDA_GRAPHS' is not 0 or 1 (1: the HGRN recipes train with --cuda-graphs)" ;;
+esac
 case "$RECIPE" in
     hgrn_lm_base)
-        RECIPE_ARGS=(--arch hgrn_lm_base --warmup-updates 8000 --weight-decay 0.2 --clip-norm 0.0 --max-update 100000)
+        RECIPE_ARGS=(--arch hgrn_lm_base --warmup-updates 8000 --weight-decay 0.2 --clip-norm 0.0 --max-update 100000
+            "${GRAPHS[@]}")
         ;;
     hgrn2_lm_base)
-        RECIPE_ARGS=(--arch hgrn2_lm_base --warmup-updates 4000 --weight-decay 0.1 --clip-norm 1.0 --max-update 50000 --bf16)
+        RECIPE_ARGS=(--arch hgrn2_lm_base --warmup-updates 4000 --weight-decay 0.1 --clip-norm 1.0 --max-update 50000 --bf16
+            "${GRAPHS[@]}")
         ;;
     transformer_lm_wt103_small)
         RECIPE_ARGS=(--arch transformer_lm --decoder-layers 6 --decoder-embed-dim 512 --decoder-ffn-embed-dim 2048
             --decoder-attention-heads 8 --decoder-normalize-before --share-decoder-input-output-embed
             --warmup-updates 8000 --weight-decay 0.01 --clip-norm 0.0 --max-update 100000)
         ;;
-esac
-case "${CUDA_GRAPHS:-1}" in
-    1) if [ "$RECIPE" != transformer_lm_wt103_small ]; then RECIPE_ARGS+=(--cuda-graphs); fi ;;
-    0) ;;
-    *) die "CUDA_GRAPHS='$CUDA_GRAPHS' is not 0 or 1 (1: the HGRN recipes train with --cuda-graphs)" ;;
 esac
 
 SAVE_DIR=$(absolute "${SAVE_DIR:-$REPO/checkpoints/wt103/$RECIPE}")
