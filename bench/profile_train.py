@@ -112,7 +112,7 @@ def profile_one(name, shapes, kernel_backend, loss, out, device="cuda"):
                "tokens_per_s": round(batch * length / wall * 1e3), "top": top}
         print(json.dumps(row), flush=True)
         results.append(row)
-        del tokens, text
+        del tokens
         optimizer.zero_grad(set_to_none=True)
         if cuda:
             torch.cuda.empty_cache()

@@ -145,3 +145,16 @@ def test_workers_run_in_subprocesses_and_budget_is_kept(tmp_path):
     assert all(s.startswith("skipped: the run's time budget") for s in summary["status"].values())
     assert set(summary["status"]) == {"hgrn_lm_base", "hgrn_lm_base (fused CE)", "transformer_lm",
                                       "transformer_lm (fused CE)"}
+
+
+def test_profile_train_cpu_smoke(tmp_path):
+    """bench/profile_train.py (which builds its models and batches through bench_train's helpers) runs
+    a tiny model on CPU end to end and reports a row for it."""
+    out = tmp_path / "profile"
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "profile_train.py"), "--out", str(out),
+                           "--device", "cpu", "--models", "hgrn_lm_base", "--shapes", "2x16"],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "profile_train.json").read_text())
+    assert summary["status"] == {"hgrn_lm_base": "ok"}, summary["status"]
+    assert [(r["model"], r["batch"], r["seq"]) for r in summary["rows"]] == [("hgrn_lm_base", 2, 16)]
