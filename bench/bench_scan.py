@@ -47,6 +47,12 @@ SWEEP_OTHERS = [
     dict(mode="seq"),
     dict(mode="seq", block_t=8, prefetch=True),
     dict(mode="twopass"),
+    dict(mode="stream"),  # real kernels only (the complex ones refuse it)
+    dict(mode="stream", fold=True),
+    dict(mode="stream", block_d=16, block_t=64),
+    dict(mode="stream", block_d=64, block_t=16),
+    dict(mode="stream", block_d=32, block_t=32),
+    dict(mode="stream", stages=6),
 ]
 SWEEP_WINDOWS = (1, 4, 8, 16, 32)
 
@@ -586,7 +592,9 @@ def main():
     ap.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1), help="parallel warm-up processes")
     ap.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
     ap.add_argument("--shapes", default=None, help="e.g. 8x2048x1024,1x8192x2048 (also replaces the sweep's shapes)")
-    ap.add_argument("--mode", default=None, choices=["seq", "lookback", "twopass"],
+    ap.add_argument("--configs", default=None,
+                    help="--sweep: a JSON list of tuning dicts to sweep instead of the built-in list")
+    ap.add_argument("--mode", default=None, choices=["seq", "lookback", "twopass", "stream"],
                     help="force one kernel mode (hgru_triton.tuning['mode']) for the table")
     ap.add_argument("--smoke", action="store_true",
                     help="quick check: each kernel mode on two bench shapes, against each other, with times")
@@ -620,7 +628,8 @@ def main():
         kinds = ["ours_real", "ours_complex", "ours_fused_real", "ours_fused_complex"]
         windows = [int(w) for w in args.windows.split(",") if w.strip()]
         sweep_shapes = shapes if args.shapes else SWEEP_SHAPES
-        tasks = [(cfg, s, kinds) for cfg in sweep_configs(windows) for s in sweep_shapes]
+        configs = json.loads(args.configs) if args.configs else sweep_configs(windows)
+        tasks = [(cfg, s, kinds) for cfg in configs for s in sweep_shapes]
         tasks += [(dict(mode="twopass", num_chunks=nc), s, kinds) for nc, s in SWEEP_CHUNKS]
         if args.jobs > 1:
             warm(tasks, args.jobs, log)

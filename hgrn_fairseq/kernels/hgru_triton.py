@@ -87,6 +87,7 @@ tuning = {
     "prefetch": None,  # load tile j+1 while scanning tile j
     "fold": None,  # add the incoming state before the tile's scan (True) or after it (False)
     "lookback_window": None,  # predecessors read per look-back round trip (a power of two; 1: one)
+    "stages": None,  # "stream": software-pipeline depth (tiles whose loads are in flight, plus one)
 }
 
 
@@ -201,17 +202,28 @@ def _carry_in(AGG_M, AGG_S, ir, ii, b, c, d, dm, B, D, NC, COMPLEX: tl.constexpr
 # it; with no contiguity information at all, some versions spread the lanes over time instead, which
 # uncoalesces every access.)
 @triton.jit
-def _load_pair(P, base, roff, vrow, d0, D, COMPLEX: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+def _load_pair(P, base, roff, vrow, d0, D, COMPLEX: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+               ALIGN: tl.constexpr = False):
     """Load channels ``d0 .. d0 + BD - 1`` of BT rows as fp32 [BT, BD] tiles (complex tensors come
     back as (real, imaginary)). Row r starts at element ``base + roff[r]``: the 64-bit ``base`` is
     uniform across the program and ``roff`` (a multiple of a compile-time row stride) becomes an
-    immediate offset of each load, so addressing costs nothing per element. ``vrow`` masks rows."""
+    immediate offset of each load, so addressing costs nothing per element. ``vrow`` masks rows.
+
+    ``ALIGN`` (real tiles; the host checked it): rows start 16-byte aligned, ``d0`` is a multiple of
+    BD and D of BD, so Triton is told the alignment, drops the channel mask and loads 16 bytes per
+    thread (the layout the streaming kernels' shared-memory pipeline needs; see ``_plan``)."""
     if COMPLEX:
         Pb = P + tl.multiple_of(base, 2)
         j = 2 * d0 + tl.arange(0, 2 * BD)  # interleaved (re, im) pairs: one 4-byte pair per thread
         m = vrow[:, None] & (j < 2 * D)[None, :]
         v = tl.load((Pb + j)[None, :] + tl.multiple_of(roff, 2)[:, None], mask=m, other=0.0)
         vr, vi = tl.split(tl.reshape(v.to(tl.float32), [BT, BD, 2]))
+    elif ALIGN:
+        Pb = P + tl.multiple_of(base, 8)
+        d = tl.multiple_of(d0, BD) + tl.arange(0, BD)
+        vr = tl.load((Pb + d)[None, :] + tl.multiple_of(roff, 8)[:, None], mask=vrow[:, None], other=0.0)
+        vr = vr.to(tl.float32)
+        vi = vr
     else:
         Pb = P + base
         d = d0 + tl.arange(0, BD)
@@ -223,7 +235,7 @@ def _load_pair(P, base, roff, vrow, d0, D, COMPLEX: tl.constexpr, BT: tl.constex
 
 @triton.jit
 def _store_pair(P, base, roff, vrow, d0, D, vr, vi, COMPLEX: tl.constexpr, BT: tl.constexpr,
-                BD: tl.constexpr):
+                BD: tl.constexpr, ALIGN: tl.constexpr = False):
     """Store [BT, BD] tiles (a real one, or a complex (vr, vi) pair); addressing as ``_load_pair``."""
     if COMPLEX:
         Pb = P + tl.multiple_of(base, 2)
@@ -231,6 +243,11 @@ def _store_pair(P, base, roff, vrow, d0, D, vr, vi, COMPLEX: tl.constexpr, BT: t
         m = vrow[:, None] & (j < 2 * D)[None, :]
         v = tl.reshape(tl.join(vr, vi), [BT, 2 * BD]).to(P.dtype.element_ty)
         tl.store((Pb + j)[None, :] + tl.multiple_of(roff, 2)[:, None], v, mask=m)
+    elif ALIGN:
+        Pb = P + tl.multiple_of(base, 8)
+        d = tl.multiple_of(d0, BD) + tl.arange(0, BD)
+        tl.store((Pb + d)[None, :] + tl.multiple_of(roff, 8)[:, None], vr.to(P.dtype.element_ty),
+                 mask=vrow[:, None])
     else:
         Pb = P + base
         d = d0 + tl.arange(0, BD)
@@ -325,11 +342,11 @@ def _rotation_tiles(THETA, d, dm, SIGN: tl.constexpr, PRECISE: tl.constexpr, BT:
 # ----------------------------------------------------------------------------------------------
 @triton.jit
 def _fwd_load(X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, b64, t_ref, rel, valid, d0, D,
-              COMPLEX: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+              COMPLEX: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, ALIGN: tl.constexpr = False):
     """One forward tile: row r is time ``t_ref + rel[r]``."""
     t64 = t_ref.to(tl.int64)
-    av, unused = _load_pair(A, b64 * sab + t64 * sat, rel * sat, valid, d0, D, False, BT, BD)
-    xr, xi = _load_pair(X, b64 * sxb + t64 * sxt, rel * sxt, valid, d0, D, COMPLEX, BT, BD)
+    av, unused = _load_pair(A, b64 * sab + t64 * sat, rel * sat, valid, d0, D, False, BT, BD, ALIGN)
+    xr, xi = _load_pair(X, b64 * sxb + t64 * sxt, rel * sxt, valid, d0, D, COMPLEX, BT, BD, ALIGN)
     return av, xr, xi
 
 
@@ -345,6 +362,7 @@ def _hgru_fwd_kernel(
     COMPLEX: tl.constexpr, FUSED: tl.constexpr, REVERSE: tl.constexpr, HAS_H0: tl.constexpr,
     GAMMA_MODE: tl.constexpr, MODE: tl.constexpr, PRECISE: tl.constexpr, PREFETCH: tl.constexpr,
     FOLD: tl.constexpr, NCP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+    ALIGN: tl.constexpr = False, STAGES: tl.constexpr = 1,
 ):
     pid = tl.program_id(0)
     ndb = tl.cdiv(D, BD)
@@ -387,7 +405,10 @@ def _hgru_fwd_kernel(
     mr = tl.zeros([BD], tl.float32) + 1.0
     mi = tl.zeros([BD], tl.float32)
 
-    d0 = db * bd_rt  # = db * BD; runtime, so rows are not known to be aligned (see _load_pair)
+    if ALIGN:
+        d0 = db * BD
+    else:
+        d0 = db * bd_rt  # = db * BD; runtime, so rows are not known to be aligned (see _load_pair)
     # row r of a tile is time t_ref + rel[r] (the scan's direction)
     if REVERSE:
         rel = -rows
@@ -399,17 +420,19 @@ def _hgru_fwd_kernel(
         step = BT
     if PREFETCH:
         n_av, n_xr, n_xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_first, rel, s_lo + rows < s_hi, d0, D,
-                                     COMPLEX, BT, BD)
-    for j in range(0, n_tiles):
+                                     COMPLEX, BT, BD, ALIGN)
+    # STAGES > 1: the compiler's software pipeline keeps the loads of STAGES - 1 later tiles in flight
+    for j in tl.range(0, n_tiles, num_stages=STAGES):
         s0 = s_lo + j * BT
         q = s0 + rows
         t_ref = t_first + j * step
         if PREFETCH:
             av, xr, xi = n_av, n_xr, n_xi
             n_av, n_xr, n_xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_ref + step, rel, q + BT < s_hi, d0, D,
-                                         COMPLEX, BT, BD)
+                                         COMPLEX, BT, BD, ALIGN)
         else:
-            av, xr, xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_ref, rel, q < s_hi, d0, D, COMPLEX, BT, BD)
+            av, xr, xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_ref, rel, q < s_hi, d0, D, COMPLEX, BT, BD,
+                                   ALIGN)
         valid = q < s_hi
         m2 = valid[:, None] & dm[None, :]
         if FUSED:
@@ -438,7 +461,7 @@ def _hgru_fwd_kernel(
                 mr = mr * tmr
         else:
             _store_pair(H, (b64 * T + t_ref.to(tl.int64)) * DW, rel * DW, valid, d0, D, outr, outi,
-                        COMPLEX, BT, BD)
+                        COMPLEX, BT, BD, ALIGN)
 
     if IS_AGG:
         off = (c.to(tl.int64) * B + b) * D + d
@@ -467,7 +490,8 @@ def _hgru_fwd_kernel(
 @triton.jit
 def _bwd_load(X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, H, H0r, H0i, DH, sgb, sgt: tl.constexpr,
               b64, t_ref, rel, q, s_hi, T, d0, D, DW: tl.constexpr, COMPLEX: tl.constexpr, FUSED: tl.constexpr, REVERSE: tl.constexpr, HAS_DH: tl.constexpr,
-              NEED_A_T: tl.constexpr, LOAD_ALL: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+              NEED_A_T: tl.constexpr, LOAD_ALL: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+              ALIGN: tl.constexpr = False):
     """Everything one backward tile reads. Row r (backward step ``q[r]``) is time ``t_ref + rel[r]``.
     The backward scan's previous row is the forward's next step (whose decay carries the
     gradient back), its next row the forward's previous step (whose state ``h`` feeds the gradient
@@ -479,24 +503,24 @@ def _bwd_load(X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, H, H0r, H0i,
     valid = q < s_hi
     t64 = t_ref.to(tl.int64)
     abase = b64 * sab + t64 * sat
-    a_prev, unused = _load_pair(A, abase, (rel - sgn) * sat, (q >= 1) & valid, d0, D, False, BT, BD)
+    a_prev, unused = _load_pair(A, abase, (rel - sgn) * sat, (q >= 1) & valid, d0, D, False, BT, BD, ALIGN)
     if NEED_A_T and LOAD_ALL:
-        a_t, unused = _load_pair(A, abase, rel * sat, valid, d0, D, False, BT, BD)
+        a_t, unused = _load_pair(A, abase, rel * sat, valid, d0, D, False, BT, BD, ALIGN)
     else:
         a_t = a_prev
     if FUSED and LOAD_ALL:
-        ur, ui = _load_pair(X, b64 * sxb + t64 * sxt, rel * sxt, valid, d0, D, COMPLEX, BT, BD)
+        ur, ui = _load_pair(X, b64 * sxb + t64 * sxt, rel * sxt, valid, d0, D, COMPLEX, BT, BD, ALIGN)
     else:
         ur = a_prev
         ui = a_prev
     if HAS_DH:
-        gr, gi = _load_pair(DH, b64 * sgb + t64 * sgt, rel * sgt, valid, d0, D, COMPLEX, BT, BD)
+        gr, gi = _load_pair(DH, b64 * sgb + t64 * sgt, rel * sgt, valid, d0, D, COMPLEX, BT, BD, ALIGN)
     else:
         gr = tl.zeros_like(a_prev)
         gi = gr
     if LOAD_ALL:
         hpr, hpi = _load_pair(H, (b64 * T + t64) * DW, (rel + sgn) * DW, (q + 1 < T) & valid, d0, D, COMPLEX,
-                              BT, BD)
+                              BT, BD, ALIGN)
         at_start = (q + 1 >= T)[:, None]  # the forward's first step: its previous state is h0
         hpr = tl.where(at_start, H0r[None, :], hpr)
         if COMPLEX:
@@ -567,7 +591,7 @@ def _hgru_bwd_kernel(
     HAS_DH: tl.constexpr, HAS_DHT: tl.constexpr, GAMMA_MODE: tl.constexpr, NEED_DGAMMA: tl.constexpr,
     NEED_DTHETA: tl.constexpr, NEED_DH0: tl.constexpr, NEED_A_T: tl.constexpr, MODE: tl.constexpr,
     PRECISE: tl.constexpr, PREFETCH: tl.constexpr, FOLD: tl.constexpr, NCP: tl.constexpr,
-    BT: tl.constexpr, BD: tl.constexpr,
+    BT: tl.constexpr, BD: tl.constexpr, ALIGN: tl.constexpr = False, STAGES: tl.constexpr = 1,
 ):
     pid = tl.program_id(0)
     ndb = tl.cdiv(D, BD)
@@ -631,7 +655,10 @@ def _hgru_bwd_kernel(
     if NEED_DGAMMA:
         acc_g = tl.zeros([BT, BD], tl.float32)
 
-    d0 = db * bd_rt  # = db * BD; runtime, so rows are not known to be aligned (see _load_pair)
+    if ALIGN:
+        d0 = db * BD
+    else:
+        d0 = db * bd_rt  # = db * BD; runtime, so rows are not known to be aligned (see _load_pair)
     if REVERSE:  # the backward runs forward in time
         rel = rows
         t_first = s_lo
@@ -643,8 +670,8 @@ def _hgru_bwd_kernel(
     if PREFETCH:
         n_ap, n_at, n_ur, n_ui, n_dhr, n_dhi, n_hpr, n_hpi = _bwd_load(
             X, sxb, sxt, A, sab, sat, H, h0r, h0i, DH, sgb, sgt, b64, t_first, rel, s_lo + rows, s_hi, T, d0, D, DW,
-            COMPLEX, FUSED, REVERSE, HAS_DH, NEED_A_T, LOAD_ALL, BT, BD)
-    for j in range(0, n_tiles):
+            COMPLEX, FUSED, REVERSE, HAS_DH, NEED_A_T, LOAD_ALL, BT, BD, ALIGN)
+    for j in tl.range(0, n_tiles, num_stages=STAGES):
         s0 = s_lo + j * BT
         q = s0 + rows
         t_ref = t_first + j * step
@@ -652,11 +679,11 @@ def _hgru_bwd_kernel(
             a_prev, a_t, ur, ui, dhr, dhi, hpr, hpi = n_ap, n_at, n_ur, n_ui, n_dhr, n_dhi, n_hpr, n_hpi
             n_ap, n_at, n_ur, n_ui, n_dhr, n_dhi, n_hpr, n_hpi = _bwd_load(
                 X, sxb, sxt, A, sab, sat, H, h0r, h0i, DH, sgb, sgt, b64, t_ref + step, rel, q + BT, s_hi, T, d0, D, DW,
-                COMPLEX, FUSED, REVERSE, HAS_DH, NEED_A_T, LOAD_ALL, BT, BD)
+                COMPLEX, FUSED, REVERSE, HAS_DH, NEED_A_T, LOAD_ALL, BT, BD, ALIGN)
         else:
             a_prev, a_t, ur, ui, dhr, dhi, hpr, hpi = _bwd_load(
                 X, sxb, sxt, A, sab, sat, H, h0r, h0i, DH, sgb, sgt, b64, t_ref, rel, q, s_hi, T, d0, D, DW,
-                COMPLEX, FUSED, REVERSE, HAS_DH, NEED_A_T, LOAD_ALL, BT, BD)
+                COMPLEX, FUSED, REVERSE, HAS_DH, NEED_A_T, LOAD_ALL, BT, BD, ALIGN)
         valid = q < s_hi
         m2 = valid[:, None] & dm[None, :]
         mp = ((q >= 1) & valid)[:, None] & dm[None, :]
@@ -689,9 +716,9 @@ def _hgru_bwd_kernel(
                 acc_th += th_c
             if NEED_DGAMMA:
                 acc_g += g_c
-            _store_pair(DX, (b64 * T + t64) * DW, rel * DW, valid, d0, D, dxr, dxi, COMPLEX, BT, BD)
+            _store_pair(DX, (b64 * T + t64) * DW, rel * DW, valid, d0, D, dxr, dxi, COMPLEX, BT, BD, ALIGN)
             _store_pair(DA, (b64 * T + t64) * D, rel * (DW // (1 + COMPLEX)), valid, d0, D, dgate, dgate, False,
-                        BT, BD)
+                        BT, BD, ALIGN)
 
     if IS_AGG:
         off = (c.to(tl.int64) * B + b) * D + d
@@ -1200,7 +1227,18 @@ _DEFAULTS = {
     (True, True, False): ("lookback", 8, (8, True)),
     (True, True, True): ("lookback", 8, (8, False)),
 }
-_MODES = ("seq", "lookback", "twopass")
+_MODES = ("seq", "lookback", "twopass", "stream")
+# "stream" (real scans): the sequential kernel with aligned 16-byte loads and a software pipeline of
+# STREAM_STAGES tiles (the loads of the next STREAM_STAGES - 1 tiles wait in shared memory). One
+# warp per program; channels per program and steps per tile depend on how many programs there are.
+# Measured with bench/explore_scan_stream.py on an H200 (2026-11-21, bf16): at (8, 2048, 1024) the
+# forward took 0.052 ms (1.7x the floor) with 16 channels x 64 steps, 4 stages, against 0.066 ms for
+# the best earlier plan (two passes), the backward 0.071 ms against about 0.146; at (32, 512, 1536)
+# 0.049 ms (1.17x the floor) with 64 channels x 16 steps.
+_STREAM = {(False, False): True, (False, True): True, (True, False): True, (True, True): True}  # (fused, bwd)
+STREAM_STAGES = 4
+STREAM_MIN_PROGRAMS = 2  # per SM, with 16-channel programs; fewer: look-back / two passes
+STREAM_WIDE_PROGRAMS = 4  # per SM, with 64-channel programs; at least that many: 64 x 16 tiles
 # Predecessors the look-back reads per round trip, real / complex (``tuning["lookback_window"]``
 # overrides; 1 is the walk of one predecessor per round trip). Measured with bench_scan.py --sweep on
 # an H200 (2026-11-21, bf16, (8, 2048, 1024) and (1, 8192, 2048)): 1 is the fastest for every kernel
@@ -1228,11 +1266,25 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
     num_warps = cfg["num_warps"] or 1
     programs = B * triton.cdiv(D, bd)
     mode = cfg["mode"]
+    sms = _sm_count(device)
     if mode is None:
-        min_programs = cfg["min_programs"] or 8 * _sm_count(device)
-        mode = "seq" if programs >= min_programs or T <= bt_seq else small_mode
+        if not is_complex and _STREAM[(bool(fused), bool(backward))] and D % 16 == 0 \
+                and B * D // 16 >= STREAM_MIN_PROGRAMS * sms and T > 16:
+            mode = "stream"
+        else:
+            min_programs = cfg["min_programs"] or 8 * sms
+            mode = "seq" if programs >= min_programs or T <= bt_seq else small_mode
     if mode not in _MODES:
         raise ValueError(f"tuning['mode']={mode!r} is not one of {_MODES}")
+    if mode == "stream":
+        if is_complex:
+            raise ValueError("tuning['mode']='stream' is for the real scans only")
+        wide = B * D // 64 >= STREAM_WIDE_PROGRAMS * sms and D % 64 == 0
+        bd = cfg["block_d"] or (64 if wide else 16)
+        bt = max(2, min(cfg["block_t"] or (16 if wide else 64), _pow2_at_least(T)))
+        return dict(mode=mode, BT=bt, BD=bd, num_warps=num_warps, NC=1, CL=triton.cdiv(T, bt) * bt,
+                    PREFETCH=False, FOLD=cfg["fold"] if cfg["fold"] is not None else False, NCP=2,
+                    LBW=1, ALIGN=D % bd == 0, STAGES=int(cfg["stages"] or STREAM_STAGES))
     bt = cfg["block_t"] or (bt_lb if mode == "lookback" else bt_seq)
     bt = max(2, min(bt, _pow2_at_least(T)))
     if mode == "lookback":
@@ -1255,7 +1307,14 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
         raise ValueError(f"tuning['lookback_window']={lbw!r} is not a power of two >= 1 "
                          "(predecessors read per look-back round trip)")
     return dict(mode=mode, BT=bt, BD=bd, num_warps=num_warps, NC=nc, CL=cl, PREFETCH=bool(prefetch),
-                FOLD=bool(fold), NCP=max(2, _pow2_at_least(nc - 1)), LBW=int(lbw))
+                FOLD=bool(fold), NCP=max(2, _pow2_at_least(nc - 1)), LBW=int(lbw), ALIGN=False,
+                STAGES=int(cfg["stages"] or 1))
+
+
+def _aligned(*tensors) -> bool:
+    """Every tensor starts 16-byte aligned and has batch and time strides that are multiples of 8
+    elements (16 bytes in 16-bit dtypes), so aligned rows stay aligned (``ALIGN`` in ``_load_pair``)."""
+    return all(t.data_ptr() % 16 == 0 and t.stride(0) % 8 == 0 and t.stride(1) % 8 == 0 for t in tensors)
 
 
 _LB_BUFFERS = {}
@@ -1340,6 +1399,7 @@ class _HGRUScanFunction(torch.autograd.Function):
         h = torch.empty(x.shape, dtype=x.dtype, device=dev)
         ht = torch.empty((B, D, 2) if is_complex else (B, D), dtype=x.dtype, device=dev)
         x, a = _tile_input(x, is_complex), _tile_input(a, False)
+        plan["ALIGN"] = plan["ALIGN"] and _aligned(x, a)
         s0 = _strides(h0, 3)
         dummy = a
         args = (x, x.stride(0), x.stride(1), a, a.stride(0), a.stride(1),
@@ -1391,6 +1451,7 @@ class _HGRUScanFunction(torch.autograd.Function):
         if dh is not None:
             dh = _tile_input(dh, is_complex)
         a = _tile_input(a, False)
+        plan["ALIGN"] = plan["ALIGN"] and _aligned(a, *(t for t in (x, dh) if t is not None))
         s0, st = _strides(h0, 3), _strides(dht, 3)
         dummy = a
         xs = x if x is not None else dummy

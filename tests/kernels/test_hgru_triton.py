@@ -94,8 +94,12 @@ def tuning(**cfg):
 # interpreter reports few SMs, so this is the look-back or two-pass kernel, or the sequential one
 # when T fits one tile); look-back with 16-step tiles; look-back whose walks compose every
 # predecessor's map (no chunk but the first publishes its state); the sequential kernel over several
-# tiles with prefetch; the two-pass chunked kernels with the state added after each tile's scan.
+# tiles with prefetch; the two-pass chunked kernels with the state added after each tile's scan;
+# the streaming kernel (real scans: 16-channel programs, aligned loads when D allows, a 3-deep
+# software pipeline over 8-step tiles) and its 64-channel variant.
 CONFIGS = {
+    "stream": dict(mode="stream", block_t=8, stages=3),
+    "stream_wide": dict(mode="stream", block_t=4, block_d=64, fold=True),
     "default": {},
     "tiles": dict(mode="lookback", block_t=16),
     "walk": dict(mode="lookback", block_t=8, publish_inclusive=False),
@@ -164,7 +168,12 @@ SCAN_CASES = [
     (70, 130, True, True, "chunks"),  # 130 channels: five channel blocks, the last one partial
     (37, 33, False, True, "walk"),
     (37, 33, True, True, "seq"),
+    (70, 48, False, True, "stream"),  # aligned 16-channel blocks, 9 tiles, the last one partial
+    (37, 48, True, False, "stream"),
+    (37, 33, True, True, "stream"),  # D not a multiple of 16: the unaligned loads
+    (29, 128, False, True, "stream_wide"),
 ]
+REAL_ONLY = ("stream", "stream_wide")
 
 
 @pytest.mark.parametrize("T,D,reverse,with_h0,config", SCAN_CASES)
@@ -180,7 +189,7 @@ def test_real_scan(T, D, reverse, with_h0, config):
 
 
 @pytest.mark.parametrize("T,D,reverse,with_h0,config", [c if c[1] != 130 else (70, 65, True, True, "chunks")
-                                                         for c in SCAN_CASES])
+                                                         for c in SCAN_CASES if c[4] not in REAL_ONLY])
 def test_complex_scan(T, D, reverse, with_h0, config):
     torch.manual_seed(T * 1000 + D + 1)
     B = 2
@@ -198,6 +207,8 @@ FUSED_CASES = [
     (False, 37, 33, False, "tensor", True, "default"),
     (False, 70, 130, True, "float", False, "chunks"),
     (False, 37, 33, True, "tensor", True, "seq"),
+    (False, 70, 48, True, "tensor", True, "stream"),
+    (False, 37, 64, False, "float", False, "stream_wide"),
     (True, 1, 3, True, "tensor", True, "default"),
     (True, 37, 33, True, "none", True, "tiles"),
     (True, 70, 33, False, "tensor", True, "chunks"),
@@ -293,6 +304,52 @@ def test_strided_inputs():
            [x, a], ["x", "a"], torch.float32)
 
 
+def test_stream_plan_and_alignment():
+    """The streaming plan: chosen by default for real scans when B * D gives enough 16-channel
+    programs, never for complex ones (a forced complex stream is a clear error); aligned loads only
+    when every tensor's rows stay 16-byte aligned."""
+    dev = torch.device(DEVICE)
+    sms = K._sm_count(dev)
+    D = 64
+    B = K.STREAM_MIN_PROGRAMS * sms * 16 // D + 1
+    for fused in (False, True):
+        for backward in (False, True):
+            plan = K._plan(B, 100, D, False, dev, fused, backward)
+            assert plan["mode"] == "stream" and plan["ALIGN"] and plan["STAGES"] == K.STREAM_STAGES
+            assert K._plan(B, 100, D, True, dev, fused, backward)["mode"] != "stream"
+    assert K._plan(B, 100, D + 1, False, dev)["mode"] != "stream"  # D not a multiple of 16
+    assert K._plan(1, 100, 16, False, dev)["mode"] != "stream"  # too few programs
+    with tuning(mode="stream"):
+        with pytest.raises(ValueError, match="real scans"):
+            K._plan(B, 100, D, True, dev)
+    t = torch.zeros(2, 10, 3 * D, device=DEVICE, dtype=torch.bfloat16)
+    assert K._aligned(t[..., :D], t[..., D: 2 * D])
+    assert not K._aligned(t[..., 1: D + 1])  # starts 2 bytes past an aligned address
+    assert not K._aligned(torch.zeros(2, 10, 20, device=DEVICE)[..., :16])  # rows 20 elements apart
+
+
+def test_stream_bf16_views():
+    """Streaming kernel on bf16 views of a projection: aligned (offset 0) and misaligned (offset 1)
+    starts give the reference result."""
+    torch.manual_seed(23)
+    B, T, D = 2, 45, 32
+    dt = torch.bfloat16
+    for offset in (0, 1):
+        proj = torch.randn(B, T, 3 * D + 1, device=DEVICE).to(dt)
+        x = proj[..., offset: offset + D].detach().requires_grad_(True)
+        x_view = proj[..., offset: offset + D]
+        a = _decay(B, T, D, dtype=dt)
+        h0 = _rand(B, D, dtype=dt)
+        with tuning(**CONFIGS["stream"]):
+            h, final = K.real_scan(x_view, a, h0)
+            h_ref, final_ref = reference.real_scan_reference(x_view.double(), a.double(), h0.double())
+            _close(f"h (offset {offset})", h, h_ref, dt)
+            _close(f"final (offset {offset})", final, final_ref, dt)
+            _check(lambda x, a, h0: K.real_scan(x, a, h0, True),
+                   lambda x, a, h0: reference.real_scan_reference(x, a, h0, True),
+                   [x, a, h0], ["x", "a", "initial_state"], dt)
+
+
 def test_dispatch_uses_the_kernel():
     from hgrn_fairseq.kernels import hgru_scan
 
@@ -363,6 +420,28 @@ def test_gpu_medium_sizes_against_reference(config):
         x, a = _rand(B, T, D, dtype=torch.bfloat16), _decay(B, T, D, dtype=torch.bfloat16)
         _check(lambda x, a: K.real_scan(x, a), lambda x, a: reference.real_scan_reference(x, a),
                [x, a], ["x", "a"], torch.bfloat16)
+
+
+@needs_cuda
+@pytest.mark.parametrize("config", [dict(), dict(mode="stream", fold=True), dict(mode="stream", block_d=64, block_t=16),
+                                    dict(mode="stream", stages=1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_stream_against_reference(config, dtype):
+    """The streaming kernel at sizes where it is the default plan (B * D = 8192), forward and
+    backward, plain and fused."""
+    torch.manual_seed(29)
+    B, T, D = 8, 700, 1024
+    with tuning(**config):
+        assert K._plan(B, T, D, False, torch.device(DEVICE))["mode"] == "stream"
+        x, a = _rand(B, T, D, dtype=dtype), _decay(B, T, D, dtype=dtype)
+        h0 = _rand(B, D, dtype=dtype)
+        _check(lambda x, a, h0: K.real_scan(x, a, h0), lambda x, a, h0: reference.real_scan_reference(x, a, h0),
+               [x, a, h0], ["x", "a", "initial_state"], dtype)
+        f, inp = _rand(B, T, D, dtype=dtype), _rand(B, T, D, dtype=dtype)
+        lb = (torch.rand(D, device=DEVICE) * 0.9).requires_grad_(True)
+        _check(lambda *t: K.hgru_fused(*t, True), lambda *t: reference.hgru_reference(*t, True),
+               [f, inp, None, lb, h0], ["forget_logits", "inputs", "theta", "lower_bound", "initial_state"],
+               dtype)
 
 
 def _tail_check(B, T, D, dtype, tail, reverse=False):
