@@ -48,7 +48,7 @@ SWEEP_OTHERS = [
     dict(mode="seq", block_t=8, prefetch=True),
     dict(mode="twopass"),
     dict(mode="stream"),  # real kernels only (the complex ones refuse it)
-    dict(mode="stream", fold=True),
+    dict(mode="stream", stages=3),
     dict(mode="stream", block_d=16, block_t=64),
     dict(mode="stream", block_d=64, block_t=16),
     dict(mode="stream", block_d=32, block_t=32),

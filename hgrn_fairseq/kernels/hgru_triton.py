@@ -202,28 +202,17 @@ def _carry_in(AGG_M, AGG_S, ir, ii, b, c, d, dm, B, D, NC, COMPLEX: tl.constexpr
 # it; with no contiguity information at all, some versions spread the lanes over time instead, which
 # uncoalesces every access.)
 @triton.jit
-def _load_pair(P, base, roff, vrow, d0, D, COMPLEX: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-               ALIGN: tl.constexpr = False):
+def _load_pair(P, base, roff, vrow, d0, D, COMPLEX: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
     """Load channels ``d0 .. d0 + BD - 1`` of BT rows as fp32 [BT, BD] tiles (complex tensors come
     back as (real, imaginary)). Row r starts at element ``base + roff[r]``: the 64-bit ``base`` is
     uniform across the program and ``roff`` (a multiple of a compile-time row stride) becomes an
-    immediate offset of each load, so addressing costs nothing per element. ``vrow`` masks rows.
-
-    ``ALIGN`` (real tiles; the host checked it): rows start 16-byte aligned, ``d0`` is a multiple of
-    BD and D of BD, so Triton is told the alignment, drops the channel mask and loads 16 bytes per
-    thread (the layout the streaming kernels' shared-memory pipeline needs; see ``_plan``)."""
+    immediate offset of each load, so addressing costs nothing per element. ``vrow`` masks rows."""
     if COMPLEX:
         Pb = P + tl.multiple_of(base, 2)
         j = 2 * d0 + tl.arange(0, 2 * BD)  # interleaved (re, im) pairs: one 4-byte pair per thread
         m = vrow[:, None] & (j < 2 * D)[None, :]
         v = tl.load((Pb + j)[None, :] + tl.multiple_of(roff, 2)[:, None], mask=m, other=0.0)
         vr, vi = tl.split(tl.reshape(v.to(tl.float32), [BT, BD, 2]))
-    elif ALIGN:
-        Pb = P + tl.multiple_of(base, 8)
-        d = tl.multiple_of(d0, BD) + tl.arange(0, BD)
-        vr = tl.load((Pb + d)[None, :] + tl.multiple_of(roff, 8)[:, None], mask=vrow[:, None], other=0.0)
-        vr = vr.to(tl.float32)
-        vi = vr
     else:
         Pb = P + base
         d = d0 + tl.arange(0, BD)
@@ -235,7 +224,7 @@ def _load_pair(P, base, roff, vrow, d0, D, COMPLEX: tl.constexpr, BT: tl.constex
 
 @triton.jit
 def _store_pair(P, base, roff, vrow, d0, D, vr, vi, COMPLEX: tl.constexpr, BT: tl.constexpr,
-                BD: tl.constexpr, ALIGN: tl.constexpr = False):
+                BD: tl.constexpr):
     """Store [BT, BD] tiles (a real one, or a complex (vr, vi) pair); addressing as ``_load_pair``."""
     if COMPLEX:
         Pb = P + tl.multiple_of(base, 2)
@@ -243,11 +232,6 @@ def _store_pair(P, base, roff, vrow, d0, D, vr, vi, COMPLEX: tl.constexpr, BT: t
         m = vrow[:, None] & (j < 2 * D)[None, :]
         v = tl.reshape(tl.join(vr, vi), [BT, 2 * BD]).to(P.dtype.element_ty)
         tl.store((Pb + j)[None, :] + tl.multiple_of(roff, 2)[:, None], v, mask=m)
-    elif ALIGN:
-        Pb = P + tl.multiple_of(base, 8)
-        d = tl.multiple_of(d0, BD) + tl.arange(0, BD)
-        tl.store((Pb + d)[None, :] + tl.multiple_of(roff, 8)[:, None], vr.to(P.dtype.element_ty),
-                 mask=vrow[:, None])
     else:
         Pb = P + base
         d = d0 + tl.arange(0, BD)
@@ -342,11 +326,11 @@ def _rotation_tiles(THETA, d, dm, SIGN: tl.constexpr, PRECISE: tl.constexpr, BT:
 # ----------------------------------------------------------------------------------------------
 @triton.jit
 def _fwd_load(X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, b64, t_ref, rel, valid, d0, D,
-              COMPLEX: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, ALIGN: tl.constexpr = False):
+              COMPLEX: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
     """One forward tile: row r is time ``t_ref + rel[r]``."""
     t64 = t_ref.to(tl.int64)
-    av, unused = _load_pair(A, b64 * sab + t64 * sat, rel * sat, valid, d0, D, False, BT, BD, ALIGN)
-    xr, xi = _load_pair(X, b64 * sxb + t64 * sxt, rel * sxt, valid, d0, D, COMPLEX, BT, BD, ALIGN)
+    av, unused = _load_pair(A, b64 * sab + t64 * sat, rel * sat, valid, d0, D, False, BT, BD)
+    xr, xi = _load_pair(X, b64 * sxb + t64 * sxt, rel * sxt, valid, d0, D, COMPLEX, BT, BD)
     return av, xr, xi
 
 
@@ -362,7 +346,6 @@ def _hgru_fwd_kernel(
     COMPLEX: tl.constexpr, FUSED: tl.constexpr, REVERSE: tl.constexpr, HAS_H0: tl.constexpr,
     GAMMA_MODE: tl.constexpr, MODE: tl.constexpr, PRECISE: tl.constexpr, PREFETCH: tl.constexpr,
     FOLD: tl.constexpr, NCP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-    ALIGN: tl.constexpr = False, STAGES: tl.constexpr = 1,
 ):
     pid = tl.program_id(0)
     ndb = tl.cdiv(D, BD)
@@ -405,10 +388,7 @@ def _hgru_fwd_kernel(
     mr = tl.zeros([BD], tl.float32) + 1.0
     mi = tl.zeros([BD], tl.float32)
 
-    if ALIGN:
-        d0 = db * BD
-    else:
-        d0 = db * bd_rt  # = db * BD; runtime, so rows are not known to be aligned (see _load_pair)
+    d0 = db * bd_rt  # = db * BD; runtime, so rows are not known to be aligned (see _load_pair)
     # row r of a tile is time t_ref + rel[r] (the scan's direction)
     if REVERSE:
         rel = -rows
@@ -420,19 +400,17 @@ def _hgru_fwd_kernel(
         step = BT
     if PREFETCH:
         n_av, n_xr, n_xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_first, rel, s_lo + rows < s_hi, d0, D,
-                                     COMPLEX, BT, BD, ALIGN)
-    # STAGES > 1: the compiler's software pipeline keeps the loads of STAGES - 1 later tiles in flight
-    for j in tl.range(0, n_tiles, num_stages=STAGES):
+                                     COMPLEX, BT, BD)
+    for j in range(0, n_tiles):
         s0 = s_lo + j * BT
         q = s0 + rows
         t_ref = t_first + j * step
         if PREFETCH:
             av, xr, xi = n_av, n_xr, n_xi
             n_av, n_xr, n_xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_ref + step, rel, q + BT < s_hi, d0, D,
-                                         COMPLEX, BT, BD, ALIGN)
+                                         COMPLEX, BT, BD)
         else:
-            av, xr, xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_ref, rel, q < s_hi, d0, D, COMPLEX, BT, BD,
-                                   ALIGN)
+            av, xr, xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_ref, rel, q < s_hi, d0, D, COMPLEX, BT, BD)
         valid = q < s_hi
         m2 = valid[:, None] & dm[None, :]
         if FUSED:
@@ -461,7 +439,7 @@ def _hgru_fwd_kernel(
                 mr = mr * tmr
         else:
             _store_pair(H, (b64 * T + t_ref.to(tl.int64)) * DW, rel * DW, valid, d0, D, outr, outi,
-                        COMPLEX, BT, BD, ALIGN)
+                        COMPLEX, BT, BD)
 
     if IS_AGG:
         off = (c.to(tl.int64) * B + b) * D + d
@@ -490,8 +468,7 @@ def _hgru_fwd_kernel(
 @triton.jit
 def _bwd_load(X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, H, H0r, H0i, DH, sgb, sgt: tl.constexpr,
               b64, t_ref, rel, q, s_hi, T, d0, D, DW: tl.constexpr, COMPLEX: tl.constexpr, FUSED: tl.constexpr, REVERSE: tl.constexpr, HAS_DH: tl.constexpr,
-              NEED_A_T: tl.constexpr, LOAD_ALL: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-              ALIGN: tl.constexpr = False):
+              NEED_A_T: tl.constexpr, LOAD_ALL: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
     """Everything one backward tile reads. Row r (backward step ``q[r]``) is time ``t_ref + rel[r]``.
     The backward scan's previous row is the forward's next step (whose decay carries the
     gradient back), its next row the forward's previous step (whose state ``h`` feeds the gradient
@@ -503,24 +480,24 @@ def _bwd_load(X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, H, H0r, H0i,
     valid = q < s_hi
     t64 = t_ref.to(tl.int64)
     abase = b64 * sab + t64 * sat
-    a_prev, unused = _load_pair(A, abase, (rel - sgn) * sat, (q >= 1) & valid, d0, D, False, BT, BD, ALIGN)
+    a_prev, unused = _load_pair(A, abase, (rel - sgn) * sat, (q >= 1) & valid, d0, D, False, BT, BD)
     if NEED_A_T and LOAD_ALL:
-        a_t, unused = _load_pair(A, abase, rel * sat, valid, d0, D, False, BT, BD, ALIGN)
+        a_t, unused = _load_pair(A, abase, rel * sat, valid, d0, D, False, BT, BD)
     else:
         a_t = a_prev
     if FUSED and LOAD_ALL:
-        ur, ui = _load_pair(X, b64 * sxb + t64 * sxt, rel * sxt, valid, d0, D, COMPLEX, BT, BD, ALIGN)
+        ur, ui = _load_pair(X, b64 * sxb + t64 * sxt, rel * sxt, valid, d0, D, COMPLEX, BT, BD)
     else:
         ur = a_prev
         ui = a_prev
     if HAS_DH:
-        gr, gi = _load_pair(DH, b64 * sgb + t64 * sgt, rel * sgt, valid, d0, D, COMPLEX, BT, BD, ALIGN)
+        gr, gi = _load_pair(DH, b64 * sgb + t64 * sgt, rel * sgt, valid, d0, D, COMPLEX, BT, BD)
     else:
         gr = tl.zeros_like(a_prev)
         gi = gr
     if LOAD_ALL:
         hpr, hpi = _load_pair(H, (b64 * T + t64) * DW, (rel + sgn) * DW, (q + 1 < T) & valid, d0, D, COMPLEX,
-                              BT, BD, ALIGN)
+                              BT, BD)
         at_start = (q + 1 >= T)[:, None]  # the forward's first step: its previous state is h0
         hpr = tl.where(at_start, H0r[None, :], hpr)
         if COMPLEX:
@@ -591,7 +568,7 @@ def _hgru_bwd_kernel(
     HAS_DH: tl.constexpr, HAS_DHT: tl.constexpr, GAMMA_MODE: tl.constexpr, NEED_DGAMMA: tl.constexpr,
     NEED_DTHETA: tl.constexpr, NEED_DH0: tl.constexpr, NEED_A_T: tl.constexpr, MODE: tl.constexpr,
     PRECISE: tl.constexpr, PREFETCH: tl.constexpr, FOLD: tl.constexpr, NCP: tl.constexpr,
-    BT: tl.constexpr, BD: tl.constexpr, ALIGN: tl.constexpr = False, STAGES: tl.constexpr = 1,
+    BT: tl.constexpr, BD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     ndb = tl.cdiv(D, BD)
@@ -655,10 +632,7 @@ def _hgru_bwd_kernel(
     if NEED_DGAMMA:
         acc_g = tl.zeros([BT, BD], tl.float32)
 
-    if ALIGN:
-        d0 = db * BD
-    else:
-        d0 = db * bd_rt  # = db * BD; runtime, so rows are not known to be aligned (see _load_pair)
+    d0 = db * bd_rt  # = db * BD; runtime, so rows are not known to be aligned (see _load_pair)
     if REVERSE:  # the backward runs forward in time
         rel = rows
         t_first = s_lo
@@ -670,8 +644,8 @@ def _hgru_bwd_kernel(
     if PREFETCH:
         n_ap, n_at, n_ur, n_ui, n_dhr, n_dhi, n_hpr, n_hpi = _bwd_load(
             X, sxb, sxt, A, sab, sat, H, h0r, h0i, DH, sgb, sgt, b64, t_first, rel, s_lo + rows, s_hi, T, d0, D, DW,
-            COMPLEX, FUSED, REVERSE, HAS_DH, NEED_A_T, LOAD_ALL, BT, BD, ALIGN)
-    for j in tl.range(0, n_tiles, num_stages=STAGES):
+            COMPLEX, FUSED, REVERSE, HAS_DH, NEED_A_T, LOAD_ALL, BT, BD)
+    for j in range(0, n_tiles):
         s0 = s_lo + j * BT
         q = s0 + rows
         t_ref = t_first + j * step
@@ -679,11 +653,11 @@ def _hgru_bwd_kernel(
             a_prev, a_t, ur, ui, dhr, dhi, hpr, hpi = n_ap, n_at, n_ur, n_ui, n_dhr, n_dhi, n_hpr, n_hpi
             n_ap, n_at, n_ur, n_ui, n_dhr, n_dhi, n_hpr, n_hpi = _bwd_load(
                 X, sxb, sxt, A, sab, sat, H, h0r, h0i, DH, sgb, sgt, b64, t_ref + step, rel, q + BT, s_hi, T, d0, D, DW,
-                COMPLEX, FUSED, REVERSE, HAS_DH, NEED_A_T, LOAD_ALL, BT, BD, ALIGN)
+                COMPLEX, FUSED, REVERSE, HAS_DH, NEED_A_T, LOAD_ALL, BT, BD)
         else:
             a_prev, a_t, ur, ui, dhr, dhi, hpr, hpi = _bwd_load(
                 X, sxb, sxt, A, sab, sat, H, h0r, h0i, DH, sgb, sgt, b64, t_ref, rel, q, s_hi, T, d0, D, DW,
-                COMPLEX, FUSED, REVERSE, HAS_DH, NEED_A_T, LOAD_ALL, BT, BD, ALIGN)
+                COMPLEX, FUSED, REVERSE, HAS_DH, NEED_A_T, LOAD_ALL, BT, BD)
         valid = q < s_hi
         m2 = valid[:, None] & dm[None, :]
         mp = ((q >= 1) & valid)[:, None] & dm[None, :]
@@ -716,9 +690,9 @@ def _hgru_bwd_kernel(
                 acc_th += th_c
             if NEED_DGAMMA:
                 acc_g += g_c
-            _store_pair(DX, (b64 * T + t64) * DW, rel * DW, valid, d0, D, dxr, dxi, COMPLEX, BT, BD, ALIGN)
+            _store_pair(DX, (b64 * T + t64) * DW, rel * DW, valid, d0, D, dxr, dxi, COMPLEX, BT, BD)
             _store_pair(DA, (b64 * T + t64) * D, rel * (DW // (1 + COMPLEX)), valid, d0, D, dgate, dgate, False,
-                        BT, BD, ALIGN)
+                        BT, BD)
 
     if IS_AGG:
         off = (c.to(tl.int64) * B + b) * D + d
@@ -754,6 +728,151 @@ def _hgru_bwd_kernel(
                 tl.store(DH0 + 2 * off + 1, (a0 * (cs * gci - sn * gcr)).to(DH0.dtype.element_ty), mask=fm)
             else:
                 tl.store(DH0 + off, (a0 * gcr).to(DH0.dtype.element_ty), mask=fm)
+
+
+# ----------------------------------------------------------------------------------------------
+# "stream" (real scans): one program per channel block walks the whole sequence through a software
+# pipeline. Launch arguments are left to Triton's specialisation (strides and D divisible by 16 are
+# recognised), so that aligned rows get 16-byte loads, which the pipeline stages in shared memory.
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _stream_gates(av, xv, gam, valid, FUSED: tl.constexpr):
+    """(decay, scan input) of one tile; identity (1, 0) on invalid rows."""
+    if FUSED:
+        mu, omu = _sigmoid_pair(av)
+        lam = gam + (1.0 - gam) * mu
+        xv = (1.0 - gam) * omu * (xv * _sigmoid(xv))
+    else:
+        lam = av
+    return tl.where(valid, lam, 1.0), tl.where(valid, xv, 0.0)
+
+
+@triton.jit
+def _hgru_stream_fwd_kernel(
+    X, sxb, sxt, A, sab, sat, GAMMA, gamma_val, H0, s0b, s0d, H, HT, T, D,
+    FUSED: tl.constexpr, REVERSE: tl.constexpr, HAS_H0: tl.constexpr, GAMMA_MODE: tl.constexpr,
+    BT: tl.constexpr, BD: tl.constexpr, STAGES: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    ndb = tl.cdiv(D, BD)
+    b = (pid // ndb).to(tl.int64)
+    d = (pid % ndb) * BD + tl.arange(0, BD)
+    dm = d < D
+    rows = tl.arange(0, BT)
+    gam = _gamma(GAMMA, gamma_val, d, dm, GAMMA_MODE)[None, :]
+    h = tl.zeros([BD], tl.float32)
+    if HAS_H0:
+        h = tl.load(H0 + b * s0b + d * s0d, mask=dm, other=0.0).to(tl.float32)
+    if REVERSE:
+        rel = -rows
+    else:
+        rel = rows
+    xb = X + b * sxb
+    ab = A + b * sab
+    hb = H + b * T * D
+    for j in tl.range(0, T, BT, num_stages=STAGES):
+        if REVERSE:
+            t0 = b * 0 + (T - 1 - j)  # int64
+        else:
+            t0 = b * 0 + j  # int64
+        valid = (j + rows < T)[:, None]
+        m = valid & dm[None, :]
+        xv = tl.load(xb + t0 * sxt + (rel * sxt)[:, None] + d[None, :], mask=m, other=0.0).to(tl.float32)
+        av = tl.load(ab + t0 * sat + (rel * sat)[:, None] + d[None, :], mask=m, other=1.0).to(tl.float32)
+        lam, xv = _stream_gates(av, xv, gam, valid, FUSED)
+        p, z = tl.associative_scan((lam, xv), 0, _combine_real)
+        out = z + p * h[None, :]
+        h = _extract_row(out, rows, BT - 1)  # rows past the end are the identity
+        tl.store(hb + t0 * D + (rel * D)[:, None] + d[None, :], out.to(H.dtype.element_ty), mask=m)
+    tl.store(HT + b * D + d, h.to(HT.dtype.element_ty), mask=dm)
+
+
+@triton.jit
+def _hgru_stream_bwd_kernel(
+    X, sxb, sxt, A, sab, sat, GAMMA, gamma_val, H0, s0b, s0d, H, DH, sgb, sgt, DHT, stb, std,
+    DX, DA, DH0, DGAMMA_P, T, D,
+    FUSED: tl.constexpr, REVERSE: tl.constexpr, HAS_H0: tl.constexpr, HAS_DH: tl.constexpr,
+    HAS_DHT: tl.constexpr, GAMMA_MODE: tl.constexpr, NEED_DGAMMA: tl.constexpr, NEED_DH0: tl.constexpr,
+    BT: tl.constexpr, BD: tl.constexpr, STAGES: tl.constexpr,
+):
+    """Backward of the stream forward: ``g_t = dh_t + lambda_{next} g_{next}`` walked against the
+    forward's direction (row s of the walk is the forward's step T-1-s); ``dx``, ``da`` (or the
+    fused gates' gradients) per tile from ``g`` and the saved previous state."""
+    pid = tl.program_id(0)
+    ndb = tl.cdiv(D, BD)
+    b = (pid // ndb).to(tl.int64)
+    d = (pid % ndb) * BD + tl.arange(0, BD)
+    dm = d < D
+    rows = tl.arange(0, BT)
+    gam1 = _gamma(GAMMA, gamma_val, d, dm, GAMMA_MODE)
+    gam = gam1[None, :]
+    h0 = tl.zeros([BD], tl.float32)
+    if HAS_H0:
+        h0 = tl.load(H0 + b * s0b + d * s0d, mask=dm, other=0.0).to(tl.float32)
+    g = tl.zeros([BD], tl.float32)
+    if HAS_DHT:
+        g = tl.load(DHT + b * stb + d * std, mask=dm, other=0.0).to(tl.float32)
+    if REVERSE:  # the forward ran T-1 -> 0: its next step is t - 1, its previous one t + 1
+        rel = rows
+        sf = -1
+    else:
+        rel = -rows
+        sf = 1
+    if NEED_DGAMMA:
+        acc_g = tl.zeros([BT, BD], tl.float32)
+    xb = X + b * sxb
+    ab = A + b * sab
+    gb = DH + b * sgb
+    hb = H + b * T * D
+    ob = b * T * D
+    for j in tl.range(0, T, BT, num_stages=STAGES):
+        if REVERSE:
+            t0 = b * 0 + j  # int64
+        else:
+            t0 = b * 0 + (T - 1 - j)  # int64
+        s = j + rows
+        valid = (s < T)[:, None]
+        m = valid & dm[None, :]
+        m_next = ((s >= 1) & (s < T))[:, None] & dm[None, :]  # the forward's next step exists
+        m_prev = (s + 1 < T)[:, None] & dm[None, :]  # the forward's previous step exists
+        dd = d[None, :]
+        an = tl.load(ab + t0 * sat + ((rel + sf) * sat)[:, None] + dd, mask=m_next, other=1.0).to(tl.float32)
+        if HAS_DH:
+            dh = tl.load(gb + t0 * sgt + (rel * sgt)[:, None] + dd, mask=m, other=0.0).to(tl.float32)
+        else:
+            dh = tl.zeros([BT, BD], tl.float32)
+        hp = tl.load(hb + t0 * D + ((rel - sf) * D)[:, None] + dd, mask=m_prev, other=0.0).to(tl.float32)
+        hp = tl.where(m_prev, hp, h0[None, :])
+        if FUSED:
+            mu_n, omu_n = _sigmoid_pair(an)
+            dec = tl.where(m_next, gam + (1.0 - gam) * mu_n, 1.0)
+            a_t = tl.load(ab + t0 * sat + (rel * sat)[:, None] + dd, mask=m, other=0.0).to(tl.float32)
+            u = tl.load(xb + t0 * sxt + (rel * sxt)[:, None] + dd, mask=m, other=0.0).to(tl.float32)
+        else:
+            dec = an
+            a_t = an
+            u = an
+        p, z = tl.associative_scan((dec, dh), 0, _combine_real)
+        gt = z + p * g[None, :]
+        g = _extract_row(gt, rows, BT - 1)
+        dxr, dxi, dgate, th_c, g_c = _bwd_grads(gt, gt, hp, hp, a_t, u, u, 1.0, 0.0, gam, m,
+                                                False, FUSED, False, NEED_DGAMMA)
+        if NEED_DGAMMA:
+            acc_g += g_c
+        tl.store(DX + ob + t0 * D + (rel * D)[:, None] + dd, dxr.to(DX.dtype.element_ty), mask=m)
+        tl.store(DA + ob + t0 * D + (rel * D)[:, None] + dd, dgate.to(DA.dtype.element_ty), mask=m)
+    if NEED_DGAMMA:
+        tl.store(DGAMMA_P + b * D + d, tl.sum(acc_g, axis=0), mask=dm)
+    if NEED_DH0:  # dh0 = lambda_first g_first, lambda_first the decay of the forward's first step
+        if REVERSE:
+            t_off = (T - 1).to(tl.int64) * sat
+        else:
+            t_off = 0
+        a0 = tl.load(ab + t_off + d, mask=dm, other=0.0).to(tl.float32)
+        if FUSED:
+            mu0, omu0 = _sigmoid_pair(a0)
+            a0 = gam1 + (1.0 - gam1) * mu0
+        tl.store(DH0 + b * D + d, (a0 * g).to(DH0.dtype.element_ty), mask=dm)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1282,9 +1401,8 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
         wide = B * D // 64 >= STREAM_WIDE_PROGRAMS * sms and D % 64 == 0
         bd = cfg["block_d"] or (64 if wide else 16)
         bt = max(2, min(cfg["block_t"] or (16 if wide else 64), _pow2_at_least(T)))
-        return dict(mode=mode, BT=bt, BD=bd, num_warps=num_warps, NC=1, CL=triton.cdiv(T, bt) * bt,
-                    PREFETCH=False, FOLD=cfg["fold"] if cfg["fold"] is not None else False, NCP=2,
-                    LBW=1, ALIGN=D % bd == 0, STAGES=int(cfg["stages"] or STREAM_STAGES))
+        return dict(mode=mode, BT=bt, BD=bd, num_warps=num_warps, NC=1, CL=T, LBW=1,
+                    STAGES=int(cfg["stages"] or STREAM_STAGES))
     bt = cfg["block_t"] or (bt_lb if mode == "lookback" else bt_seq)
     bt = max(2, min(bt, _pow2_at_least(T)))
     if mode == "lookback":
@@ -1307,14 +1425,7 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
         raise ValueError(f"tuning['lookback_window']={lbw!r} is not a power of two >= 1 "
                          "(predecessors read per look-back round trip)")
     return dict(mode=mode, BT=bt, BD=bd, num_warps=num_warps, NC=nc, CL=cl, PREFETCH=bool(prefetch),
-                FOLD=bool(fold), NCP=max(2, _pow2_at_least(nc - 1)), LBW=int(lbw), ALIGN=False,
-                STAGES=int(cfg["stages"] or 1))
-
-
-def _aligned(*tensors) -> bool:
-    """Every tensor starts 16-byte aligned and has batch and time strides that are multiples of 8
-    elements (16 bytes in 16-bit dtypes), so aligned rows stay aligned (``ALIGN`` in ``_load_pair``)."""
-    return all(t.data_ptr() % 16 == 0 and t.stride(0) % 8 == 0 and t.stride(1) % 8 == 0 for t in tensors)
+                FOLD=bool(fold), NCP=max(2, _pow2_at_least(nc - 1)), LBW=int(lbw))
 
 
 _LB_BUFFERS = {}
@@ -1399,7 +1510,6 @@ class _HGRUScanFunction(torch.autograd.Function):
         h = torch.empty(x.shape, dtype=x.dtype, device=dev)
         ht = torch.empty((B, D, 2) if is_complex else (B, D), dtype=x.dtype, device=dev)
         x, a = _tile_input(x, is_complex), _tile_input(a, False)
-        plan["ALIGN"] = plan["ALIGN"] and _aligned(x, a)
         s0 = _strides(h0, 3)
         dummy = a
         args = (x, x.stride(0), x.stride(1), a, a.stride(0), a.stride(1),
@@ -1410,7 +1520,12 @@ class _HGRUScanFunction(torch.autograd.Function):
         n_cols = triton.cdiv(D, plan["BD"]) * B
         dw = 2 * D if is_complex else D  # row stride of h (and of dx)
         with _device_guard(a):
-            if mode == "lookback":
+            if mode == "stream":
+                _hgru_stream_fwd_kernel[(n_cols,)](
+                    *args[:6], *args[7:12], h, ht, T, D, FUSED=fused, REVERSE=reverse,
+                    HAS_H0=h0 is not None, GAMMA_MODE=flags["GAMMA_MODE"], BT=plan["BT"], BD=plan["BD"],
+                    STAGES=plan["STAGES"], num_warps=plan["num_warps"])
+            elif mode == "lookback":
                 lbuf, state = _lookback_buffers(dev, (4 if is_complex else 2) * nc * B * D)
                 _hgru_fwd_lb_kernel[(n_cols * nc,)](
                     *args, lbuf, state, B, T, D, nc, plan["BD"], dw, PUBLISH_INC=tuning["publish_inclusive"] is not False,
@@ -1451,7 +1566,6 @@ class _HGRUScanFunction(torch.autograd.Function):
         if dh is not None:
             dh = _tile_input(dh, is_complex)
         a = _tile_input(a, False)
-        plan["ALIGN"] = plan["ALIGN"] and _aligned(a, *(t for t in (x, dh) if t is not None))
         s0, st = _strides(h0, 3), _strides(dht, 3)
         dummy = a
         xs = x if x is not None else dummy
@@ -1469,7 +1583,14 @@ class _HGRUScanFunction(torch.autograd.Function):
         n_cols = triton.cdiv(D, plan["BD"]) * B
         dw = 2 * D if is_complex else D  # row stride of h (and of dx)
         with _device_guard(a):
-            if mode == "lookback":
+            if mode == "stream":
+                _hgru_stream_bwd_kernel[(n_cols,)](
+                    *args[:6], *args[7:12], h, *args[14:20], dx, da, dh0,
+                    dgamma_p, T, D, FUSED=fused, REVERSE=reverse, HAS_H0=h0 is not None, HAS_DH=dh is not None,
+                    HAS_DHT=dht is not None, GAMMA_MODE=flags["GAMMA_MODE"], NEED_DGAMMA=need_gamma,
+                    NEED_DH0=need_h0, BT=plan["BT"], BD=plan["BD"], STAGES=plan["STAGES"],
+                    num_warps=plan["num_warps"])
+            elif mode == "lookback":
                 lbuf, state = _lookback_buffers(dev, (4 if is_complex else 2) * nc * B * D)
                 _hgru_bwd_lb_kernel[(n_cols * nc,)](
                     *args, lbuf, state, B, T, D, nc, plan["BD"], dw, PUBLISH_INC=tuning["publish_inclusive"] is not False,
