@@ -301,10 +301,73 @@ def _accelerated_scan():
 # ---------------------------------------------------------------------------------------------
 # timing
 # ---------------------------------------------------------------------------------------------
-def timeit(fn, leaves, rep=100):
+TIMING = "graph"  # --timing: "graph" (GPU time, launch overhead excluded) or "eager" (do_bench)
+_FLUSH = None
+
+
+def _flush_l2():
+    global _FLUSH
+    if _FLUSH is None:
+        _FLUSH = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    _FLUSH.zero_()
+
+
+def timeit_eager(fn, leaves, rep=100):
     from triton.testing import do_bench
 
     return do_bench(fn, warmup=25, rep=rep, grad_to_none=leaves or None, return_mode="median")
+
+
+def timeit_graph(fn, leaves, n=20, replays=15):
+    """GPU time of one call of ``fn`` with the CPU out of the picture: ``n`` calls, each after an L2
+    flush (and with the gradients of ``leaves`` reset), captured in one CUDA graph; the same graph of
+    flushes alone is subtracted. Median over ``replays`` replays. Raises if ``fn`` cannot be captured
+    (a host sync, say)."""
+    leaves = leaves or []
+
+    def body(with_fn):
+        for _ in range(n):
+            _flush_l2()
+            if with_fn:
+                for t in leaves:
+                    t.grad = None
+                fn()
+
+    for _ in range(3):  # warm-up (compilation and autotuning must not happen under capture)
+        body(True)
+    torch.cuda.synchronize()
+    times = {}
+    for with_fn in (False, True):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            body(with_fn)
+        g.replay()
+        torch.cuda.synchronize()
+        ms = []
+        for _ in range(replays):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            g.replay()
+            e1.record()
+            torch.cuda.synchronize()
+            ms.append(e0.elapsed_time(e1))
+        times[with_fn] = sorted(ms)[len(ms) // 2]
+        del g
+    for t in leaves:
+        t.grad = None
+    return (times[True] - times[False]) / n
+
+
+def timeit(fn, leaves, rep=100):
+    """(ms, how): the graphed GPU time when ``TIMING == "graph"`` and ``fn`` can be captured, else
+    do_bench's median (its time includes any launch overhead the GPU waits for)."""
+    if TIMING == "graph":
+        try:
+            return timeit_graph(fn, leaves), "graph"
+        except Exception as exc:  # noqa: BLE001
+            torch.cuda.synchronize()
+            print(f"    (not capturable, timed eagerly: {repr(exc)[:120]})", flush=True)
+    return timeit_eager(fn, leaves, rep), "eager"
 
 
 ISOLATED = {"accelerated_scan", "accelerated_scan_complex"}  # peers that have crashed the CUDA context
@@ -350,9 +413,9 @@ def run_table(shapes, which=None, rep=100, log=print, isolate=True):
             row = dict(shape=[B, T, D], op=name, bytes_fwd=bytes_f, bytes_fwd_bwd=bytes_fb)
             try:
                 with torch.no_grad():
-                    row["fwd_ms"] = timeit(fwd, None, rep)
+                    row["fwd_ms"], row["fwd_timing"] = timeit(fwd, None, rep)
                 if fb is not None:
-                    row["fwd_bwd_ms"] = timeit(fb, leaves, rep)
+                    row["fwd_bwd_ms"], row["fwd_bwd_timing"] = timeit(fb, leaves, rep)
             except Exception as exc:  # noqa: BLE001
                 row["error"] = repr(exc)[:300]
             results.append(row)
@@ -407,8 +470,14 @@ def markdown(meta, results, rat, shapes):
     lines = [f"# bench_scan: HGRU scans, bf16 ({meta['gpu']}, {meta['date']})", "",
              f"torch {meta['torch']}, triton {meta['triton']}, fla {meta.get('fla')}, "
              f"accelerated-scan {meta.get('accelerated_scan')}, commit {meta.get('commit')}", "",
-             "Times are do_bench medians in ms (L2 cleared before each call). GB/s counts the fewest bytes "
-             "the op must move (each input read once, each output written once).", ""]
+             ("Times are GPU times in ms of one call, L2 flushed before each: 20 calls captured in a CUDA "
+              "graph, minus the same graph of flushes alone, median of 15 replays, so that Python and "
+              "launch overhead (which the GPU would otherwise wait for) are left out; ops that cannot be "
+              "captured are timed with do_bench (marked *eager*)." if TIMING == "graph" else
+              "Times are do_bench medians in ms (L2 cleared before each call; any launch overhead the "
+              "GPU waits for is included)."),
+             "GB/s counts the fewest bytes the op must move (each input read once, each output written once).",
+             ""]
     ops = []
     for r in results:
         if r["op"] not in ops:
@@ -426,8 +495,10 @@ def markdown(meta, results, rat, shapes):
             f = r.get("fwd_ms")
             fb = r.get("fwd_bwd_ms")
             gbs = lambda b, t: f"{b / t / 1e6:.0f}" if b and t else ""  # noqa: E731
-            lines.append(f"| {op} | {f:.4f} | {gbs(r.get('bytes_fwd'), f)} | "
-                         f"{'' if fb is None else f'{fb:.4f}'} | {gbs(r.get('bytes_fwd_bwd'), fb)} |")
+            tag = lambda k: " *eager*" if TIMING == "graph" and r.get(k) == "eager" else ""  # noqa: E731
+            lines.append(f"| {op} | {f:.4f}{tag('fwd_timing')} | {gbs(r.get('bytes_fwd'), f)} | "
+                         f"{'' if fb is None else f'{fb:.4f}'}{tag('fwd_bwd_timing')} | "
+                         f"{gbs(r.get('bytes_fwd_bwd'), fb)} |")
         lines.append("")
     lines += ["## Targets (issue 3)", "", "| B, T, D | " + " | ".join(t[1] + " (" + t[2] + ")" for t in TARGETS) + " |",
               "|---|" + "---:|" * len(TARGETS)]
@@ -531,7 +602,7 @@ def smoke(log):
                 torch.cuda.synchronize()
                 dt = time.time() - t0
                 with torch.no_grad():
-                    ms_f = timeit(lambda: fn(*leaves), None, 20)
+                    ms_f = timeit(lambda: fn(*leaves), None, 20)[0]
                 outs = [h, ht] + list(grads)
                 ref = results.setdefault(name, outs)
                 err = max(((o.float() - r.float()).abs().max() / r.float().abs().max().clamp_min(1e-6)).item()
@@ -592,6 +663,8 @@ def main():
     ap.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1), help="parallel warm-up processes")
     ap.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
     ap.add_argument("--shapes", default=None, help="e.g. 8x2048x1024,1x8192x2048 (also replaces the sweep's shapes)")
+    ap.add_argument("--timing", default="graph", choices=["graph", "eager"],
+                    help="graph: GPU time per call from CUDA-graph replays (default); eager: do_bench")
     ap.add_argument("--configs", default=None,
                     help="--sweep: a JSON list of tuning dicts to sweep instead of the built-in list")
     ap.add_argument("--mode", default=None, choices=["seq", "lookback", "twopass", "stream"],
@@ -612,7 +685,10 @@ def main():
 
     from hgrn_fairseq.kernels import hgru_triton as K
 
+    global TIMING
+    TIMING = args.timing
     meta = metadata()
+    meta["timing"] = TIMING
     log(json.dumps(meta))
     if args.smoke:
         smoke(log)
