@@ -1333,31 +1333,34 @@ def _pow2_at_least(n: int) -> int:
 #    kernels, (BT, prefetch) of the sequential and two-pass kernels).
 # One warp per program: its 32 lanes own 32 channels and each thread holds all BT steps of its
 # channel, so the scan along time runs in registers. Chosen from bench_scan.py --sweep on an H200
-# (2026-11-21): for few (batch, channel-block) columns the forward kernels with light per-step work
-# are fastest as two passes, the rest with the single-pass look-back; with many columns the
-# sequential kernels win.
+# (2026-11-21): for few (batch, channel-block) columns the real kernels are fastest as two passes
+# (backward too, once the sweep timed GPU time without launch overhead: real fwd+bwd 0.159 ms at
+# (8, 2048, 1024) against 0.214 with the look-back backward), the complex ones with the single-pass
+# look-back; with many columns the sequential kernels win (or "stream", see _STREAM).
 _DEFAULTS = {
     (False, False, False): ("twopass", 16, (16, True)),
-    (False, False, True): ("lookback", 16, (8, True)),
+    (False, False, True): ("twopass", 16, (8, True)),
     (False, True, False): ("twopass", 16, (16, True)),
-    (False, True, True): ("lookback", 8, (8, True)),
+    (False, True, True): ("twopass", 8, (8, True)),
     (True, False, False): ("lookback", 32, (16, True)),
     (True, False, True): ("lookback", 8, (8, True)),
     (True, True, False): ("lookback", 8, (8, True)),
     (True, True, True): ("lookback", 8, (8, False)),
 }
 _MODES = ("seq", "lookback", "twopass", "stream")
-# "stream" (real scans): the sequential kernel with aligned 16-byte loads and a software pipeline of
-# STREAM_STAGES tiles (the loads of the next STREAM_STAGES - 1 tiles wait in shared memory). One
-# warp per program; channels per program and steps per tile depend on how many programs there are.
-# Measured with bench/explore_scan_stream.py on an H200 (2026-11-21, bf16): at (8, 2048, 1024) the
-# forward took 0.052 ms (1.7x the floor) with 16 channels x 64 steps, 4 stages, against 0.066 ms for
-# the best earlier plan (two passes), the backward 0.071 ms against about 0.146; at (32, 512, 1536)
-# 0.049 ms (1.17x the floor) with 64 channels x 16 steps.
-_STREAM = {(False, False): True, (False, True): True, (True, False): True, (True, True): True}  # (fused, bwd)
-STREAM_STAGES = 4
-STREAM_MIN_PROGRAMS = 2  # per SM, with 16-channel programs; fewer: look-back / two passes
-STREAM_WIDE_PROGRAMS = 4  # per SM, with 64-channel programs; at least that many: 64 x 16 tiles
+# "stream" (real scans; ``_hgru_stream_fwd/bwd_kernel``): one warp per channel block walks the whole
+# sequence, with a software pipeline of STREAM_STAGES tiles (the loads of the next tiles wait in
+# shared memory; 16-byte loads when Triton sees aligned rows). The default for the plain real scan
+# when B * D gives at least STREAM_WIDE_PROGRAMS 64-channel programs per SM (64 x 16 tiles). H200,
+# 2026-11-21, bf16, graphed GPU times (bench_scan.py --sweep): at (32, 512, 1536) forward 0.052 ms,
+# fwd+bwd 0.121 (the sequential kernel: 0.056 / 0.17); with fewer programs (B * D = 8192) the two-pass
+# kernels win (16-channel stream programs: 0.073 ms forward, 0.170 fwd+bwd, against 0.061 / 0.159), and
+# the fused kernels, whose tiles carry more work, are faster in the other modes at every size tried.
+# A lone streaming kernel with 16 x 64 tiles reached 0.052 ms at (8, 2048, 1024)
+# (bench/explore_scan_stream.py), the same tiles inside these kernels 0.098: not understood.
+_STREAM = {(False, False): True, (False, True): True, (True, False): False, (True, True): False}  # (fused, bwd)
+STREAM_STAGES = 3
+STREAM_WIDE_PROGRAMS = 4  # per SM, with 64-channel programs
 # Predecessors the look-back reads per round trip, real / complex (``tuning["lookback_window"]``
 # overrides; 1 is the walk of one predecessor per round trip). Measured with bench_scan.py --sweep on
 # an H200 (2026-11-21, bf16, (8, 2048, 1024) and (1, 8192, 2048)): 1 is the fastest for every kernel
@@ -1387,8 +1390,8 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
     mode = cfg["mode"]
     sms = _sm_count(device)
     if mode is None:
-        if not is_complex and _STREAM[(bool(fused), bool(backward))] and D % 16 == 0 \
-                and B * D // 16 >= STREAM_MIN_PROGRAMS * sms and T > 16:
+        if not is_complex and _STREAM[(bool(fused), bool(backward))] and D % 64 == 0 \
+                and B * D // 64 >= STREAM_WIDE_PROGRAMS * sms and T > 16:
             mode = "stream"
         else:
             min_programs = cfg["min_programs"] or 8 * sms

@@ -305,24 +305,25 @@ def test_strided_inputs():
 
 
 def test_stream_plan():
-    """The streaming plan: chosen by default for real scans when B * D gives enough 16-channel
-    programs, never for complex ones (a forced complex stream is a clear error)."""
+    """The streaming plan: the default for the plain real scan (forward and backward) when B * D
+    gives enough 64-channel programs, never for fused or complex ones (a forced complex stream is a
+    clear error); forced with fewer programs, it takes 16-channel blocks."""
     dev = torch.device(DEVICE)
     sms = K._sm_count(dev)
-    D = 64
-    B = K.STREAM_MIN_PROGRAMS * sms * 16 // D + 1
-    for fused in (False, True):
-        for backward in (False, True):
-            plan = K._plan(B, 100, D, False, dev, fused, backward)
-            assert plan["mode"] == "stream" and plan["STAGES"] == K.STREAM_STAGES and plan["BD"] == 16
-            assert K._plan(B, 100, D, True, dev, fused, backward)["mode"] != "stream"
-    assert K._plan(B, 100, D + 1, False, dev)["mode"] != "stream"  # D not a multiple of 16
-    assert K._plan(1, 100, 16, False, dev)["mode"] != "stream"  # too few programs
+    D = 128
+    B = K.STREAM_WIDE_PROGRAMS * sms * 64 // D
+    for backward in (False, True):
+        plan = K._plan(B, 100, D, False, dev, False, backward)
+        assert plan["mode"] == "stream" and plan["STAGES"] == K.STREAM_STAGES
+        assert plan["BD"] == 64 and plan["BT"] == 16
+        assert K._plan(B, 100, D, False, dev, True, backward)["mode"] != "stream"  # fused
+        assert K._plan(B, 100, D, True, dev, False, backward)["mode"] != "stream"  # complex
+        assert K._plan(B - 1, 100, D, False, dev, False, backward)["mode"] != "stream"  # too few programs
+    assert K._plan(B, 100, D + 16, False, dev)["mode"] != "stream"  # D not a multiple of 64
     with tuning(mode="stream"):
+        assert K._plan(1, 100, 48, False, dev)["BD"] == 16
         with pytest.raises(ValueError, match="real scans"):
             K._plan(B, 100, D, True, dev)
-    wide = K._plan(K.STREAM_WIDE_PROGRAMS * sms, 100, D, False, dev)
-    assert wide["mode"] == "stream" and wide["BD"] == 64 and wide["BT"] == 16
 
 
 def test_stream_bf16_views():
@@ -424,11 +425,11 @@ def test_gpu_medium_sizes_against_reference(config):
                                     dict(mode="stream", stages=1)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_stream_against_reference(config, dtype):
-    """The streaming kernel at sizes where it is the default plan (B * D = 8192), forward and
-    backward, plain and fused."""
+    """The streaming kernels at a size where they are the default plan of the plain real scan
+    (B * D / 64 >= 4 per SM), forward and backward, plain and (forced) fused."""
     torch.manual_seed(29)
-    B, T, D = 8, 700, 1024
-    with tuning(**config):
+    B, T, D = 36, 300, 1024
+    with tuning(**dict(config, mode="stream")):
         assert K._plan(B, T, D, False, torch.device(DEVICE))["mode"] == "stream"
         x, a = _rand(B, T, D, dtype=dtype), _decay(B, T, D, dtype=dtype)
         h0 = _rand(B, D, dtype=dtype)
