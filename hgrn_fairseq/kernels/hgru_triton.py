@@ -1335,17 +1335,18 @@ def _pow2_at_least(n: int) -> int:
 # channel, so the scan along time runs in registers. Chosen from bench_scan.py --sweep on an H200
 # (2026-11-21): for few (batch, channel-block) columns the real kernels are fastest as two passes
 # (backward too, once the sweep timed GPU time without launch overhead: real fwd+bwd 0.159 ms at
-# (8, 2048, 1024) against 0.214 with the look-back backward), the complex ones with the single-pass
-# look-back; with many columns the sequential kernels win (or "stream", see _STREAM).
+# (8, 2048, 1024) against 0.214 with the look-back backward; complex backward 0.153 against 0.261),
+# except the plain complex forward (look-back: 0.077 ms against 0.094); with many columns the
+# sequential kernels win (or "stream", see _STREAM).
 _DEFAULTS = {
     (False, False, False): ("twopass", 16, (16, True)),
     (False, False, True): ("twopass", 16, (8, True)),
     (False, True, False): ("twopass", 16, (16, True)),
     (False, True, True): ("twopass", 8, (8, True)),
     (True, False, False): ("lookback", 32, (16, True)),
-    (True, False, True): ("lookback", 8, (8, True)),
-    (True, True, False): ("lookback", 8, (8, True)),
-    (True, True, True): ("lookback", 8, (8, False)),
+    (True, False, True): ("twopass", 8, (8, True)),
+    (True, True, False): ("twopass", 8, (8, True)),
+    (True, True, True): ("twopass", 8, (8, False)),
 }
 _MODES = ("seq", "lookback", "twopass", "stream")
 # "stream" (real scans; ``_hgru_stream_fwd/bwd_kernel``): one warp per channel block walks the whole
