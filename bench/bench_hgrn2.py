@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import graph_timing  # noqa: E402
 
 import triton  # noqa: E402
 
@@ -51,6 +53,9 @@ except Exception as exc:  # noqa: BLE001
 
 def log(*args):
     print(*args, flush=True)
+
+
+TIMING = "graph"  # --timing: see graph_timing.py
 
 
 def timed(fn, rep=100):
@@ -172,7 +177,10 @@ def markdown(rec):
     m = rec.meta
     lines = [
         f"HGRN2 recurrence, {m['dtype']}, K = V = head dim, scale 1. {m['gpu']}, torch {m['torch']}, "
-        f"triton {m['triton']}, fla {m['fla']}, {m['date']}. Median ms (triton.testing.do_bench).",
+        f"triton {m['triton']}, fla {m['fla']}, {m['date']}. "
+        + ("Shape rows: GPU ms per call from CUDA-graph replays, L2 flushed before each call "
+           "(bench/graph_timing.py; rows timed eagerly say so in the JSON); decoding rows: do_bench medians."
+           if m.get("timing") == "graph" else "Median ms (triton.testing.do_bench)."),
         "",
         "| B, T, H, K | ours fwd | fla chunk_gla fwd | fla fused_recurrent fwd | SDPA causal fwd | ours fwd+bwd "
         "| fla chunk_gla fwd+bwd | fla fused_recurrent fwd+bwd | SDPA fwd+bwd | fwd+bwd speed-up vs chunk_gla "
@@ -261,8 +269,9 @@ def bench_shapes(rec, peers):
                 fn()  # compile / autotune outside the timing
                 torch.cuda.synchronize()
                 warm_s = time.time() - t
-                ms = timed(fn, rep=100 if impl != "fla_fused_recurrent_gla" else 50)
-                rec.add(shape=s, impl=impl, mode="fwd+bwd" if bwd else "fwd", ms=ms, warm_s=round(warm_s, 1))
+                ms, how = graph_timing.timeit(fn, None, 100 if impl != "fla_fused_recurrent_gla" else 50, TIMING, log)
+                rec.add(shape=s, impl=impl, mode="fwd+bwd" if bwd else "fwd", ms=ms, timing=how,
+                        warm_s=round(warm_s, 1))
         del q, v, g, do
         torch.cuda.empty_cache()
 
@@ -342,6 +351,8 @@ def main():
     ap.add_argument("--warm-peers-only", action="store_true", help="only run the fla kernels once per shape")
     ap.add_argument("--no-peers", action="store_true", help="skip fla")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: shapes,decode,profile")
+    ap.add_argument("--timing", default="graph", choices=["graph", "eager"],
+                    help="shape rows: graph = GPU time per call from CUDA-graph replays (default); eager = do_bench")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_hgrn2.py needs a CUDA GPU")
@@ -351,7 +362,10 @@ def main():
         warm_peers()
         return
     os.makedirs(args.out, exist_ok=True)
+    global TIMING
+    TIMING = args.timing
     rec = Recorder(args.out)
+    rec.meta["timing"] = TIMING
     log(json.dumps(rec.meta))
     skip = set(filter(None, args.skip.split(",")))
     t0 = time.time()

@@ -30,6 +30,8 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import graph_timing  # noqa: E402
 
 SHAPES = [(8, 2048, 1024), (8, 4096, 1024), (1, 8192, 2048), (32, 512, 1536), (2, 16384, 1024)]
 DTYPE = torch.bfloat16
@@ -302,72 +304,11 @@ def _accelerated_scan():
 # timing
 # ---------------------------------------------------------------------------------------------
 TIMING = "graph"  # --timing: "graph" (GPU time, launch overhead excluded) or "eager" (do_bench)
-_FLUSH = None
-
-
-def _flush_l2():
-    global _FLUSH
-    if _FLUSH is None:
-        _FLUSH = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
-    _FLUSH.zero_()
-
-
-def timeit_eager(fn, leaves, rep=100):
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=25, rep=rep, grad_to_none=leaves or None, return_mode="median")
-
-
-def timeit_graph(fn, leaves, n=20, replays=15):
-    """GPU time of one call of ``fn`` with the CPU out of the picture: ``n`` calls, each after an L2
-    flush (and with the gradients of ``leaves`` reset), captured in one CUDA graph; the same graph of
-    flushes alone is subtracted. Median over ``replays`` replays. Raises if ``fn`` cannot be captured
-    (a host sync, say)."""
-    leaves = leaves or []
-
-    def body(with_fn):
-        for _ in range(n):
-            _flush_l2()
-            if with_fn:
-                for t in leaves:
-                    t.grad = None
-                fn()
-
-    for _ in range(3):  # warm-up (compilation and autotuning must not happen under capture)
-        body(True)
-    torch.cuda.synchronize()
-    times = {}
-    for with_fn in (False, True):
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            body(with_fn)
-        g.replay()
-        torch.cuda.synchronize()
-        ms = []
-        for _ in range(replays):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            g.replay()
-            e1.record()
-            torch.cuda.synchronize()
-            ms.append(e0.elapsed_time(e1))
-        times[with_fn] = sorted(ms)[len(ms) // 2]
-        del g
-    for t in leaves:
-        t.grad = None
-    return (times[True] - times[False]) / n
 
 
 def timeit(fn, leaves, rep=100):
-    """(ms, how): the graphed GPU time when ``TIMING == "graph"`` and ``fn`` can be captured, else
-    do_bench's median (its time includes any launch overhead the GPU waits for)."""
-    if TIMING == "graph":
-        try:
-            return timeit_graph(fn, leaves), "graph"
-        except Exception as exc:  # noqa: BLE001
-            torch.cuda.synchronize()
-            print(f"    (not capturable, timed eagerly: {repr(exc)[:120]})", flush=True)
-    return timeit_eager(fn, leaves, rep), "eager"
+    """(ms, "graph" or "eager"): see graph_timing.py."""
+    return graph_timing.timeit(fn, leaves, rep, TIMING, log=lambda m: print(m, flush=True))
 
 
 ISOLATED = {"accelerated_scan", "accelerated_scan_complex"}  # peers that have crashed the CUDA context
