@@ -308,7 +308,7 @@ TIMING = "graph"  # --timing: "graph" (GPU time, launch overhead excluded) or "e
 
 def timeit(fn, leaves, rep=100):
     """(ms, "graph" or "eager"): see graph_timing.py."""
-    return graph_timing.timeit(fn, leaves, rep, TIMING, log=lambda m: print(m, flush=True))
+    return graph_timing.timeit(fn, leaves, rep, TIMING)
 
 
 ISOLATED = {"accelerated_scan", "accelerated_scan_complex"}  # peers that have crashed the CUDA context

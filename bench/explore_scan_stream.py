@@ -23,28 +23,16 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-
-@triton.jit
-def _comb(a1, y1, a2, y2):
-    return a1 * a2, a2 * y1 + y2
-
-
-@triton.jit
-def _last_row(v, rows, BT: tl.constexpr):
-    return tl.sum(tl.where((rows == BT - 1)[:, None], v, 0.0), axis=0)
+from bench_scan import floor_op  # noqa: E402  (the floor of the table: an elementwise kernel)
+from hgrn_fairseq.kernels.hgru_triton import _combine_real, _extract_row, _stream_column  # noqa: E402
 
 
 @triton.jit
 def stream_fwd(X, A, H, T, D, BT: tl.constexpr, BD: tl.constexpr, STAGES: tl.constexpr,
                COPY: tl.constexpr):
-    pid = tl.program_id(0)
-    ndb = tl.cdiv(D, BD)
-    db = pid % ndb
-    b = (pid // ndb).to(tl.int64)
-    d = db * BD + tl.arange(0, BD)
-    dm = d < D
-    rows = tl.arange(0, BT)
+    b, d, dm, rows = _stream_column(D, BD, BT)
     base = b * T * D
     h = tl.zeros([BD], tl.float32)
     for t0 in tl.range(0, T, BT, num_stages=STAGES):
@@ -56,9 +44,9 @@ def stream_fwd(X, A, H, T, D, BT: tl.constexpr, BD: tl.constexpr, STAGES: tl.con
         if COPY:
             out = x + a
         else:
-            p, z = tl.associative_scan((a, x), 0, _comb)
+            p, z = tl.associative_scan((a, x), 0, _combine_real)
             out = z + p * h[None, :]
-            h = _last_row(out, rows, BT)
+            h = _extract_row(out, rows, BT - 1)
         tl.store(H + off, out.to(H.dtype.element_ty), mask=m)
 
 
@@ -67,13 +55,7 @@ def stream_bwd(DH, A, HS, DX, DA, DHT, T, D, BT: tl.constexpr, BD: tl.constexpr,
                STAGES: tl.constexpr, COPY: tl.constexpr):
     """g_t = dh_t + a_{t+1} g_{t+1} (g after the last step = DHT), dx = g, da_t = g_t h_{t-1}
     (h_{-1} = 0). Tiles walk time backwards; row r of a tile is time t_hi - r."""
-    pid = tl.program_id(0)
-    ndb = tl.cdiv(D, BD)
-    db = pid % ndb
-    b = (pid // ndb).to(tl.int64)
-    d = db * BD + tl.arange(0, BD)
-    dm = d < D
-    rows = tl.arange(0, BT)
+    b, d, dm, rows = _stream_column(D, BD, BT)
     base = b * T * D
     g = tl.load(DHT + b * D + d, mask=dm, other=0.0).to(tl.float32)
     for j in tl.range(0, T, BT, num_stages=STAGES):
@@ -87,11 +69,20 @@ def stream_bwd(DH, A, HS, DX, DA, DHT, T, D, BT: tl.constexpr, BD: tl.constexpr,
         if COPY:
             gg = dh + an
         else:
-            p, z = tl.associative_scan((an, dh), 0, _comb)
+            p, z = tl.associative_scan((an, dh), 0, _combine_real)
             gg = z + p * g[None, :]
-            g = _last_row(gg, rows, BT)
+            g = _extract_row(gg, rows, BT - 1)
         tl.store(DX + off, gg.to(DX.dtype.element_ty), mask=m)
         tl.store(DA + off, (gg * hp).to(DA.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _column_vec(D, bd_rt, BD: tl.constexpr, BT: tl.constexpr, VEC: tl.constexpr):
+    """As _stream_column, with only VEC-element alignment known for the channel block."""
+    pid = tl.program_id(0)
+    ndb = tl.cdiv(D, BD)
+    d = tl.multiple_of((pid % ndb) * bd_rt, VEC) + tl.arange(0, BD)
+    return (pid // ndb).to(tl.int64), d, tl.arange(0, BT)
 
 
 @triton.jit(do_not_specialize=["T", "D", "bd_rt"])
@@ -100,12 +91,7 @@ def stream2_fwd(X, A, H, T, D, bd_rt, BT: tl.constexpr, BD: tl.constexpr, STAGES
     """As stream_fwd, but Triton is told only VEC-element alignment (so each thread loads VEC
     channels of a row, and with BD = 32 * VEC one warp's lanes own whole channels: the scan along
     time is in-thread), and the carry is the tile's last row (h <- P_last h + z_last)."""
-    pid = tl.program_id(0)
-    ndb = tl.cdiv(D, BD)
-    db = pid % ndb
-    b = (pid // ndb).to(tl.int64)
-    d = tl.multiple_of(db * bd_rt, VEC) + tl.arange(0, BD)
-    rows = tl.arange(0, BT)
+    b, d, rows = _column_vec(D, bd_rt, BD, BT, VEC)
     base = b * T * D
     h = tl.zeros([BD], tl.float32)
     for t0 in tl.range(0, T, BT, num_stages=STAGES):
@@ -114,21 +100,16 @@ def stream2_fwd(X, A, H, T, D, bd_rt, BT: tl.constexpr, BD: tl.constexpr, STAGES
         off = tl.multiple_of(base + t.to(tl.int64) * D, VEC)[:, None] + d[None, :]
         x = tl.load(X + off, mask=m, other=0.0).to(tl.float32)
         a = tl.load(A + off, mask=m, other=1.0).to(tl.float32)
-        p, z = tl.associative_scan((a, x), 0, _comb)
+        p, z = tl.associative_scan((a, x), 0, _combine_real)
         out = z + p * h[None, :]
-        h = _last_row(p, rows, BT) * h + _last_row(z, rows, BT)
+        h = _extract_row(p, rows, BT - 1) * h + _extract_row(z, rows, BT - 1)
         tl.store(H + off, out.to(H.dtype.element_ty), mask=m)
 
 
 @triton.jit(do_not_specialize=["T", "D", "bd_rt"])
 def stream2_bwd(DH, A, HS, DX, DA, DHT, T, D, bd_rt, BT: tl.constexpr, BD: tl.constexpr,
                 STAGES: tl.constexpr, VEC: tl.constexpr):
-    pid = tl.program_id(0)
-    ndb = tl.cdiv(D, BD)
-    db = pid % ndb
-    b = (pid // ndb).to(tl.int64)
-    d = tl.multiple_of(db * bd_rt, VEC) + tl.arange(0, BD)
-    rows = tl.arange(0, BT)
+    b, d, rows = _column_vec(D, bd_rt, BD, BT, VEC)
     base = b * T * D
     g = tl.load(DHT + b * D + d).to(tl.float32)
     for j in tl.range(0, T, BT, num_stages=STAGES):
@@ -138,33 +119,11 @@ def stream2_bwd(DH, A, HS, DX, DA, DHT, T, D, bd_rt, BT: tl.constexpr, BD: tl.co
         dh = tl.load(DH + off, mask=valid[:, None], other=0.0).to(tl.float32)
         an = tl.load(A + off + D, mask=(valid & (t + 1 < T))[:, None], other=1.0).to(tl.float32)
         hp = tl.load(HS + off - D, mask=(valid & (t >= 1))[:, None], other=0.0).to(tl.float32)
-        p, z = tl.associative_scan((an, dh), 0, _comb)
+        p, z = tl.associative_scan((an, dh), 0, _combine_real)
         gg = z + p * g[None, :]
-        g = _last_row(p, rows, BT) * g + _last_row(z, rows, BT)
+        g = _extract_row(p, rows, BT - 1) * g + _extract_row(z, rows, BT - 1)
         tl.store(DX + off, gg.to(DX.dtype.element_ty), mask=valid[:, None])
         tl.store(DA + off, (gg * hp).to(DA.dtype.element_ty), mask=valid[:, None])
-
-
-@triton.jit
-def floor_kernel(P0, P1, P2, Q0, Q1, N, NIN: tl.constexpr, NOUT: tl.constexpr, BLOCK: tl.constexpr):
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = i < N
-    v = tl.load(P0 + i, mask=m, other=0.0).to(tl.float32)
-    v += tl.load(P1 + i, mask=m, other=0.0).to(tl.float32)
-    if NIN == 3:
-        v += tl.load(P2 + i, mask=m, other=0.0).to(tl.float32)
-    tl.store(Q0 + i, v.to(Q0.dtype.element_ty), mask=m)
-    if NOUT == 2:
-        tl.store(Q1 + i, v.to(Q1.dtype.element_ty), mask=m)
-
-
-def floor(ins, outs):
-    n = ins[0].numel()
-    grid = (triton.cdiv(n, 4096),)
-    p = list(ins) + [ins[0]] * (3 - len(ins))
-    q = list(outs) + [outs[0]] * (2 - len(outs))
-    floor_kernel[grid](p[0], p[1], p[2], q[0], q[1], n, NIN=len(ins), NOUT=len(outs), BLOCK=4096,
-                       num_warps=8)
 
 
 def main():
@@ -209,70 +168,67 @@ def main():
         hh, hT = hgru_triton.real_scan(xr, ar)
         torch.autograd.backward([hh, hT], [dh, dht])
         ref_dx, ref_da = xr.grad, ar.grad
-        f_fwd = do_bench(lambda: floor([x, a], [h]))
-        f_bwd = do_bench(lambda: floor([dh, a, ref_h], [dx, da]))
+        f_fwd = do_bench(lambda: floor_op([x, a], [h]))
+        f_bwd = do_bench(lambda: floor_op([dh, a, ref_h], [dx, da]))
         t_ours_f = do_bench(lambda: hgru_triton.real_scan(x, a))
         say(f"\n## {B}x{T}x{D}: floor fwd {f_fwd:.4f} ms, floor bwd {f_bwd:.4f} ms, "
             f"current real_scan fwd {t_ours_f:.4f} ms")
-        for spec in [v for v in args.v2.split(";") if v]:
-            vec, bd, bt, st, nw = (int(v) for v in spec.split(":"))
-            grid = (B * triton.cdiv(D, bd),)
-            row = dict(shape=shape, v2=spec, programs=grid[0])
-            try:
-                fw = lambda: stream2_fwd[grid](x, a, h, T, D, bd, BT=bt, BD=bd, STAGES=st, VEC=vec,
-                                               num_warps=nw)
-                bw = lambda: stream2_bwd[grid](dh, a, ref_h, dx, da, dht, T, D, bd, BT=bt, BD=bd,
-                                               STAGES=st, VEC=vec, num_warps=nw)
-                fw()
-                bw()
-                torch.cuda.synchronize()
+        def measure(row, tag, fw, bw, check):
+            """Run fw/bw once (checked against the module's kernels when ``check``), then time them."""
+            fw()
+            bw()
+            torch.cuda.synchronize()
+            if check:
                 row.update(err_h=(h.float() - ref_h.float()).abs().max().item(),
                            err_dx=(dx.float() - ref_dx.float()).abs().max().item(),
                            err_da=(da.float() - ref_da.float()).abs().max().item())
-                row["scan_fwd"] = do_bench(fw)
-                row["scan_bwd"] = do_bench(bw)
-                row["fwd_over_floor"] = row["scan_fwd"] / f_fwd
-                row["bwd_over_floor"] = row["scan_bwd"] / f_bwd
-                try:
-                    k = fw()  # the launch returns the compiled kernel
-                    row["fwd_regs_spills"] = (k.n_regs, k.n_spills)
-                    k = bw()
-                    row["bwd_regs_spills"] = (k.n_regs, k.n_spills)
-                except Exception as e:
-                    row["regs_error"] = repr(e)[:100]
-            except Exception as e:
-                row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-            results.append(row)
-            say(json.dumps(row))
-        for bt, bd, st, nw in ([] if args.v2 else itertools.product(ints(args.bt), ints(args.bd),
-                                                                     ints(args.stages), ints(args.warps))):
-            if bt * bd < 32 * nw or nw * 32 > bt * bd // 4 and nw > 1:
-                continue
-            grid = (B * triton.cdiv(D, bd),)
-            row = dict(shape=shape, BT=bt, BD=bd, stages=st, warps=nw, programs=grid[0])
+            row[f"{tag}_fwd"] = do_bench(fw)
+            row[f"{tag}_bwd"] = do_bench(bw)
+
+        def record(row, fill):
             try:
-                for copy in (True, False):
-                    fw = lambda: stream_fwd[grid](x, a, h, T, D, BT=bt, BD=bd, STAGES=st, COPY=copy,
-                                                  num_warps=nw)
-                    bw = lambda: stream_bwd[grid](dh, a, ref_h, dx, da, dht, T, D, BT=bt, BD=bd,
-                                                  STAGES=st, COPY=copy, num_warps=nw)
-                    fw()
-                    bw()
-                    torch.cuda.synchronize()
-                    if not copy:
-                        err_h = (h.float() - ref_h.float()).abs().max().item()
-                        err_dx = (dx.float() - ref_dx.float()).abs().max().item()
-                        err_da = (da.float() - ref_da.float()).abs().max().item()
-                        row.update(err_h=err_h, err_dx=err_dx, err_da=err_da)
-                    tag = "copy" if copy else "scan"
-                    row[f"{tag}_fwd"] = do_bench(fw)
-                    row[f"{tag}_bwd"] = do_bench(bw)
+                fill()
                 row["fwd_over_floor"] = row["scan_fwd"] / f_fwd
                 row["bwd_over_floor"] = row["scan_bwd"] / f_bwd
             except Exception as e:  # compile failures (shared memory) are part of the answer
                 row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
             results.append(row)
             say(json.dumps(row))
+
+        for spec in [v for v in args.v2.split(";") if v]:
+            vec, bd, bt, st, nw = (int(v) for v in spec.split(":"))
+            grid = (B * triton.cdiv(D, bd),)
+            fw = lambda: stream2_fwd[grid](x, a, h, T, D, bd, BT=bt, BD=bd, STAGES=st, VEC=vec,  # noqa: E731
+                                           num_warps=nw)
+            bw = lambda: stream2_bwd[grid](dh, a, ref_h, dx, da, dht, T, D, bd, BT=bt, BD=bd,  # noqa: E731
+                                           STAGES=st, VEC=vec, num_warps=nw)
+
+            row = dict(shape=shape, v2=spec, programs=grid[0])
+
+            def fill():
+                measure(row, "scan", fw, bw, True)
+                k_f, k_b = fw(), bw()  # a launch returns the compiled kernel
+                row["fwd_regs_spills"] = (k_f.n_regs, k_f.n_spills)
+                row["bwd_regs_spills"] = (k_b.n_regs, k_b.n_spills)
+
+            record(row, fill)
+        for bt, bd, st, nw in ([] if args.v2 else itertools.product(ints(args.bt), ints(args.bd),
+                                                                     ints(args.stages), ints(args.warps))):
+            if bt * bd < 32 * nw or nw * 32 > bt * bd // 4 and nw > 1:
+                continue
+            grid = (B * triton.cdiv(D, bd),)
+            row = dict(shape=shape, BT=bt, BD=bd, stages=st, warps=nw, programs=grid[0])
+
+            def fill():
+                for copy in (True, False):
+                    measure(row, "copy" if copy else "scan",
+                            lambda: stream_fwd[grid](x, a, h, T, D, BT=bt, BD=bd, STAGES=st, COPY=copy,
+                                                     num_warps=nw),
+                            lambda: stream_bwd[grid](dh, a, ref_h, dx, da, dht, T, D, BT=bt, BD=bd,
+                                                     STAGES=st, COPY=copy, num_warps=nw),
+                            not copy)
+
+            record(row, fill)
         results.append(dict(shape=shape, floor_fwd=f_fwd, floor_bwd=f_bwd, current_fwd=t_ours_f))
     with open(os.path.join(args.out, "explore_scan_stream.json"), "w") as f:
         json.dump(results, f, indent=1)

@@ -165,6 +165,28 @@ def _gamma(GAMMA, gamma_val, d, dm, GAMMA_MODE: tl.constexpr):
 
 
 @triton.jit
+def _gate_decay(f, gam):
+    """Fused HGRU gates from forget logits ``f``: (lambda, 1 - lambda) with
+    ``lambda = gamma + (1 - gamma) sigmoid(f)``; ``1 - lambda`` without cancellation."""
+    mu, omu = _sigmoid_pair(f)
+    return gam + (1.0 - gam) * mu, (1.0 - gam) * omu
+
+
+@triton.jit
+def _first_decay(Ab, sat, T, d, m, gam, FUSED: tl.constexpr, REVERSE: tl.constexpr):
+    """Decay of the forward's first step (its time is T - 1 when REVERSE), from the row pointer
+    ``Ab`` of the decay (or, FUSED, forget-logit) tensor: ``dh0 = conj(A_first) g_first``."""
+    if REVERSE:
+        t_off = (T - 1).to(tl.int64) * sat
+    else:
+        t_off = 0
+    a0 = tl.load(Ab + t_off + d, mask=m, other=0.0).to(tl.float32)
+    if FUSED:
+        a0, unused = _gate_decay(a0, gam)
+    return a0
+
+
+@triton.jit
 def _carry_in(AGG_M, AGG_S, ir, ii, b, c, d, dm, B, D, NC, COMPLEX: tl.constexpr, NCP: tl.constexpr):
     """State entering chunk ``c``: the affine maps of chunks 0..c-1 applied to the start state."""
     k = tl.arange(0, NCP)
@@ -414,9 +436,7 @@ def _hgru_fwd_kernel(
         valid = q < s_hi
         m2 = valid[:, None] & dm[None, :]
         if FUSED:
-            mu, omu = _sigmoid_pair(av)
-            lam = gam + (1.0 - gam) * mu
-            om = (1.0 - gam) * omu  # 1 - lambda, without cancellation
+            lam, om = _gate_decay(av, gam)
             xr = om * (xr * _sigmoid(xr))
             if COMPLEX:
                 xi = om * (xi * _sigmoid(xi))
@@ -712,16 +732,8 @@ def _hgru_bwd_kernel(
         if NEED_DGAMMA:
             tl.store(DGAMMA_P + prow, tl.sum(acc_g, axis=0), mask=dm)
         if NEED_DH0:
-            # dh0 = conj(A_first) g_first, A_first the decay of the forward's first step
-            if REVERSE:
-                t_off = (T - 1).to(tl.int64) * sat
-            else:
-                t_off = 0
             fm = dm & ((d * 0 + c) == NC - 1)
-            a0 = tl.load(A + b64 * sab + t_off + d, mask=fm, other=0.0).to(tl.float32)
-            if FUSED:
-                mu0, omu0 = _sigmoid_pair(a0)
-                a0 = gam1 + (1.0 - gam1) * mu0
+            a0 = _first_decay(A + b64 * sab, sat, T, d, fm, gam1, FUSED, REVERSE)
             off = b64 * D + d
             if COMPLEX:
                 tl.store(DH0 + 2 * off, (a0 * (cs * gcr + sn * gci)).to(DH0.dtype.element_ty), mask=fm)
@@ -736,15 +748,12 @@ def _hgru_bwd_kernel(
 # recognised), so that aligned rows get 16-byte loads, which the pipeline stages in shared memory.
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _stream_gates(av, xv, gam, valid, FUSED: tl.constexpr):
-    """(decay, scan input) of one tile; identity (1, 0) on invalid rows."""
-    if FUSED:
-        mu, omu = _sigmoid_pair(av)
-        lam = gam + (1.0 - gam) * mu
-        xv = (1.0 - gam) * omu * (xv * _sigmoid(xv))
-    else:
-        lam = av
-    return tl.where(valid, lam, 1.0), tl.where(valid, xv, 0.0)
+def _stream_column(D, BD: tl.constexpr, BT: tl.constexpr):
+    """The program's (batch row, as int64; channels; channel mask; tile rows)."""
+    pid = tl.program_id(0)
+    ndb = tl.cdiv(D, BD)
+    d = (pid % ndb) * BD + tl.arange(0, BD)
+    return (pid // ndb).to(tl.int64), d, d < D, tl.arange(0, BT)
 
 
 @triton.jit
@@ -753,12 +762,7 @@ def _hgru_stream_fwd_kernel(
     FUSED: tl.constexpr, REVERSE: tl.constexpr, HAS_H0: tl.constexpr, GAMMA_MODE: tl.constexpr,
     BT: tl.constexpr, BD: tl.constexpr, STAGES: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    ndb = tl.cdiv(D, BD)
-    b = (pid // ndb).to(tl.int64)
-    d = (pid % ndb) * BD + tl.arange(0, BD)
-    dm = d < D
-    rows = tl.arange(0, BT)
+    b, d, dm, rows = _stream_column(D, BD, BT)
     gam = _gamma(GAMMA, gamma_val, d, dm, GAMMA_MODE)[None, :]
     h = tl.zeros([BD], tl.float32)
     if HAS_H0:
@@ -779,7 +783,13 @@ def _hgru_stream_fwd_kernel(
         m = valid & dm[None, :]
         xv = tl.load(xb + t0 * sxt + (rel * sxt)[:, None] + d[None, :], mask=m, other=0.0).to(tl.float32)
         av = tl.load(ab + t0 * sat + (rel * sat)[:, None] + d[None, :], mask=m, other=1.0).to(tl.float32)
-        lam, xv = _stream_gates(av, xv, gam, valid, FUSED)
+        if FUSED:
+            lam, om = _gate_decay(av, gam)
+            xv = om * (xv * _sigmoid(xv))
+        else:
+            lam = av
+        lam = tl.where(valid, lam, 1.0)  # rows past the end: the identity
+        xv = tl.where(valid, xv, 0.0)
         p, z = tl.associative_scan((lam, xv), 0, _combine_real)
         out = z + p * h[None, :]
         h = _extract_row(out, rows, BT - 1)  # rows past the end are the identity
@@ -798,12 +808,7 @@ def _hgru_stream_bwd_kernel(
     """Backward of the stream forward: ``g_t = dh_t + lambda_{next} g_{next}`` walked against the
     forward's direction (row s of the walk is the forward's step T-1-s); ``dx``, ``da`` (or the
     fused gates' gradients) per tile from ``g`` and the saved previous state."""
-    pid = tl.program_id(0)
-    ndb = tl.cdiv(D, BD)
-    b = (pid // ndb).to(tl.int64)
-    d = (pid % ndb) * BD + tl.arange(0, BD)
-    dm = d < D
-    rows = tl.arange(0, BT)
+    b, d, dm, rows = _stream_column(D, BD, BT)
     gam1 = _gamma(GAMMA, gamma_val, d, dm, GAMMA_MODE)
     gam = gam1[None, :]
     h0 = tl.zeros([BD], tl.float32)
@@ -844,8 +849,8 @@ def _hgru_stream_bwd_kernel(
         hp = tl.load(hb + t0 * D + ((rel - sf) * D)[:, None] + dd, mask=m_prev, other=0.0).to(tl.float32)
         hp = tl.where(m_prev, hp, h0[None, :])
         if FUSED:
-            mu_n, omu_n = _sigmoid_pair(an)
-            dec = tl.where(m_next, gam + (1.0 - gam) * mu_n, 1.0)
+            dec, unused = _gate_decay(an, gam)
+            dec = tl.where(m_next, dec, 1.0)
             a_t = tl.load(ab + t0 * sat + (rel * sat)[:, None] + dd, mask=m, other=0.0).to(tl.float32)
             u = tl.load(xb + t0 * sxt + (rel * sxt)[:, None] + dd, mask=m, other=0.0).to(tl.float32)
         else:
@@ -863,15 +868,8 @@ def _hgru_stream_bwd_kernel(
         tl.store(DA + ob + t0 * D + (rel * D)[:, None] + dd, dgate.to(DA.dtype.element_ty), mask=m)
     if NEED_DGAMMA:
         tl.store(DGAMMA_P + b * D + d, tl.sum(acc_g, axis=0), mask=dm)
-    if NEED_DH0:  # dh0 = lambda_first g_first, lambda_first the decay of the forward's first step
-        if REVERSE:
-            t_off = (T - 1).to(tl.int64) * sat
-        else:
-            t_off = 0
-        a0 = tl.load(ab + t_off + d, mask=dm, other=0.0).to(tl.float32)
-        if FUSED:
-            mu0, omu0 = _sigmoid_pair(a0)
-            a0 = gam1 + (1.0 - gam1) * mu0
+    if NEED_DH0:
+        a0 = _first_decay(ab, sat, T, d, dm, gam1, FUSED, REVERSE)
         tl.store(DH0 + b * D + d, (a0 * g).to(DH0.dtype.element_ty), mask=dm)
 
 
@@ -1133,9 +1131,7 @@ def _hgru_fwd_lb_kernel(
     av, xr, xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_ref, rel, valid, d0, D, COMPLEX, BT, BD)
     if FUSED:
         gam = _gamma(GAMMA, gamma_val, d, dm, GAMMA_MODE)[None, :]
-        mu, omu = _sigmoid_pair(av)
-        lam = gam + (1.0 - gam) * mu
-        om = (1.0 - gam) * omu
+        lam, om = _gate_decay(av, gam)
         xr = om * (xr * _sigmoid(xr))
         if COMPLEX:
             xi = om * (xi * _sigmoid(xi))
@@ -1289,15 +1285,8 @@ def _hgru_bwd_lb_kernel(
         tl.store(DGAMMA_P + prow, tl.sum(g_c, axis=0), mask=dm)
     if NEED_DH0:
         # dh0 = conj(A_first) g_first, g_first the state leaving the last backward chunk
-        if REVERSE:
-            t_off = (T - 1).to(tl.int64) * sat
-        else:
-            t_off = 0
         fm = dm & ((d * 0 + c) == NC - 1)
-        a0 = tl.load(A + b64 * sab + t_off + d, mask=fm, other=0.0).to(tl.float32)
-        if FUSED:
-            mu0, omu0 = _sigmoid_pair(a0)
-            a0 = gam1 + (1.0 - gam1) * mu0
+        a0 = _first_decay(A + b64 * sab, sat, T, d, fm, gam1, FUSED, REVERSE)
         glr = mr * cr - mi * ci + sr
         gli = mr * ci + mi * cr + si
         off = b64 * D + d
@@ -1390,9 +1379,9 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
     programs = B * triton.cdiv(D, bd)
     mode = cfg["mode"]
     sms = _sm_count(device)
+    wide = D % 64 == 0 and B * D // 64 >= STREAM_WIDE_PROGRAMS * sms  # enough 64-channel stream programs
     if mode is None:
-        if not is_complex and _STREAM[(bool(fused), bool(backward))] and D % 64 == 0 \
-                and B * D // 64 >= STREAM_WIDE_PROGRAMS * sms and T > 16:
+        if not is_complex and _STREAM[(bool(fused), bool(backward))] and wide and T > 16:
             mode = "stream"
         else:
             min_programs = cfg["min_programs"] or 8 * sms
@@ -1402,7 +1391,6 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
     if mode == "stream":
         if is_complex:
             raise ValueError("tuning['mode']='stream' is for the real scans only")
-        wide = B * D // 64 >= STREAM_WIDE_PROGRAMS * sms and D % 64 == 0
         bd = cfg["block_d"] or (64 if wide else 16)
         bt = max(2, min(cfg["block_t"] or (16 if wide else 64), _pow2_at_least(T)))
         return dict(mode=mode, BT=bt, BD=bd, num_warps=num_warps, NC=1, CL=T, LBW=1,
