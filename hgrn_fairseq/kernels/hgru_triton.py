@@ -1347,7 +1347,8 @@ _MODES = ("seq", "lookback", "twopass", "stream")
 # kernels win (16-channel stream programs: 0.073 ms forward, 0.170 fwd+bwd, against 0.061 / 0.159), and
 # the fused kernels, whose tiles carry more work, are faster in the other modes at every size tried.
 # A lone streaming kernel with 16 x 64 tiles reached 0.052 ms at (8, 2048, 1024)
-# (bench/explore_scan_stream.py), the same tiles inside these kernels 0.098: not understood.
+# (bench/explore_scan_stream.py, do_bench of direct launches), the same tiles inside these kernels
+# 0.098 (graphed; 0.100 with do_bench): not understood.
 _STREAM = {(False, False): True, (False, True): True, (True, False): False, (True, True): False}  # (fused, bwd)
 STREAM_STAGES = 3
 STREAM_WIDE_PROGRAMS = 4  # per SM, with 64-channel programs
