@@ -1359,6 +1359,16 @@ STREAM_WIDE_PROGRAMS = 4  # per SM, with 64-channel programs
 # 0.390 at 8, 0.629 at 16). The walks are short (a predecessor has usually published its state by
 # the time a tile looks), so a window only adds L2 reads and registers. Kept for experiments.
 _LOOKBACK_WINDOW = {False: 1, True: 1}
+# Programs per SM the two-pass kernels aim for (chunks per column = this * SMs / columns, at most 32),
+# real / complex. H200, 2026-11-21, graphed bench_scan.py --sweep over num_chunks at (8, 2048, 1024) and
+# (8, 4096, 1024) (256 columns): real fwd+bwd 0.139 / 0.268 ms with 8 chunks (16 per SM) against
+# 0.160 / 0.303 with 5 (8 per SM); 12 chunks 0.154 / 0.296. The complex kernels, which hold twice the
+# state per program, were slower with 8 chunks (0.259 / 0.496 against 0.229 / 0.437).
+TWOPASS_PROGRAMS_PER_SM = {False: 16, True: 8}
+# FUSED_COMPLEX_BWD_LOOKBACK: the fused complex backward takes the look-back kernel when its columns
+# number at most half the SMs. H200, 2026-11-21, graphed bench_scan.py --sweep: with 64 columns,
+# (1, 8192, 2048) and (2, 16384, 1024), the look-back backward took 0.42 / 0.82 ms against 0.51 / 1.04
+# for two passes; with 256 columns, (8, 2048, 1024), two passes won (0.29 against 0.37 ms).
 
 
 def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused: bool = False,
@@ -1387,6 +1397,8 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
         else:
             min_programs = cfg["min_programs"] or 8 * sms
             mode = "seq" if programs >= min_programs or T <= bt_seq else small_mode
+            if mode == "twopass" and is_complex and fused and backward and 2 * programs <= sms:
+                mode = "lookback"  # see FUSED_COMPLEX_BWD_LOOKBACK
     if mode not in _MODES:
         raise ValueError(f"tuning['mode']={mode!r} is not one of {_MODES}")
     if mode == "stream":
@@ -1405,8 +1417,9 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
         nc, cl = 1, triton.cdiv(T, bt) * bt
     else:
         nc = cfg["num_chunks"]
-        if nc is None:  # ~8 programs per SM, chunks of at least 4 tiles
-            nc = min(triton.cdiv(8 * _sm_count(device), programs), triton.cdiv(T, 4 * bt), 32)
+        if nc is None:  # TWOPASS_PROGRAMS_PER_SM, chunks of at least 4 tiles
+            per_sm = TWOPASS_PROGRAMS_PER_SM[bool(is_complex)]
+            nc = min(triton.cdiv(per_sm * _sm_count(device), programs), triton.cdiv(T, 4 * bt), 32)
         nc = max(1, min(int(nc), triton.cdiv(T, bt), 1024))
         cl = triton.cdiv(triton.cdiv(T, nc), bt) * bt
         nc = triton.cdiv(T, cl)

@@ -326,6 +326,25 @@ def test_stream_plan():
             K._plan(B, 100, D, True, dev)
 
 
+def test_twopass_chunks_plan():
+    """Two-pass plans split each column into enough chunks for TWOPASS_PROGRAMS_PER_SM programs per SM
+    (real and complex differ), capped at 32 chunks."""
+    dev = torch.device(DEVICE)
+    sms = K._sm_count(dev)
+    B, T, D = 1, 100000, 256  # 8 columns of 32 channels
+    for is_complex, fused, backward in [(False, False, True), (False, True, False), (True, False, True)]:
+        plan = K._plan(B, T, D, is_complex, dev, fused, backward)
+        assert plan["mode"] == "twopass"
+        per_sm = K.TWOPASS_PROGRAMS_PER_SM[is_complex]
+        assert plan["NC"] == min(-(-per_sm * sms // 8), 32)
+    assert K.TWOPASS_PROGRAMS_PER_SM[False] > K.TWOPASS_PROGRAMS_PER_SM[True]
+    # the fused complex backward: look-back for at most half as many columns as SMs, two passes above
+    cols = sms // 2
+    assert K._plan(B, T, 32 * cols, True, dev, True, True)["mode"] == "lookback"
+    assert K._plan(B, T, 32 * (cols + 1), True, dev, True, True)["mode"] == "twopass"
+    assert K._plan(B, T, 32 * cols, True, dev, True, False)["mode"] == "twopass"  # its forward
+
+
 def test_stream_bf16_views():
     """Streaming kernels on bf16 views of a projection: 16-byte aligned rows (offset 0; Triton
     specialises them to vector loads) and misaligned ones (offset 1) give the reference result."""
