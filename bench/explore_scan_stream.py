@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_scan import floor_op  # noqa: E402  (the floor of the table: an elementwise kernel)
-from hgrn_fairseq.kernels.hgru_triton import _combine_real, _extract_row, _stream_column  # noqa: E402
+from hgrn_fairseq.kernels.hgru_triton import _combine_real, _extract_row, _scan_carry, _stream_column  # noqa: E402
 
 
 @triton.jit
@@ -44,9 +44,7 @@ def stream_fwd(X, A, H, T, D, BT: tl.constexpr, BD: tl.constexpr, STAGES: tl.con
         if COPY:
             out = x + a
         else:
-            p, z = tl.associative_scan((a, x), 0, _combine_real)
-            out = z + p * h[None, :]
-            h = _extract_row(out, rows, BT - 1)
+            out, h = _scan_carry(a, x, h, rows, BT)
         tl.store(H + off, out.to(H.dtype.element_ty), mask=m)
 
 
@@ -69,9 +67,7 @@ def stream_bwd(DH, A, HS, DX, DA, DHT, T, D, BT: tl.constexpr, BD: tl.constexpr,
         if COPY:
             gg = dh + an
         else:
-            p, z = tl.associative_scan((an, dh), 0, _combine_real)
-            gg = z + p * g[None, :]
-            g = _extract_row(gg, rows, BT - 1)
+            gg, g = _scan_carry(an, dh, g, rows, BT)
         tl.store(DX + off, gg.to(DX.dtype.element_ty), mask=m)
         tl.store(DA + off, (gg * hp).to(DA.dtype.element_ty), mask=m)
 

@@ -13,24 +13,14 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from hgrn_fairseq.kernels.hgrn2_triton import hgrn2_fused  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_hgrn2 import inputs, ours  # noqa: E402  (the bench's inputs and its fwd+bwd of ours)
 
 
 def main():
     B, T, H, K = (int(a) for a in (sys.argv[1:5] if len(sys.argv) >= 5 else (8, 2048, 8, 128)))
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(B, T, H, K, device="cuda", generator=gen).bfloat16().requires_grad_()
-    v = torch.randn(B, T, H, K, device="cuda", generator=gen).bfloat16().requires_grad_()
-    g = F.logsigmoid(torch.randn(B, T, H, K, device="cuda", generator=gen)).bfloat16().requires_grad_()
-    do = torch.randn(B, T, H, K, device="cuda", generator=gen).bfloat16()
-
-    def step():
-        o, _ = hgrn2_fused(q, v, g)
-        o.backward(do)
-
+    step = ours(*inputs(B, T, H, K), bwd=True)
     for _ in range(3):
         step()
     torch.cuda.synchronize()

@@ -154,6 +154,15 @@ def _extract_row(v, rows, r):
 
 
 @triton.jit
+def _scan_carry(lam, x, h, rows, BT: tl.constexpr):
+    """One [BT, BD] tile of the real scan ``h_k = lam_k h_{k-1} + x_k`` entered with state ``h`` ([BD]):
+    the tile's states and the state after its last row."""
+    p, z = tl.associative_scan((lam, x), 0, _combine_real)
+    out = z + p * h[None, :]
+    return out, _extract_row(out, rows, BT - 1)
+
+
+@triton.jit
 def _gamma(GAMMA, gamma_val, d, dm, GAMMA_MODE: tl.constexpr):
     if GAMMA_MODE == 2:
         gam = tl.load(GAMMA + d, mask=dm, other=0.0).to(tl.float32)
@@ -790,9 +799,7 @@ def _hgru_stream_fwd_kernel(
             lam = av
         lam = tl.where(valid, lam, 1.0)  # rows past the end: the identity
         xv = tl.where(valid, xv, 0.0)
-        p, z = tl.associative_scan((lam, xv), 0, _combine_real)
-        out = z + p * h[None, :]
-        h = _extract_row(out, rows, BT - 1)  # rows past the end are the identity
+        out, h = _scan_carry(lam, xv, h, rows, BT)  # rows past the end are the identity
         tl.store(hb + t0 * D + (rel * D)[:, None] + d[None, :], out.to(H.dtype.element_ty), mask=m)
     tl.store(HT + b * D + d, h.to(HT.dtype.element_ty), mask=dm)
 
@@ -857,9 +864,7 @@ def _hgru_stream_bwd_kernel(
             dec = an
             a_t = an
             u = an
-        p, z = tl.associative_scan((dec, dh), 0, _combine_real)
-        gt = z + p * g[None, :]
-        g = _extract_row(gt, rows, BT - 1)
+        gt, g = _scan_carry(dec, dh, g, rows, BT)
         dxr, dxi, dgate, th_c, g_c = _bwd_grads(gt, gt, hp, hp, a_t, u, u, 1.0, 0.0, gam, m,
                                                 False, FUSED, False, NEED_DGAMMA)
         if NEED_DGAMMA:
@@ -1365,10 +1370,11 @@ _LOOKBACK_WINDOW = {False: 1, True: 1}
 # 0.160 / 0.303 with 5 (8 per SM); 12 chunks 0.154 / 0.296. The complex kernels, which hold twice the
 # state per program, were slower with 8 chunks (0.259 / 0.496 against 0.229 / 0.437).
 TWOPASS_PROGRAMS_PER_SM = {False: 16, True: 8}
-# FUSED_COMPLEX_BWD_LOOKBACK: the fused complex backward takes the look-back kernel when its columns
-# number at most half the SMs. H200, 2026-11-21, graphed bench_scan.py --sweep: with 64 columns,
+# Kernels whose mode differs from _DEFAULTS' when their columns number at most half the SMs, (complex,
+# fused, backward) -> mode: the fused complex backward takes the look-back kernel. H200, 2026-11-21, graphed bench_scan.py --sweep: with 64 columns,
 # (1, 8192, 2048) and (2, 16384, 1024), the look-back backward took 0.42 / 0.82 ms against 0.51 / 1.04
 # for two passes; with 256 columns, (8, 2048, 1024), two passes won (0.29 against 0.37 ms).
+_FEW_COLUMNS_MODE = {(True, True, True): "lookback"}
 
 
 def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused: bool = False,
@@ -1381,7 +1387,8 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
     (time chunks of CL steps: chunk maps, then the chunks; reads the inputs twice).
     """
     cfg = tuning
-    small_mode, bt_lb, (bt_seq, pf_default) = _DEFAULTS[(bool(is_complex), bool(fused), bool(backward))]
+    key = (bool(is_complex), bool(fused), bool(backward))
+    small_mode, bt_lb, (bt_seq, pf_default) = _DEFAULTS[key]
     # at least 32 channels per program, so that the lanes of a warp never split the time axis (with
     # 16-channel blocks the complex look-back backward gave wrong gradients for a few elements on an
     # H200, 2026-11-21, in tests/kernels; not understood, and that layout is no longer used)
@@ -1397,8 +1404,8 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
         else:
             min_programs = cfg["min_programs"] or 8 * sms
             mode = "seq" if programs >= min_programs or T <= bt_seq else small_mode
-            if mode == "twopass" and is_complex and fused and backward and 2 * programs <= sms:
-                mode = "lookback"  # see FUSED_COMPLEX_BWD_LOOKBACK
+            if mode == small_mode and 2 * programs <= sms:
+                mode = _FEW_COLUMNS_MODE.get(key, mode)
     if mode not in _MODES:
         raise ValueError(f"tuning['mode']={mode!r} is not one of {_MODES}")
     if mode == "stream":

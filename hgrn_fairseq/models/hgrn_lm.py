@@ -27,6 +27,7 @@ from ..modules import LayerLowerBounds
 from ..modules.block import TOKEN_MIXERS, HgrnBlock, build_token_mixer
 from ..modules.cuda_graph import GraphedCallCache
 from ..modules.glu import ACTIVATIONS
+from ..modules.transient import TransientAttrs
 
 # What max_positions() reports: large enough that no length filter in fairseq ever applies, small
 # enough for the arithmetic fairseq does with it (e.g. the generator's max_len - 1).
@@ -104,7 +105,7 @@ def validate_config(cfg) -> None:
         )
 
 
-class HgrnDecoder(FairseqIncrementalDecoder):
+class HgrnDecoder(TransientAttrs, FairseqIncrementalDecoder):
     """Embedding -> dropout -> blocks -> final LayerNorm -> (tied) output projection.
 
     Incremental decoding keeps one recurrent state per layer and the number of tokens already
@@ -113,6 +114,8 @@ class HgrnDecoder(FairseqIncrementalDecoder):
     ``continue_stream=True`` to consume *all* of ``prev_output_tokens`` as new tokens instead
     (carrying the state across consecutive blocks of a long text).
     """
+
+    _TRANSIENT = ("_graphs",)  # built on first use, never pickled (modules/transient.py)
 
     def __init__(self, cfg, dictionary):
         super().__init__(dictionary)
@@ -222,16 +225,7 @@ class HgrnDecoder(FairseqIncrementalDecoder):
         return self.final_norm(x), new_states, inner_states
 
     def _graph_cache(self) -> GraphedCallCache:
-        cache = self.__dict__.get("_graphs")
-        if cache is None:  # kept out of the module's state (and of pickling)
-            cache = GraphedCallCache(_GraphedTrunk(self), name="hgrn_lm decoder")
-            self.__dict__["_graphs"] = cache
-        return cache
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state.pop("_graphs", None)
-        return state
+        return self._transient("_graphs", lambda: GraphedCallCache(_GraphedTrunk(self), name="hgrn_lm decoder"))
 
     def output_layer(self, features: Tensor) -> Tensor:
         if self.output_projection is None:

@@ -9,6 +9,7 @@ from torch import nn
 
 from .glu import GLU
 from .hgru import HGRU
+from .transient import TransientAttrs
 
 Tensor = torch.Tensor
 
@@ -49,7 +50,7 @@ def build_token_mixer(
 COMPILE_MODES = ("none", "train")
 
 
-class HgrnBlock(nn.Module):
+class HgrnBlock(TransientAttrs, nn.Module):
     """x = x + drop(mixer(LN x)); x = x + drop(GLU(LN x)). ``[B, T, dim] -> [B, T, dim]``.
 
     ``glu_dim = 0`` leaves out the channel mixer (the MQAR models have no MLP).
@@ -61,6 +62,8 @@ class HgrnBlock(nn.Module):
     shape compile. Evaluation and incremental decoding run eagerly. The compiler backend is
     ``inductor``, or ``$HGRN_COMPILE_BACKEND`` (tests use ``aot_eager``, which needs no C compiler).
     """
+
+    _TRANSIENT = ("_compiled_forward",)  # built on first use, never pickled (modules/transient.py)
 
     def __init__(
         self,
@@ -93,11 +96,8 @@ class HgrnBlock(nn.Module):
         output_final_state: bool = False,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         if self.compile_mode == "train" and self.training and initial_state is None and not output_final_state:
-            compiled = self.__dict__.get("_compiled_forward")
-            if compiled is None:  # kept out of the module's state (and of pickling)
-                backend = os.environ.get("HGRN_COMPILE_BACKEND", "inductor")
-                compiled = torch.compile(self._forward, backend=backend)
-                self.__dict__["_compiled_forward"] = compiled
+            compiled = self._transient("_compiled_forward", lambda: torch.compile(
+                self._forward, backend=os.environ.get("HGRN_COMPILE_BACKEND", "inductor")))
             return compiled(x, lower_bound, None, False)
         return self._forward(x, lower_bound, initial_state, output_final_state)
 
@@ -109,8 +109,3 @@ class HgrnBlock(nn.Module):
         if self.glu is not None:
             x = x + self.dropout(self.glu(self.glu_norm(x)))
         return x, state
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state.pop("_compiled_forward", None)
-        return state
