@@ -104,7 +104,9 @@ CONFIGS = {
     "tiles": dict(mode="lookback", block_t=16),
     "walk": dict(mode="lookback", block_t=8, publish_inclusive=False),
     "seq": dict(mode="seq", block_t=8, prefetch=True),
-    "chunks": dict(mode="twopass", block_t=8, num_chunks=3, fold=False, prefetch=False),
+    "chunks": dict(mode="twopass", block_t=8, num_chunks=3, fold=False, prefetch=False, agg_reverse=False),
+    # chunk maps walking their chunks from the end (prefetching backwards, stopping at the chunk start)
+    "chunks_back": dict(mode="twopass", block_t=8, num_chunks=3, prefetch=True, agg_reverse=True),
 }
 
 
@@ -166,6 +168,7 @@ SCAN_CASES = [
     (37, 33, True, True, "default"),
     (70, 33, False, False, "tiles"),
     (70, 130, True, True, "chunks"),  # 130 channels: five channel blocks, the last one partial
+    (70, 33, False, True, "chunks_back"),  # chunks of 3 tiles, the last chunk's last tile partial
     (37, 33, False, True, "walk"),
     (37, 33, True, True, "seq"),
     (70, 48, False, True, "stream"),  # aligned 16-channel blocks, 9 tiles, the last one partial
@@ -206,12 +209,14 @@ FUSED_CASES = [
     # (complex, T, D, reverse, lower bound kind, with initial state, config)
     (False, 37, 33, False, "tensor", True, "default"),
     (False, 70, 130, True, "float", False, "chunks"),
+    (False, 37, 33, True, "tensor", True, "chunks_back"),
     (False, 37, 33, True, "tensor", True, "seq"),
     (False, 70, 48, True, "tensor", True, "stream"),
     (False, 37, 64, False, "float", False, "stream_wide"),
     (True, 1, 3, True, "tensor", True, "default"),
     (True, 37, 33, True, "none", True, "tiles"),
     (True, 70, 33, False, "tensor", True, "chunks"),
+    (True, 70, 33, True, "float", True, "chunks_back"),
     (True, 37, 33, False, "scalar_tensor", False, "default"),
     (True, 37, 33, True, "tensor", True, "walk"),
     (True, 37, 33, False, "float", True, "seq"),
