@@ -87,6 +87,7 @@ tuning = {
     "prefetch": None,  # load tile j+1 while scanning tile j
     "fold": None,  # add the incoming state before the tile's scan (True) or after it (False)
     "agg_reverse": None,  # two-pass chunk maps walk their chunk from its end (see _walk_tile)
+    "programs_per_sm": None,  # "twopass" / "chunklb": chunks per column from this many programs per SM
     "lookback_window": None,  # predecessors read per look-back round trip (a power of two; 1: one)
     "stages": None,  # "stream": software-pipeline depth (tiles whose loads are in flight, plus one)
 }
@@ -390,44 +391,13 @@ def _rotation_tiles(THETA, d, dm, SIGN: tl.constexpr, PRECISE: tl.constexpr, BT:
 # forward
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _fwd_load(X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, b64, t_ref, rel, valid, d0, D,
-              COMPLEX: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """One forward tile: row r is time ``t_ref + rel[r]``."""
-    t64 = t_ref.to(tl.int64)
-    av, unused = _load_pair(A, b64 * sab + t64 * sat, rel * sat, valid, d0, D, False, BT, BD)
-    xr, xi = _load_pair(X, b64 * sxb + t64 * sxt, rel * sxt, valid, d0, D, COMPLEX, BT, BD)
-    return av, xr, xi
-
-
-@triton.jit(do_not_specialize=["sxb", "sab", "B", "T", "D", "NC", "CL", "bd_rt"])
-def _hgru_fwd_kernel(
-    X, sxb, sxt: tl.constexpr,  # scan input x (plain scans) or input pre-activations (fused)
-    A, sab, sat: tl.constexpr,  # decay a (plain scans) or forget-gate logits (fused)
-    THETA, GAMMA, gamma_val,
-    H0, s0b, s0d, s0c,
-    H, HT,  # outputs, contiguous
-    AGG_M, AGG_S,  # fp32 chunk maps [NC-1, B, D(, 2)]
-    B, T, D, NC, CL, bd_rt, DW: tl.constexpr,
-    COMPLEX: tl.constexpr, FUSED: tl.constexpr, REVERSE: tl.constexpr, HAS_H0: tl.constexpr,
-    GAMMA_MODE: tl.constexpr, MODE: tl.constexpr, PRECISE: tl.constexpr, PREFETCH: tl.constexpr,
-    FOLD: tl.constexpr, NCP: tl.constexpr, AGG_REV: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    ndb = tl.cdiv(D, BD)
-    db = pid % ndb
-    bc = pid // ndb
-    b = bc % B
-    c = bc // B
-    b64 = b.to(tl.int64)
-    d = db * BD + tl.arange(0, BD)
-    dm = d < D
-    rows = tl.arange(0, BT)
-
-    s_lo = c * CL
-    s_hi = tl.minimum(s_lo + CL, T)
-    n_tiles = tl.cdiv(s_hi - s_lo, BT)
-    IS_AGG: tl.constexpr = MODE == _MODE_AGG
-
+def _fwd_setup(THETA, GAMMA, gamma_val, d, dm, rows, T, s_lo, COMPLEX: tl.constexpr, FUSED: tl.constexpr,
+               REVERSE: tl.constexpr, GAMMA_MODE: tl.constexpr, PRECISE: tl.constexpr, BT: tl.constexpr,
+               BD: tl.constexpr):
+    """What a forward chunk program needs before its walks: the lower bound (fused), the rotation tiles
+    (complex) and the time of each tile row, ``t_first + j * step + rel`` for tile j of a chunk that
+    starts at scan step ``s_lo`` (the scan's direction)."""
+    gam = 0.0
     if FUSED:
         gam = _gamma(GAMMA, gamma_val, d, dm, GAMMA_MODE)[None, :]
     if COMPLEX:
@@ -439,22 +409,6 @@ def _hgru_fwd_kernel(
         fi = 0.0
         ffr = 0.0
         ffi = 0.0
-
-    # state entering the chunk
-    hr = tl.zeros([BD], tl.float32)
-    hi = tl.zeros([BD], tl.float32)
-    if not IS_AGG:
-        if HAS_H0:
-            hr = tl.load(H0 + b64 * s0b + d * s0d, mask=dm, other=0.0).to(tl.float32)
-            if COMPLEX:
-                hi = tl.load(H0 + b64 * s0b + d * s0d + s0c, mask=dm, other=0.0).to(tl.float32)
-        if MODE == _MODE_APPLY:
-            hr, hi = _carry_in(AGG_M, AGG_S, hr, hi, b, c, d, dm, B, D, NC, COMPLEX, NCP)
-    mr = tl.zeros([BD], tl.float32) + 1.0
-    mi = tl.zeros([BD], tl.float32)
-
-    d0 = db * bd_rt  # = db * BD; runtime, so rows are not known to be aligned (see _load_pair)
-    # row r of a tile is time t_ref + rel[r] (the scan's direction)
     if REVERSE:
         rel = -rows
         t_first = T - 1 - s_lo
@@ -463,8 +417,25 @@ def _hgru_fwd_kernel(
         rel = rows
         t_first = s_lo
         step = BT
-    # the tiles' walk: forwards, or (chunk maps, AGG_REV) from the chunk's end (_walk_tile)
-    BACK: tl.constexpr = IS_AGG and AGG_REV
+    return gam, fr, fi, ffr, ffi, rel, t_first, step
+
+
+@triton.jit
+def _fwd_walk(X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, H, b64, T, s_lo, s_hi, t_first, step, rel,
+              rows, d0, D, dm, gam, fr, fi, ffr, ffi, hr, hi, DW: tl.constexpr, AGG: tl.constexpr,
+              BACK_IN: tl.constexpr, COMPLEX: tl.constexpr, FUSED: tl.constexpr, PREFETCH: tl.constexpr,
+              FOLD: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """One walk of a forward program over the tiles of its chunk (steps ``s_lo .. s_hi - 1``).
+
+    AGG: the chunk's map ``h -> M h + S``, returned as ``(Re M, Im M, Re S, Im S)``; with ``BACK_IN`` the
+    walk starts at the chunk's end and prepends each tile's map (``_walk_tile``), otherwise it carries
+    the state from ``(hr, hi)`` (zeros) and multiplies the tiles' multipliers. Otherwise: the outputs of
+    the chunk entered with state ``(hr, hi)``, stored to H; returns ``(.., .., state leaving the chunk)``.
+    """
+    n_tiles = tl.cdiv(s_hi - s_lo, BT)
+    mr = tl.zeros([BD], tl.float32) + 1.0
+    mi = tl.zeros([BD], tl.float32)
+    BACK: tl.constexpr = AGG and BACK_IN
     DJ: tl.constexpr = 1 - 2 * BACK
     if PREFETCH:
         jt = _walk_tile(0, n_tiles, BACK)
@@ -504,9 +475,9 @@ def _hgru_fwd_kernel(
             mr, mi, hr, hi = _prepend_map(mr, mi, hr, hi, tmr, tmi, tsr, tsi, COMPLEX)
         else:
             outr, outi, hr, hi, tmr, tmi = _scan_tile(lam, yr, yi, hr, hi, fr, fi, ffr, ffi, rows, last,
-                                                      COMPLEX, FOLD, IS_AGG, BT)
-        if IS_AGG:
-            if not AGG_REV:
+                                                      COMPLEX, FOLD, AGG, BT)
+        if AGG:
+            if not BACK:
                 if COMPLEX:
                     mr, mi = tmr * mr - tmi * mi, tmr * mi + tmi * mr
                 else:
@@ -514,6 +485,64 @@ def _hgru_fwd_kernel(
         else:
             _store_pair(H, (b64 * T + t_ref.to(tl.int64)) * DW, rel * DW, valid, d0, D, outr, outi,
                         COMPLEX, BT, BD)
+    return mr, mi, hr, hi
+
+
+@triton.jit
+def _fwd_load(X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, b64, t_ref, rel, valid, d0, D,
+              COMPLEX: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """One forward tile: row r is time ``t_ref + rel[r]``."""
+    t64 = t_ref.to(tl.int64)
+    av, unused = _load_pair(A, b64 * sab + t64 * sat, rel * sat, valid, d0, D, False, BT, BD)
+    xr, xi = _load_pair(X, b64 * sxb + t64 * sxt, rel * sxt, valid, d0, D, COMPLEX, BT, BD)
+    return av, xr, xi
+
+
+@triton.jit(do_not_specialize=["sxb", "sab", "B", "T", "D", "NC", "CL", "bd_rt"])
+def _hgru_fwd_kernel(
+    X, sxb, sxt: tl.constexpr,  # scan input x (plain scans) or input pre-activations (fused)
+    A, sab, sat: tl.constexpr,  # decay a (plain scans) or forget-gate logits (fused)
+    THETA, GAMMA, gamma_val,
+    H0, s0b, s0d, s0c,
+    H, HT,  # outputs, contiguous
+    AGG_M, AGG_S,  # fp32 chunk maps [NC-1, B, D(, 2)]
+    B, T, D, NC, CL, bd_rt, DW: tl.constexpr,
+    COMPLEX: tl.constexpr, FUSED: tl.constexpr, REVERSE: tl.constexpr, HAS_H0: tl.constexpr,
+    GAMMA_MODE: tl.constexpr, MODE: tl.constexpr, PRECISE: tl.constexpr, PREFETCH: tl.constexpr,
+    FOLD: tl.constexpr, NCP: tl.constexpr, AGG_REV: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    ndb = tl.cdiv(D, BD)
+    db = pid % ndb
+    bc = pid // ndb
+    b = bc % B
+    c = bc // B
+    b64 = b.to(tl.int64)
+    d = db * BD + tl.arange(0, BD)
+    dm = d < D
+    rows = tl.arange(0, BT)
+
+    s_lo = c * CL
+    s_hi = tl.minimum(s_lo + CL, T)
+    IS_AGG: tl.constexpr = MODE == _MODE_AGG
+    gam, fr, fi, ffr, ffi, rel, t_first, step = _fwd_setup(THETA, GAMMA, gamma_val, d, dm, rows, T, s_lo, COMPLEX,
+                                                           FUSED, REVERSE, GAMMA_MODE, PRECISE, BT, BD)
+
+    # state entering the chunk
+    hr = tl.zeros([BD], tl.float32)
+    hi = tl.zeros([BD], tl.float32)
+    if not IS_AGG:
+        if HAS_H0:
+            hr = tl.load(H0 + b64 * s0b + d * s0d, mask=dm, other=0.0).to(tl.float32)
+            if COMPLEX:
+                hi = tl.load(H0 + b64 * s0b + d * s0d + s0c, mask=dm, other=0.0).to(tl.float32)
+        if MODE == _MODE_APPLY:
+            hr, hi = _carry_in(AGG_M, AGG_S, hr, hi, b, c, d, dm, B, D, NC, COMPLEX, NCP)
+
+    d0 = db * bd_rt  # = db * BD; runtime, so rows are not known to be aligned (see _load_pair)
+    mr, mi, hr, hi = _fwd_walk(X, sxb, sxt, A, sab, sat, H, b64, T, s_lo, s_hi, t_first, step, rel, rows, d0, D,
+                               dm, gam, fr, fi, ffr, ffi, hr, hi, DW, IS_AGG, IS_AGG and AGG_REV, COMPLEX, FUSED,
+                               PREFETCH, FOLD, BT, BD)
 
     if IS_AGG:
         off = (c.to(tl.int64) * B + b) * D + d
@@ -534,6 +563,61 @@ def _hgru_fwd_kernel(
             tl.store(HT + 2 * off + 1, hi.to(HT.dtype.element_ty), mask=fm)
         else:
             tl.store(HT + off, hr.to(HT.dtype.element_ty), mask=fm)
+
+
+@triton.jit(do_not_specialize=["sxb", "sab", "B", "T", "D", "NC", "CL", "bd_rt"])
+def _hgru_fwd_lbc_kernel(
+    X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, THETA, GAMMA, gamma_val, H0, s0b, s0d, s0c, H, HT,
+    LBUF, STATE,
+    B, T, D, NC, CL, bd_rt, DW: tl.constexpr,
+    COMPLEX: tl.constexpr, FUSED: tl.constexpr, REVERSE: tl.constexpr, HAS_H0: tl.constexpr,
+    GAMMA_MODE: tl.constexpr, PRECISE: tl.constexpr, PREFETCH: tl.constexpr, FOLD: tl.constexpr,
+    AGG_REV: tl.constexpr, PUBLISH_INC: tl.constexpr, LBW: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+):
+    """The forward over one chunk of CL steps per program (chunk-major grid), in one launch ("chunklb"):
+    the chunk's map (walking back from its end with AGG_REV), the state entering it by decoupled
+    look-back over the maps of the chunks before it (``_lookback``), then its outputs, re-reading the
+    chunk while L2 still holds most of it (two passes' work without the second launch, and the second
+    read soon after the first)."""
+    pid = tl.program_id(0)
+    ndb = tl.cdiv(D, BD)
+    n_cols = ndb * B
+    col = pid % n_cols
+    c = pid // n_cols
+    db = col % ndb
+    b = col // ndb
+    b64 = b.to(tl.int64)
+    d = db * BD + tl.arange(0, BD)
+    dm = d < D
+    rows = tl.arange(0, BT)
+    E = (tl.load(STATE, cache_modifier=".cg") & 0x0FFFFFFF) * 4  # tags E + 1, E + 2 mark this launch
+
+    s_lo = c * CL
+    s_hi = tl.minimum(s_lo + CL, T)
+    gam, fr, fi, ffr, ffi, rel, t_first, step = _fwd_setup(THETA, GAMMA, gamma_val, d, dm, rows, T, s_lo, COMPLEX,
+                                                           FUSED, REVERSE, GAMMA_MODE, PRECISE, BT, BD)
+    d0 = db * bd_rt  # = db * BD; runtime, so rows are not known to be aligned (see _load_pair)
+    ir = tl.zeros([BD], tl.float32)
+    ii = tl.zeros([BD], tl.float32)
+    mr, mi, sr, si = _fwd_walk(X, sxb, sxt, A, sab, sat, H, b64, T, s_lo, s_hi, t_first, step, rel, rows, d0, D,
+                               dm, gam, fr, fi, ffr, ffi, ir, ii, DW, True, AGG_REV, COMPLEX, FUSED, PREFETCH, FOLD,
+                               BT, BD)
+    if HAS_H0:
+        ir = tl.load(H0 + b64 * s0b + d * s0d, mask=dm, other=0.0).to(tl.float32)
+        if COMPLEX:
+            ii = tl.load(H0 + b64 * s0b + d * s0d + s0c, mask=dm, other=0.0).to(tl.float32)
+    cr, ci = _lookback(LBUF, c, NC, B, D, b, d, dm, mr, mi, sr, si, ir, ii, E, COMPLEX, PUBLISH_INC, LBW)
+    mr, mi, hr, hi = _fwd_walk(X, sxb, sxt, A, sab, sat, H, b64, T, s_lo, s_hi, t_first, step, rel, rows, d0, D,
+                               dm, gam, fr, fi, ffr, ffi, cr, ci, DW, False, False, COMPLEX, FUSED, PREFETCH, FOLD,
+                               BT, BD)
+    fm = dm & ((d * 0 + c) == NC - 1)
+    off = b64 * D + d
+    if COMPLEX:
+        tl.store(HT + 2 * off, hr.to(HT.dtype.element_ty), mask=fm)
+        tl.store(HT + 2 * off + 1, hi.to(HT.dtype.element_ty), mask=fm)
+    else:
+        tl.store(HT + off, hr.to(HT.dtype.element_ty), mask=fm)
+    _epoch_done(STATE, c, NC, n_cols)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1386,10 +1470,11 @@ def _pow2_at_least(n: int) -> int:
 # (2026-11-21): for few (batch, channel-block) columns the real kernels are fastest as two passes
 # (backward too, once the sweep timed GPU time without launch overhead: real fwd+bwd 0.159 ms at
 # (8, 2048, 1024) against 0.214 with the look-back backward; complex backward 0.153 against 0.261),
-# except the plain complex forward (look-back: 0.077 ms against 0.094); with many columns the
-# sequential kernels win (or "stream", see _STREAM).
+# except the plain complex forward (look-back: 0.077 ms against 0.094), and the plain real forward,
+# which takes the chunks of two passes in one launch ("chunklb", see CHUNKLB_PROGRAMS_PER_SM); with many
+# columns the sequential kernels win (or "stream", see _STREAM).
 _DEFAULTS = {
-    (False, False, False): ("twopass", 16, (16, True)),
+    (False, False, False): ("chunklb", 16, (16, True)),
     (False, False, True): ("twopass", 16, (8, True)),
     (False, True, False): ("twopass", 16, (16, True)),
     (False, True, True): ("twopass", 8, (8, True)),
@@ -1398,7 +1483,7 @@ _DEFAULTS = {
     (True, True, False): ("twopass", 8, (8, True)),
     (True, True, True): ("twopass", 8, (8, False)),
 }
-_MODES = ("seq", "lookback", "twopass", "stream")
+_MODES = ("seq", "lookback", "twopass", "stream", "chunklb")
 # "stream" (real scans; ``_hgru_stream_fwd/bwd_kernel``): one warp per channel block walks the whole
 # sequence, with a software pipeline of STREAM_STAGES tiles (the loads of the next tiles wait in
 # shared memory; 16-byte loads when Triton sees aligned rows). The default for the plain real scan
@@ -1426,6 +1511,13 @@ _LOOKBACK_WINDOW = {False: 1, True: 1}
 # 0.160 / 0.303 with 5 (8 per SM); 12 chunks 0.154 / 0.296. The complex kernels, which hold twice the
 # state per program, were slower with 8 chunks (0.259 / 0.496 against 0.229 / 0.437).
 TWOPASS_PROGRAMS_PER_SM = {False: 16, True: 8}
+# The same for the one-launch chunked forward ("chunklb", the plain real forward's default where it
+# used to take two passes), real / complex. H200, 2026-11-21, graphed bench_scan.py --sweep of
+# programs_per_sm at (8, 2048, 1024), (1, 8192, 2048), (8, 4096, 1024) and (2, 16384, 1024), real forward:
+# 16: 0.0594 / 0.0588 / 0.1234 / 0.1210 ms; 32: 0.0558 / 0.0554 / 0.1121 / 0.1130; 64: 0.0530 / 0.0535 /
+# 0.1043 / 0.1053; two passes (16 per SM): 0.0583 / 0.0600 / 0.1169 / 0.1172. The complex and fused
+# forwards were not faster this way (bench/results/bench_scan_sweep_h200_2026-11-21_s8.md).
+CHUNKLB_PROGRAMS_PER_SM = {False: 64, True: 48}
 # Kernels whose mode differs from _DEFAULTS' when their columns number at most half the SMs, (complex,
 # fused, backward) -> mode: the fused complex backward takes the look-back kernel. H200, 2026-11-21, graphed bench_scan.py --sweep: with 64 columns,
 # (1, 8192, 2048) and (2, 16384, 1024), the look-back backward took 0.42 / 0.82 ms against 0.51 / 1.04
@@ -1458,7 +1550,9 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
     ``mode``: "seq" (one program per 32 channels of a sequence walks the whole sequence; used when
     that alone gives enough programs to cover the GPU's memory latency), "lookback" (one program
     per tile of BT steps, single pass with decoupled look-back; the default otherwise) or "twopass"
-    (time chunks of CL steps: chunk maps, then the chunks; reads the inputs twice).
+    (time chunks of CL steps: chunk maps, then the chunks; reads the inputs twice), "chunklb" (forward
+    only: the chunks of "twopass" in one launch, each program's carry by look-back over the chunk maps;
+    see ``_hgru_fwd_lbc_kernel``).
     """
     cfg = tuning
     key = (bool(is_complex), bool(fused), bool(backward))
@@ -1482,6 +1576,8 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
                 mode = _FEW_COLUMNS_MODE.get(key, mode)
     if mode not in _MODES:
         raise ValueError(f"tuning['mode']={mode!r} is not one of {_MODES}")
+    if mode == "chunklb" and backward:  # a forward kernel only: its backward takes two passes
+        mode = "twopass"
     if mode == "stream":
         if is_complex:
             raise ValueError("tuning['mode']='stream' is for the real scans only")
@@ -1498,9 +1594,11 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
         nc, cl = 1, triton.cdiv(T, bt) * bt
     else:
         nc = cfg["num_chunks"]
-        if nc is None:  # TWOPASS_PROGRAMS_PER_SM, chunks of at least 4 tiles
-            per_sm = TWOPASS_PROGRAMS_PER_SM[bool(is_complex)]
-            nc = min(triton.cdiv(per_sm * _sm_count(device), programs), triton.cdiv(T, 4 * bt), 32)
+        if nc is None:  # programs per SM from the tables (at most 32 chunks for two passes), chunks of >= 4 tiles
+            per_sm = cfg.get("programs_per_sm") or (
+                TWOPASS_PROGRAMS_PER_SM if mode == "twopass" else CHUNKLB_PROGRAMS_PER_SM)[bool(is_complex)]
+            nc = min(triton.cdiv(per_sm * _sm_count(device), programs), triton.cdiv(T, 4 * bt),
+                     32 if mode == "twopass" else 1024)
         nc = max(1, min(int(nc), triton.cdiv(T, bt), 1024))
         cl = triton.cdiv(triton.cdiv(T, nc), bt) * bt
         nc = triton.cdiv(T, cl)
@@ -1614,6 +1712,12 @@ class _HGRUScanFunction(torch.autograd.Function):
                     *args[:6], *args[7:12], h, ht, T, D, FUSED=fused, REVERSE=reverse,
                     HAS_H0=h0 is not None, GAMMA_MODE=flags["GAMMA_MODE"], BT=plan["BT"], BD=plan["BD"],
                     STAGES=plan["STAGES"], num_warps=plan["num_warps"])
+            elif mode == "chunklb":
+                lbuf, state = _lookback_buffers(dev, (4 if is_complex else 2) * nc * B * D)
+                _hgru_fwd_lbc_kernel[(n_cols * nc,)](
+                    *args, lbuf, state, B, T, D, nc, cl, plan["BD"], dw, PREFETCH=plan["PREFETCH"],
+                    FOLD=plan["FOLD"], AGG_REV=plan["AGG_REV"], PUBLISH_INC=tuning["publish_inclusive"] is not False,
+                    LBW=lbw, BT=plan["BT"], BD=plan["BD"], num_warps=plan["num_warps"], **flags)
             elif mode == "lookback":
                 lbuf, state = _lookback_buffers(dev, (4 if is_complex else 2) * nc * B * D)
                 _hgru_fwd_lb_kernel[(n_cols * nc,)](

@@ -107,6 +107,11 @@ CONFIGS = {
     "chunks": dict(mode="twopass", block_t=8, num_chunks=3, fold=False, prefetch=False, agg_reverse=False),
     # chunk maps walking their chunks from the end (prefetching backwards, stopping at the chunk start)
     "chunks_back": dict(mode="twopass", block_t=8, num_chunks=3, prefetch=True, agg_reverse=True),
+    # the one-launch chunked forward (its backward takes two passes); "_walk": look-back walks that
+    # cross every predecessor, chunk maps walking forwards, no prefetch
+    "chunklb": dict(mode="chunklb", block_t=8, num_chunks=3),
+    "chunklb_walk": dict(mode="chunklb", block_t=4, num_chunks=5, publish_inclusive=False, agg_reverse=False,
+                         prefetch=False),
 }
 
 
@@ -169,6 +174,8 @@ SCAN_CASES = [
     (70, 33, False, False, "tiles"),
     (70, 130, True, True, "chunks"),  # 130 channels: five channel blocks, the last one partial
     (70, 33, False, True, "chunks_back"),  # chunks of 3 tiles, the last chunk's last tile partial
+    (70, 33, True, True, "chunklb"),
+    (37, 33, False, False, "chunklb_walk"),
     (37, 33, False, True, "walk"),
     (37, 33, True, True, "seq"),
     (70, 48, False, True, "stream"),  # aligned 16-channel blocks, 9 tiles, the last one partial
@@ -210,6 +217,7 @@ FUSED_CASES = [
     (False, 37, 33, False, "tensor", True, "default"),
     (False, 70, 130, True, "float", False, "chunks"),
     (False, 37, 33, True, "tensor", True, "chunks_back"),
+    (False, 70, 33, False, "tensor", True, "chunklb"),
     (False, 37, 33, True, "tensor", True, "seq"),
     (False, 70, 48, True, "tensor", True, "stream"),
     (False, 37, 64, False, "float", False, "stream_wide"),
@@ -217,6 +225,7 @@ FUSED_CASES = [
     (True, 37, 33, True, "none", True, "tiles"),
     (True, 70, 33, False, "tensor", True, "chunks"),
     (True, 70, 33, True, "float", True, "chunks_back"),
+    (True, 70, 33, True, "float", False, "chunklb"),
     (True, 37, 33, False, "scalar_tensor", False, "default"),
     (True, 37, 33, True, "tensor", True, "walk"),
     (True, 37, 33, False, "float", True, "seq"),
@@ -333,7 +342,8 @@ def test_stream_plan():
 
 def test_twopass_chunks_plan():
     """Two-pass plans split each column into enough chunks for TWOPASS_PROGRAMS_PER_SM programs per SM
-    (real and complex differ), capped at 32 chunks."""
+    (real and complex differ), capped at 32 chunks; the one-launch chunked forward ("chunklb", the plain
+    real forward's default) for CHUNKLB_PROGRAMS_PER_SM, and its backward takes two passes."""
     dev = torch.device(DEVICE)
     sms = K._sm_count(dev)
     B, T, D = 1, 100000, 256  # 8 columns of 32 channels
@@ -348,6 +358,13 @@ def test_twopass_chunks_plan():
     assert K._plan(B, T, 32 * cols, True, dev, True, True)["mode"] == "lookback"
     assert K._plan(B, T, 32 * (cols + 1), True, dev, True, True)["mode"] == "twopass"
     assert K._plan(B, T, 32 * cols, True, dev, True, False)["mode"] == "twopass"  # its forward
+    # the plain real forward: the chunks in one launch, CHUNKLB_PROGRAMS_PER_SM, not capped at 32 chunks
+    plan = K._plan(B, T, D, False, dev, False, False)
+    assert plan["mode"] == "chunklb"
+    assert plan["NC"] == min(-(-K.CHUNKLB_PROGRAMS_PER_SM[False] * sms // 8), 1024)
+    assert K._plan(B, T, D, False, dev, False, True)["mode"] == "twopass"  # its backward
+    with tuning(mode="chunklb"):
+        assert K._plan(B, T, D, False, dev, False, True)["mode"] == "twopass"
 
 
 def test_stream_bf16_views():
@@ -424,7 +441,8 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.mark.parametrize("config", [dict(), dict(mode="seq"), dict(mode="lookback", publish_inclusive=False),
                                     dict(mode="lookback", publish_inclusive=False, lookback_window=1),
                                     dict(mode="lookback", publish_inclusive=False, lookback_window=4, block_t=8),
-                                    dict(mode="twopass", num_chunks=7)])
+                                    dict(mode="twopass", num_chunks=7), dict(mode="chunklb", num_chunks=7),
+                                    dict(mode="chunklb", num_chunks=7, publish_inclusive=False)])
 def test_gpu_medium_sizes_against_reference(config):
     torch.manual_seed(13)
     B, T, D = 2, 1000, 200
