@@ -1515,9 +1515,14 @@ TWOPASS_PROGRAMS_PER_SM = {False: 16, True: 8}
 # used to take two passes), real / complex. H200, 2026-11-21, graphed bench_scan.py --sweep of
 # programs_per_sm at (8, 2048, 1024), (1, 8192, 2048), (8, 4096, 1024) and (2, 16384, 1024), real forward:
 # 16: 0.0594 / 0.0588 / 0.1234 / 0.1210 ms; 32: 0.0558 / 0.0554 / 0.1121 / 0.1130; 64: 0.0530 / 0.0535 /
-# 0.1043 / 0.1053; two passes (16 per SM): 0.0583 / 0.0600 / 0.1169 / 0.1172. The complex and fused
+# 0.1043 / 0.1053 (32-channel programs of one warp); two passes (16 per SM): 0.0583 / 0.0600 / 0.1169 /
+# 0.1172. The complex and fused
 # forwards were not faster this way (bench/results/bench_scan_sweep_h200_2026-11-21_s8.md).
 CHUNKLB_PROGRAMS_PER_SM = {False: 64, True: 48}
+# Channels and warps per "chunklb" program (each thread still owns one channel). Same sweep, 64 programs
+# per SM: 64 channels / 2 warps 0.0486 / 0.0510 / 0.0897 / 0.0951 ms against 0.0530 / 0.0535 / 0.1043 /
+# 0.1053 with 32 / 1 (and 0.0533 / 0.0534 / 0.0999 / 0.1008 with 32 / 1 at 96 programs per SM).
+CHUNKLB_BLOCK = (64, 2)
 # Kernels whose mode differs from _DEFAULTS' when their columns number at most half the SMs, (complex,
 # fused, backward) -> mode: the fused complex backward takes the look-back kernel. H200, 2026-11-21, graphed bench_scan.py --sweep: with 64 columns,
 # (1, 8192, 2048) and (2, 16384, 1024), the look-back backward took 0.42 / 0.82 ms against 0.51 / 1.04
@@ -1578,6 +1583,10 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
         raise ValueError(f"tuning['mode']={mode!r} is not one of {_MODES}")
     if mode == "chunklb" and backward:  # a forward kernel only: its backward takes two passes
         mode = "twopass"
+    if mode == "chunklb":  # wider programs (CHUNKLB_BLOCK)
+        bd = cfg["block_d"] or CHUNKLB_BLOCK[0]
+        num_warps = cfg["num_warps"] or CHUNKLB_BLOCK[1]
+        programs = B * triton.cdiv(D, bd)
     if mode == "stream":
         if is_complex:
             raise ValueError("tuning['mode']='stream' is for the real scans only")

@@ -360,8 +360,11 @@ def test_twopass_chunks_plan():
     assert K._plan(B, T, 32 * cols, True, dev, True, False)["mode"] == "twopass"  # its forward
     # the plain real forward: the chunks in one launch, CHUNKLB_PROGRAMS_PER_SM, not capped at 32 chunks
     plan = K._plan(B, T, D, False, dev, False, False)
-    assert plan["mode"] == "chunklb"
-    assert plan["NC"] == min(-(-K.CHUNKLB_PROGRAMS_PER_SM[False] * sms // 8), 1024)
+    assert plan["mode"] == "chunklb" and (plan["BD"], plan["num_warps"]) == K.CHUNKLB_BLOCK
+    cols = D // K.CHUNKLB_BLOCK[0]
+    want = min(-(-K.CHUNKLB_PROGRAMS_PER_SM[False] * sms // cols), 1024)
+    cl = -(-(-(-T // want)) // plan["BT"]) * plan["BT"]  # whole tiles per chunk
+    assert (plan["CL"], plan["NC"]) == (cl, -(-T // cl))
     assert K._plan(B, T, D, False, dev, False, True)["mode"] == "twopass"  # its backward
     with tuning(mode="chunklb"):
         assert K._plan(B, T, D, False, dev, False, True)["mode"] == "twopass"
