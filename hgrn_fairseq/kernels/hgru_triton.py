@@ -393,6 +393,36 @@ def _prepend_map(mr, mi, sr, si, tmr, tmi, tsr, tsi, COMPLEX: tl.constexpr):
 
 
 @triton.jit
+def _walk_scan(lam, xr, xi, hr, hi, mr, mi, fr, fi, ffr, ffi, rows, last, AGG: tl.constexpr, BACK: tl.constexpr,
+               COMPLEX: tl.constexpr, FOLD: tl.constexpr, BT: tl.constexpr):
+    """One tile of a chunk's walk (``_walk_tile``) with decay ``lam`` and input ``x`` (turned into the
+    rotating frame, ``conj(F) x``, when COMPLEX): its outputs (``_scan_tile``) and the walk's running
+    values. Outputs: ``(hr, hi)`` is the state entering the tile and becomes the one leaving it. AGG
+    (chunk map) walking forwards: the same, from zero, while ``(mr, mi)`` multiplies the tiles'
+    multipliers; BACK (AGG walking from the chunk's end): the tile's own map is prepended to the map
+    ``(mr, mi, hr, hi)`` of the steps after it (``_prepend_map``)."""
+    if COMPLEX:
+        yr = fr * xr + fi * xi
+        yi = fr * xi - fi * xr
+    else:
+        yr = xr
+        yi = xr
+    if BACK:
+        outr, outi, tsr, tsi, tmr, tmi = _scan_tile(lam, yr, yi, mr * 0.0, mr * 0.0, fr, fi, ffr, ffi, rows, last,
+                                                    COMPLEX, FOLD, True, BT)
+        mr, mi, hr, hi = _prepend_map(mr, mi, hr, hi, tmr, tmi, tsr, tsi, COMPLEX)
+    else:
+        outr, outi, hr, hi, tmr, tmi = _scan_tile(lam, yr, yi, hr, hi, fr, fi, ffr, ffi, rows, last,
+                                                  COMPLEX, FOLD, AGG, BT)
+        if AGG:
+            if COMPLEX:
+                mr, mi = tmr * mr - tmi * mi, tmr * mi + tmi * mr
+            else:
+                mr = mr * tmr
+    return outr, outi, hr, hi, mr, mi
+
+
+@triton.jit
 def _rotation_tiles(THETA, d, dm, SIGN: tl.constexpr, PRECISE: tl.constexpr, BT: tl.constexpr,
                     BD: tl.constexpr):
     """cos/sin of theta and the tile ``F_k = exp(i SIGN (k+1) theta)``, k = 0..BT-1."""
@@ -407,6 +437,41 @@ def _rotation_tiles(THETA, d, dm, SIGN: tl.constexpr, PRECISE: tl.constexpr, BT:
 # forward
 # ----------------------------------------------------------------------------------------------
 @triton.jit
+def _load_state(S, b64, sb, sd, sc, d, dm, COMPLEX: tl.constexpr):
+    """Channels ``d`` of batch row ``b64`` of a [B, D] (complex: [B, D, 2]) state with strides
+    (sb, sd, sc), in fp32: (real, imaginary), the imaginary part 0 for the real scans."""
+    re = tl.load(S + b64 * sb + d * sd, mask=dm, other=0.0).to(tl.float32)
+    im = tl.zeros_like(re)
+    if COMPLEX:
+        im = tl.load(S + b64 * sb + d * sd + sc, mask=dm, other=0.0).to(tl.float32)
+    return re, im
+
+
+@triton.jit
+def _store_final(HT, b64, D, d, dm, c, NC, hr, hi, COMPLEX: tl.constexpr):
+    """The final state (contiguous [B, D] or [B, D, 2]), from the programs of the last chunk."""
+    fm = dm & ((d * 0 + c) == NC - 1)
+    off = b64 * D + d
+    if COMPLEX:
+        tl.store(HT + 2 * off, hr.to(HT.dtype.element_ty), mask=fm)
+        tl.store(HT + 2 * off + 1, hi.to(HT.dtype.element_ty), mask=fm)
+    else:
+        tl.store(HT + off, hr.to(HT.dtype.element_ty), mask=fm)
+
+
+@triton.jit
+def _frame(THETA, d, dm, rows, SIGN: tl.constexpr, COMPLEX: tl.constexpr, PRECISE: tl.constexpr,
+           BT: tl.constexpr, BD: tl.constexpr):
+    """The rotating frame of a complex chunk program: cos/sin of theta, the tile ``F`` of
+    ``_rotation_tiles`` and its last row; (1, 0, 0, 0, 0, 0) for the real scans (unused there)."""
+    if COMPLEX:
+        cs, sn, fr, fi = _rotation_tiles(THETA, d, dm, SIGN, PRECISE, BT, BD)
+        return cs, sn, fr, fi, _extract_row(fr, rows, BT - 1), _extract_row(fi, rows, BT - 1)
+    else:
+        return 1.0, 0.0, 0.0, 0.0, 0.0, 0.0
+
+
+@triton.jit
 def _fwd_setup(THETA, GAMMA, gamma_val, d, dm, rows, T, s_lo, COMPLEX: tl.constexpr, FUSED: tl.constexpr,
                REVERSE: tl.constexpr, GAMMA_MODE: tl.constexpr, PRECISE: tl.constexpr, BT: tl.constexpr,
                BD: tl.constexpr):
@@ -416,15 +481,7 @@ def _fwd_setup(THETA, GAMMA, gamma_val, d, dm, rows, T, s_lo, COMPLEX: tl.conste
     gam = 0.0
     if FUSED:
         gam = _gamma(GAMMA, gamma_val, d, dm, GAMMA_MODE)[None, :]
-    if COMPLEX:
-        cs, sn, fr, fi = _rotation_tiles(THETA, d, dm, 1.0, PRECISE, BT, BD)
-        ffr = _extract_row(fr, rows, BT - 1)
-        ffi = _extract_row(fi, rows, BT - 1)
-    else:
-        fr = 0.0
-        fi = 0.0
-        ffr = 0.0
-        ffi = 0.0
+    cs, sn, fr, fi, ffr, ffi = _frame(THETA, d, dm, rows, 1.0, COMPLEX, PRECISE, BT, BD)
     if REVERSE:
         rel = -rows
         t_first = T - 1 - s_lo
@@ -434,6 +491,21 @@ def _fwd_setup(THETA, GAMMA, gamma_val, d, dm, rows, T, s_lo, COMPLEX: tl.conste
         t_first = s_lo
         step = BT
     return gam, fr, fi, ffr, ffi, rel, t_first, step
+
+
+@triton.jit
+def _fwd_gates(av, xr, xi, gam, m2, FUSED: tl.constexpr, COMPLEX: tl.constexpr):
+    """A forward tile's decay and scan input from its loads: the decay as loaded (plain scans), or the
+    HGRU gates from the forget logits ``av`` and input pre-activations ``x`` (fused: lambda and
+    (1 - lambda) SiLU(x)). The decay is 1 outside ``m2`` (rows past the chunk, channels past D)."""
+    if FUSED:
+        lam, om = _gate_decay(av, gam)
+        xr = om * (xr * _sigmoid(xr))
+        if COMPLEX:
+            xi = om * (xi * _sigmoid(xi))
+    else:
+        lam = av
+    return tl.where(m2, lam, 1.0), xr, xi
 
 
 @triton.jit
@@ -469,36 +541,11 @@ def _fwd_walk(X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, H, b64, T, s
         else:
             av, xr, xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_ref, rel, q < s_hi, d0, D, COMPLEX, BT, BD, ALIGN2)
         valid = q < s_hi
-        m2 = valid[:, None] & dm[None, :]
-        if FUSED:
-            lam, om = _gate_decay(av, gam)
-            xr = om * (xr * _sigmoid(xr))
-            if COMPLEX:
-                xi = om * (xi * _sigmoid(xi))
-        else:
-            lam = av
-        lam = tl.where(m2, lam, 1.0)
-        if COMPLEX:
-            yr = fr * xr + fi * xi  # conj(F) x
-            yi = fr * xi - fi * xr
-        else:
-            yr = xr
-            yi = xr
+        lam, xr, xi = _fwd_gates(av, xr, xi, gam, valid[:, None] & dm[None, :], FUSED, COMPLEX)
         last = tl.minimum(s_hi - s0, BT) - 1
-        if BACK:
-            outr, outi, tsr, tsi, tmr, tmi = _scan_tile(lam, yr, yi, mr * 0.0, mr * 0.0, fr, fi, ffr, ffi, rows,
-                                                        last, COMPLEX, FOLD, True, BT)
-            mr, mi, hr, hi = _prepend_map(mr, mi, hr, hi, tmr, tmi, tsr, tsi, COMPLEX)
-        else:
-            outr, outi, hr, hi, tmr, tmi = _scan_tile(lam, yr, yi, hr, hi, fr, fi, ffr, ffi, rows, last,
-                                                      COMPLEX, FOLD, AGG, BT)
-        if AGG:
-            if not BACK:
-                if COMPLEX:
-                    mr, mi = tmr * mr - tmi * mi, tmr * mi + tmi * mr
-                else:
-                    mr = mr * tmr
-        else:
+        outr, outi, hr, hi, mr, mi = _walk_scan(lam, xr, xi, hr, hi, mr, mi, fr, fi, ffr, ffi, rows, last,
+                                                AGG, BACK, COMPLEX, FOLD, BT)
+        if not AGG:
             _store_pair(H, (b64 * T + t_ref.to(tl.int64)) * DW, rel * DW, valid, d0, D, outr, outi,
                         COMPLEX, BT, BD, ALIGN2)
     return mr, mi, hr, hi
@@ -549,9 +596,7 @@ def _hgru_fwd_kernel(
     hi = tl.zeros([BD], tl.float32)
     if not IS_AGG:
         if HAS_H0:
-            hr = tl.load(H0 + b64 * s0b + d * s0d, mask=dm, other=0.0).to(tl.float32)
-            if COMPLEX:
-                hi = tl.load(H0 + b64 * s0b + d * s0d + s0c, mask=dm, other=0.0).to(tl.float32)
+            hr, hi = _load_state(H0, b64, s0b, s0d, s0c, d, dm, COMPLEX)
         if MODE == _MODE_APPLY:
             hr, hi = _carry_in(AGG_M, AGG_S, hr, hi, b, c, d, dm, B, D, NC, COMPLEX, NCP)
 
@@ -572,13 +617,7 @@ def _hgru_fwd_kernel(
             tl.store(AGG_M + off, mr, mask=dm)
             tl.store(AGG_S + off, hr, mask=dm)
     else:
-        fm = dm & ((d * 0 + c) == NC - 1)
-        off = b64 * D + d
-        if COMPLEX:
-            tl.store(HT + 2 * off, hr.to(HT.dtype.element_ty), mask=fm)
-            tl.store(HT + 2 * off + 1, hi.to(HT.dtype.element_ty), mask=fm)
-        else:
-            tl.store(HT + off, hr.to(HT.dtype.element_ty), mask=fm)
+        _store_final(HT, b64, D, d, dm, c, NC, hr, hi, COMPLEX)
 
 
 @triton.jit(do_not_specialize=["sxb", "sab", "B", "T", "D", "NC", "CL", "bd_rt"])
@@ -596,18 +635,12 @@ def _hgru_fwd_lbc_kernel(
     look-back over the maps of the chunks before it (``_lookback``), then its outputs, re-reading the
     chunk while L2 still holds most of it (two passes' work without the second launch, and the second
     read soon after the first)."""
-    pid = tl.program_id(0)
-    ndb = tl.cdiv(D, BD)
-    n_cols = ndb * B
-    col = pid % n_cols
-    c = pid // n_cols
-    db = col % ndb
-    b = col // ndb
+    c, n_cols, db, b = _lb_program(D, B, BD)
     b64 = b.to(tl.int64)
     d = db * BD + tl.arange(0, BD)
     dm = d < D
     rows = tl.arange(0, BT)
-    E = (tl.load(STATE, cache_modifier=".cg") & 0x0FFFFFFF) * 4  # tags E + 1, E + 2 mark this launch
+    E = _launch_tag(STATE)
 
     s_lo = c * CL
     s_hi = tl.minimum(s_lo + CL, T)
@@ -620,20 +653,12 @@ def _hgru_fwd_lbc_kernel(
                                dm, gam, fr, fi, ffr, ffi, ir, ii, DW, True, AGG_REV, COMPLEX, FUSED, PREFETCH, FOLD,
                                ALIGN2, BT, BD)
     if HAS_H0:
-        ir = tl.load(H0 + b64 * s0b + d * s0d, mask=dm, other=0.0).to(tl.float32)
-        if COMPLEX:
-            ii = tl.load(H0 + b64 * s0b + d * s0d + s0c, mask=dm, other=0.0).to(tl.float32)
+        ir, ii = _load_state(H0, b64, s0b, s0d, s0c, d, dm, COMPLEX)
     cr, ci = _lookback(LBUF, c, NC, B, D, b, d, dm, mr, mi, sr, si, ir, ii, E, COMPLEX, PUBLISH_INC, LBW)
     mr, mi, hr, hi = _fwd_walk(X, sxb, sxt, A, sab, sat, H, b64, T, s_lo, s_hi, t_first, step, rel, rows, d0, D,
                                dm, gam, fr, fi, ffr, ffi, cr, ci, DW, False, False, COMPLEX, FUSED, PREFETCH, FOLD,
                                ALIGN2, BT, BD)
-    fm = dm & ((d * 0 + c) == NC - 1)
-    off = b64 * D + d
-    if COMPLEX:
-        tl.store(HT + 2 * off, hr.to(HT.dtype.element_ty), mask=fm)
-        tl.store(HT + 2 * off + 1, hi.to(HT.dtype.element_ty), mask=fm)
-    else:
-        tl.store(HT + off, hr.to(HT.dtype.element_ty), mask=fm)
+    _store_final(HT, b64, D, d, dm, c, NC, hr, hi, COMPLEX)
     _epoch_done(STATE, c, NC, n_cols)
 
 
@@ -764,25 +789,12 @@ def _hgru_bwd_kernel(
 
     gam1 = _gamma(GAMMA, gamma_val, d, dm, GAMMA_MODE)
     gam = gam1[None, :]
-    if COMPLEX:
-        # the backward scan rotates by exp(-i theta)
-        cs, sn, fr, fi = _rotation_tiles(THETA, d, dm, -1.0, PRECISE, BT, BD)
-        ffr = _extract_row(fr, rows, BT - 1)
-        ffi = _extract_row(fi, rows, BT - 1)
-    else:
-        cs = 1.0
-        sn = 0.0
-        fr = 0.0
-        fi = 0.0
-        ffr = 0.0
-        ffi = 0.0
+    cs, sn, fr, fi, ffr, ffi = _frame(THETA, d, dm, rows, -1.0, COMPLEX, PRECISE, BT, BD)  # backward: exp(-i theta)
 
     h0r = tl.zeros([BD], tl.float32)
     h0i = tl.zeros([BD], tl.float32)
     if HAS_H0 and LOAD_ALL:
-        h0r = tl.load(H0 + b64 * s0b + d * s0d, mask=dm, other=0.0).to(tl.float32)
-        if COMPLEX:
-            h0i = tl.load(H0 + b64 * s0b + d * s0d + s0c, mask=dm, other=0.0).to(tl.float32)
+        h0r, h0i = _load_state(H0, b64, s0b, s0d, s0c, d, dm, COMPLEX)
 
     # Gradient entering the chunk. The final state's gradient enters the first backward step
     # without a transition, but the tile rotates the incoming state by exp(-i theta): pre-rotate.
@@ -848,27 +860,10 @@ def _hgru_bwd_kernel(
             dec = a_prev
         dec = tl.where(mp, dec, 1.0)
         # g = dh + conj(A_next) g_next, scanned in the frame rotating with exp(-i theta)
-        if COMPLEX:
-            yr = fr * dhr + fi * dhi
-            yi = fr * dhi - fi * dhr
-        else:
-            yr = dhr
-            yi = dhr
         last = tl.minimum(s_hi - s0, BT) - 1
-        if BACK:
-            gr, gi, tsr, tsi, tmr, tmi = _scan_tile(dec, yr, yi, mr * 0.0, mr * 0.0, fr, fi, ffr, ffi, rows, last,
-                                                    COMPLEX, FOLD, True, BT)
-            mr, mi, gcr, gci = _prepend_map(mr, mi, gcr, gci, tmr, tmi, tsr, tsi, COMPLEX)
-        else:
-            gr, gi, gcr, gci, tmr, tmi = _scan_tile(dec, yr, yi, gcr, gci, fr, fi, ffr, ffi, rows, last,
-                                                    COMPLEX, FOLD, IS_AGG, BT)
-        if IS_AGG:
-            if not AGG_REV:
-                if COMPLEX:
-                    mr, mi = tmr * mr - tmi * mi, tmr * mi + tmi * mr
-                else:
-                    mr = mr * tmr
-        else:
+        gr, gi, gcr, gci, mr, mi = _walk_scan(dec, dhr, dhi, gcr, gci, mr, mi, fr, fi, ffr, ffi, rows, last,
+                                              IS_AGG, BACK, COMPLEX, FOLD, BT)
+        if not IS_AGG:
             t64 = t_ref.to(tl.int64)
             dxr, dxi, dgate, th_c, g_c = _bwd_grads(gr, gi, hpr, hpi, a_t, ur, ui, cs, sn, gam, m2,
                                                     COMPLEX, FUSED, NEED_DTHETA, NEED_DGAMMA)
@@ -1224,6 +1219,24 @@ def _lookback_window(LBUF, plane, c, B, D, b, d, dm, mr, cr, ci, E, COMPLEX: tl.
 
 
 @triton.jit
+def _lb_program(D, B, BD: tl.constexpr):
+    """This program's place in a look-back kernel's chunk-major grid: its chunk, the number of (batch,
+    channel-block) columns, its channel block and its batch."""
+    pid = tl.program_id(0)
+    ndb = tl.cdiv(D, BD)
+    n_cols = ndb * B
+    col = pid % n_cols
+    return pid // n_cols, n_cols, col % ndb, col // ndb
+
+
+@triton.jit
+def _launch_tag(STATE):
+    """Base of this launch's look-back tags (``E + 1``: a chunk's map, ``E + 2``: the state leaving
+    it), from the launch epoch (see ``_epoch_done``)."""
+    return (tl.load(STATE, cache_modifier=".cg") & 0x0FFFFFFF) * 4
+
+
+@triton.jit
 def _epoch_done(STATE, c, NC, n_cols):
     """Advance the launch epoch once every program has read it: a last-chunk program finishes only
     after every chunk of its column has published, i.e. has started, so when all ``n_cols`` of them
@@ -1267,19 +1280,13 @@ def _hgru_fwd_lb_kernel(
 ):
     """The forward over one tile of ``BT`` steps per program (chunk-major grid), in a single pass:
     local scan, look-back for the incoming state, outputs."""
-    pid = tl.program_id(0)
-    ndb = tl.cdiv(D, BD)
-    n_cols = ndb * B
-    col = pid % n_cols
-    c = pid // n_cols
-    db = col % ndb
-    b = col // ndb
+    c, n_cols, db, b = _lb_program(D, B, BD)
     b64 = b.to(tl.int64)
     d0 = db * bd_rt  # = db * BD; runtime, so rows are not known to be aligned (see _load_pair)
     d = d0 + tl.arange(0, BD)
     dm = d < D
     rows = tl.arange(0, BT)
-    E = (tl.load(STATE, cache_modifier=".cg") & 0x0FFFFFFF) * 4  # tags E + 1, E + 2 mark this launch
+    E = _launch_tag(STATE)
 
     q = c * BT + rows
     valid = q < T
@@ -1291,15 +1298,10 @@ def _hgru_fwd_lb_kernel(
         rel = rows
         t_ref = c * BT
     av, xr, xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_ref, rel, valid, d0, D, COMPLEX, BT, BD, False)
+    gam = 0.0
     if FUSED:
         gam = _gamma(GAMMA, gamma_val, d, dm, GAMMA_MODE)[None, :]
-        lam, om = _gate_decay(av, gam)
-        xr = om * (xr * _sigmoid(xr))
-        if COMPLEX:
-            xi = om * (xi * _sigmoid(xi))
-    else:
-        lam = av
-    lam = tl.where(m2, lam, 1.0)
+    lam, xr, xi = _fwd_gates(av, xr, xi, gam, m2, FUSED, COMPLEX)
     if COMPLEX:
         cs, sn, fr, fi = _rotation_tiles(THETA, d, dm, 1.0, PRECISE, BT, BD)
         yr = fr * xr + fi * xi
@@ -1316,9 +1318,7 @@ def _hgru_fwd_lb_kernel(
     ir = tl.zeros([BD], tl.float32)
     ii = tl.zeros([BD], tl.float32)
     if HAS_H0:
-        ir = tl.load(H0 + b64 * s0b + d * s0d, mask=dm, other=0.0).to(tl.float32)
-        if COMPLEX:
-            ii = tl.load(H0 + b64 * s0b + d * s0d + s0c, mask=dm, other=0.0).to(tl.float32)
+        ir, ii = _load_state(H0, b64, s0b, s0d, s0c, d, dm, COMPLEX)
     cr, ci = _lookback(LBUF, c, NC, B, D, b, d, dm, mr, mi, sr, si, ir, ii, E,
                        COMPLEX, PUBLISH_INC, LBW)
 
@@ -1353,19 +1353,13 @@ def _hgru_bwd_lb_kernel(
 ):
     """The backward over one tile per program, single pass (see ``_hgru_fwd_lb_kernel``); chunks are
     numbered in the backward scan's order."""
-    pid = tl.program_id(0)
-    ndb = tl.cdiv(D, BD)
-    n_cols = ndb * B
-    col = pid % n_cols
-    c = pid // n_cols
-    db = col % ndb
-    b = col // ndb
+    c, n_cols, db, b = _lb_program(D, B, BD)
     b64 = b.to(tl.int64)
     d0 = db * bd_rt  # = db * BD; runtime, so rows are not known to be aligned (see _load_pair)
     d = d0 + tl.arange(0, BD)
     dm = d < D
     rows = tl.arange(0, BT)
-    E = (tl.load(STATE, cache_modifier=".cg") & 0x0FFFFFFF) * 4  # tags E + 1, E + 2 mark this launch
+    E = _launch_tag(STATE)
 
     gam1 = _gamma(GAMMA, gamma_val, d, dm, GAMMA_MODE)
     gam = gam1[None, :]
@@ -1379,9 +1373,7 @@ def _hgru_bwd_lb_kernel(
     h0r = tl.zeros([BD], tl.float32)
     h0i = tl.zeros([BD], tl.float32)
     if HAS_H0:
-        h0r = tl.load(H0 + b64 * s0b + d * s0d, mask=dm, other=0.0).to(tl.float32)
-        if COMPLEX:
-            h0i = tl.load(H0 + b64 * s0b + d * s0d + s0c, mask=dm, other=0.0).to(tl.float32)
+        h0r, h0i = _load_state(H0, b64, s0b, s0d, s0c, d, dm, COMPLEX)
 
     q = c * BT + rows
     valid = q < T
