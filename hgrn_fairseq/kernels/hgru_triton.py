@@ -30,7 +30,7 @@ The complex rotation is constant per channel, so a tile is scanned in a rotating
 ``h_k = F_k * z_k`` where ``z`` is a *real-decay* scan of ``conj(F_k) x_k``. The complex scan is thus
 two real scans sharing the decay, and no angle larger than ``BT * theta`` is ever formed.
 
-Parallelism over time comes in three modes (``_plan`` picks one per launch; ``tuning`` overrides):
+Parallelism over time comes in these modes (``_plan`` picks one per launch; ``tuning`` overrides):
 
 * ``seq``: one program per 32 channels walks the whole sequence, tile by tile (prefetching the next
   tile). Best when B * D alone gives enough programs to hide memory latency.
@@ -40,6 +40,11 @@ Parallelism over time comes in three modes (``_plan`` picks one per launch; ``tu
   ``tuning["lookback_window"]`` predecessors per round trip (``_lookback_window``).
 * ``twopass``: time is cut into NC chunks; one kernel computes each chunk's map, a second one
   composes the maps before its chunk and runs the chunk. It reads the inputs twice.
+* ``chunklb`` (forwards only): the chunks of ``twopass`` in one launch. Each program builds its chunk's
+  map (walking back from the chunk's end), finds its incoming state by look-back over the chunk maps,
+  then runs the chunk, whose second read mostly hits L2 (``_hgru_fwd_lbc_kernel``).
+* ``stream`` (real scans): one program per channel block walks the whole sequence through a software
+  pipeline of tiles (``_hgru_stream_fwd_kernel``), for many channel blocks.
 
 The backward of ``h_t = A_t h_{t-1} + x_t`` is the same scan run in the other direction:
 ``g_t = dh_t + conj(A_{t+1}) g_{t+1}`` (``g_T`` = gradient of the final state), ``dx_t = g_t``,
