@@ -93,7 +93,7 @@ tuning = {
     "fold": None,  # add the incoming state before the tile's scan (True) or after it (False)
     "agg_reverse": None,  # two-pass chunk maps walk their chunk from its end (see _walk_tile)
     "programs_per_sm": None,  # "twopass" / "chunklb": chunks per column from this many programs per SM
-    "pairs": None,  # "chunklb", real scans: 4-byte loads of channel pairs where alignment allows (see _pairs_ok)
+    "vec": None,  # "chunklb", real scans: channels per load/store where alignment allows (see _vec_width)
     "lookback_window": None,  # predecessors read per look-back round trip (a power of two; 1: one)
     "stages": None,  # "stream": software-pipeline depth (tiles whose loads are in flight, plus one)
 }
@@ -242,7 +242,7 @@ def _carry_in(AGG_M, AGG_S, ir, ii, b, c, d, dm, B, D, NC, COMPLEX: tl.constexpr
 # uncoalesces every access.)
 @triton.jit
 def _load_pair(P, base, roff, vrow, d0, D, COMPLEX: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-               ALIGN2: tl.constexpr):
+               VEC: tl.constexpr):
     """Load channels ``d0 .. d0 + BD - 1`` of BT rows as fp32 [BT, BD] tiles (complex tensors come
     back as (real, imaginary)). Row r starts at element ``base + roff[r]``: the 64-bit ``base`` is
     uniform across the program and ``roff`` (a multiple of a compile-time row stride) becomes an
@@ -253,13 +253,13 @@ def _load_pair(P, base, roff, vrow, d0, D, COMPLEX: tl.constexpr, BT: tl.constex
         m = vrow[:, None] & (j < 2 * D)[None, :]
         v = tl.load((Pb + j)[None, :] + tl.multiple_of(roff, 2)[:, None], mask=m, other=0.0)
         vr, vi = tl.split(tl.reshape(v.to(tl.float32), [BT, BD, 2]))
-    elif ALIGN2:  # channel pairs 4-byte aligned (even strides, D and d0): one pair per thread
-        # 2 * (x // 2) == x here; written so because Triton dropped tl.multiple_of hints on these
+    elif VEC > 1:  # rows start at a multiple of VEC channels (strides, D and d0): VEC channels per access
+        # VEC * (x // VEC) == x here; written so because Triton dropped tl.multiple_of hints on these
         # scalars (sm_90 compile, 2026-11-21) and then loaded 2-byte elements
-        Pb = P + 2 * (base // 2)
-        d = 2 * (d0 // 2) + tl.arange(0, BD)
+        Pb = P + VEC * (base // VEC)
+        d = VEC * (d0 // VEC) + tl.arange(0, BD)
         vr = tl.load((Pb + d)[None, :] + roff[:, None],
-                     mask=vrow[:, None] & (d < 2 * (D // 2))[None, :], other=0.0)
+                     mask=vrow[:, None] & (d < VEC * (D // VEC))[None, :], other=0.0)
         vr = vr.to(tl.float32)
         vi = vr
     else:
@@ -273,7 +273,7 @@ def _load_pair(P, base, roff, vrow, d0, D, COMPLEX: tl.constexpr, BT: tl.constex
 
 @triton.jit
 def _store_pair(P, base, roff, vrow, d0, D, vr, vi, COMPLEX: tl.constexpr, BT: tl.constexpr,
-                BD: tl.constexpr, ALIGN2: tl.constexpr):
+                BD: tl.constexpr, VEC: tl.constexpr):
     """Store [BT, BD] tiles (a real one, or a complex (vr, vi) pair); addressing as ``_load_pair``."""
     if COMPLEX:
         Pb = P + tl.multiple_of(base, 2)
@@ -281,11 +281,11 @@ def _store_pair(P, base, roff, vrow, d0, D, vr, vi, COMPLEX: tl.constexpr, BT: t
         m = vrow[:, None] & (j < 2 * D)[None, :]
         v = tl.reshape(tl.join(vr, vi), [BT, 2 * BD]).to(P.dtype.element_ty)
         tl.store((Pb + j)[None, :] + tl.multiple_of(roff, 2)[:, None], v, mask=m)
-    elif ALIGN2:  # as in _load_pair
-        Pb = P + 2 * (base // 2)
-        d = 2 * (d0 // 2) + tl.arange(0, BD)
+    elif VEC > 1:  # as in _load_pair
+        Pb = P + VEC * (base // VEC)
+        d = VEC * (d0 // VEC) + tl.arange(0, BD)
         tl.store((Pb + d)[None, :] + roff[:, None], vr.to(P.dtype.element_ty),
-                 mask=vrow[:, None] & (d < 2 * (D // 2))[None, :])
+                 mask=vrow[:, None] & (d < VEC * (D // VEC))[None, :])
     else:
         Pb = P + base
         d = d0 + tl.arange(0, BD)
@@ -517,7 +517,7 @@ def _fwd_gates(av, xr, xi, gam, m2, FUSED: tl.constexpr, COMPLEX: tl.constexpr):
 def _fwd_walk(X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, H, b64, T, s_lo, s_hi, t_first, step, rel,
               rows, d0, D, dm, gam, fr, fi, ffr, ffi, hr, hi, DW: tl.constexpr, AGG: tl.constexpr,
               BACK_IN: tl.constexpr, COMPLEX: tl.constexpr, FUSED: tl.constexpr, PREFETCH: tl.constexpr,
-              FOLD: tl.constexpr, ALIGN2: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+              FOLD: tl.constexpr, VEC: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
     """One walk of a forward program over the tiles of its chunk (steps ``s_lo .. s_hi - 1``).
 
     AGG: the chunk's map ``h -> M h + S``, returned as ``(Re M, Im M, Re S, Im S)``; with ``BACK_IN`` the
@@ -533,7 +533,7 @@ def _fwd_walk(X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, H, b64, T, s
     if PREFETCH:
         jt = _walk_tile(0, n_tiles, BACK)
         n_av, n_xr, n_xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_first + jt * step, rel,
-                                     s_lo + jt * BT + rows < s_hi, d0, D, COMPLEX, BT, BD, ALIGN2)
+                                     s_lo + jt * BT + rows < s_hi, d0, D, COMPLEX, BT, BD, VEC)
     for j in range(0, n_tiles):
         jt = _walk_tile(j, n_tiles, BACK)
         s0 = s_lo + jt * BT
@@ -542,9 +542,9 @@ def _fwd_walk(X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, H, b64, T, s
         if PREFETCH:
             av, xr, xi = n_av, n_xr, n_xi
             n_av, n_xr, n_xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_ref + DJ * step, rel,
-                                         _next_rows(q, j, n_tiles, s_hi, BT, BACK) < s_hi, d0, D, COMPLEX, BT, BD, ALIGN2)
+                                         _next_rows(q, j, n_tiles, s_hi, BT, BACK) < s_hi, d0, D, COMPLEX, BT, BD, VEC)
         else:
-            av, xr, xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_ref, rel, q < s_hi, d0, D, COMPLEX, BT, BD, ALIGN2)
+            av, xr, xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_ref, rel, q < s_hi, d0, D, COMPLEX, BT, BD, VEC)
         valid = q < s_hi
         lam, xr, xi = _fwd_gates(av, xr, xi, gam, valid[:, None] & dm[None, :], FUSED, COMPLEX)
         last = tl.minimum(s_hi - s0, BT) - 1
@@ -552,17 +552,17 @@ def _fwd_walk(X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, H, b64, T, s
                                                 AGG, BACK, COMPLEX, FOLD, BT)
         if not AGG:
             _store_pair(H, (b64 * T + t_ref.to(tl.int64)) * DW, rel * DW, valid, d0, D, outr, outi,
-                        COMPLEX, BT, BD, ALIGN2)
+                        COMPLEX, BT, BD, VEC)
     return mr, mi, hr, hi
 
 
 @triton.jit
 def _fwd_load(X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, b64, t_ref, rel, valid, d0, D,
-              COMPLEX: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, ALIGN2: tl.constexpr):
+              COMPLEX: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, VEC: tl.constexpr):
     """One forward tile: row r is time ``t_ref + rel[r]``."""
     t64 = t_ref.to(tl.int64)
-    av, unused = _load_pair(A, b64 * sab + t64 * sat, rel * sat, valid, d0, D, False, BT, BD, ALIGN2)
-    xr, xi = _load_pair(X, b64 * sxb + t64 * sxt, rel * sxt, valid, d0, D, COMPLEX, BT, BD, ALIGN2)
+    av, unused = _load_pair(A, b64 * sab + t64 * sat, rel * sat, valid, d0, D, False, BT, BD, VEC)
+    xr, xi = _load_pair(X, b64 * sxb + t64 * sxt, rel * sxt, valid, d0, D, COMPLEX, BT, BD, VEC)
     return av, xr, xi
 
 
@@ -608,7 +608,7 @@ def _hgru_fwd_kernel(
     d0 = db * bd_rt  # = db * BD; runtime, so rows are not known to be aligned (see _load_pair)
     mr, mi, hr, hi = _fwd_walk(X, sxb, sxt, A, sab, sat, H, b64, T, s_lo, s_hi, t_first, step, rel, rows, d0, D,
                                dm, gam, fr, fi, ffr, ffi, hr, hi, DW, IS_AGG, IS_AGG and AGG_REV, COMPLEX, FUSED,
-                               PREFETCH, FOLD, False, BT, BD)
+                               PREFETCH, FOLD, 1, BT, BD)
 
     if IS_AGG:
         off = (c.to(tl.int64) * B + b) * D + d
@@ -632,7 +632,7 @@ def _hgru_fwd_lbc_kernel(
     B, T, D, NC, CL, bd_rt, DW: tl.constexpr,
     COMPLEX: tl.constexpr, FUSED: tl.constexpr, REVERSE: tl.constexpr, HAS_H0: tl.constexpr,
     GAMMA_MODE: tl.constexpr, PRECISE: tl.constexpr, PREFETCH: tl.constexpr, FOLD: tl.constexpr,
-    AGG_REV: tl.constexpr, PUBLISH_INC: tl.constexpr, LBW: tl.constexpr, ALIGN2: tl.constexpr, BT: tl.constexpr,
+    AGG_REV: tl.constexpr, PUBLISH_INC: tl.constexpr, LBW: tl.constexpr, VEC: tl.constexpr, BT: tl.constexpr,
     BD: tl.constexpr,
 ):
     """The forward over one chunk of CL steps per program (chunk-major grid), in one launch ("chunklb"):
@@ -656,13 +656,13 @@ def _hgru_fwd_lbc_kernel(
     ii = tl.zeros([BD], tl.float32)
     mr, mi, sr, si = _fwd_walk(X, sxb, sxt, A, sab, sat, H, b64, T, s_lo, s_hi, t_first, step, rel, rows, d0, D,
                                dm, gam, fr, fi, ffr, ffi, ir, ii, DW, True, AGG_REV, COMPLEX, FUSED, PREFETCH, FOLD,
-                               ALIGN2, BT, BD)
+                               VEC, BT, BD)
     if HAS_H0:
         ir, ii = _load_state(H0, b64, s0b, s0d, s0c, d, dm, COMPLEX)
     cr, ci = _lookback(LBUF, c, NC, B, D, b, d, dm, mr, mi, sr, si, ir, ii, E, COMPLEX, PUBLISH_INC, LBW)
     mr, mi, hr, hi = _fwd_walk(X, sxb, sxt, A, sab, sat, H, b64, T, s_lo, s_hi, t_first, step, rel, rows, d0, D,
                                dm, gam, fr, fi, ffr, ffi, cr, ci, DW, False, False, COMPLEX, FUSED, PREFETCH, FOLD,
-                               ALIGN2, BT, BD)
+                               VEC, BT, BD)
     _store_final(HT, b64, D, d, dm, c, NC, hr, hi, COMPLEX)
     _epoch_done(STATE, c, NC, n_cols)
 
@@ -685,24 +685,24 @@ def _bwd_load(X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, H, H0r, H0i,
     valid = q < s_hi
     t64 = t_ref.to(tl.int64)
     abase = b64 * sab + t64 * sat
-    a_prev, unused = _load_pair(A, abase, (rel - sgn) * sat, (q >= 1) & valid, d0, D, False, BT, BD, False)
+    a_prev, unused = _load_pair(A, abase, (rel - sgn) * sat, (q >= 1) & valid, d0, D, False, BT, BD, 1)
     if NEED_A_T and LOAD_ALL:
-        a_t, unused = _load_pair(A, abase, rel * sat, valid, d0, D, False, BT, BD, False)
+        a_t, unused = _load_pair(A, abase, rel * sat, valid, d0, D, False, BT, BD, 1)
     else:
         a_t = a_prev
     if FUSED and LOAD_ALL:
-        ur, ui = _load_pair(X, b64 * sxb + t64 * sxt, rel * sxt, valid, d0, D, COMPLEX, BT, BD, False)
+        ur, ui = _load_pair(X, b64 * sxb + t64 * sxt, rel * sxt, valid, d0, D, COMPLEX, BT, BD, 1)
     else:
         ur = a_prev
         ui = a_prev
     if HAS_DH:
-        gr, gi = _load_pair(DH, b64 * sgb + t64 * sgt, rel * sgt, valid, d0, D, COMPLEX, BT, BD, False)
+        gr, gi = _load_pair(DH, b64 * sgb + t64 * sgt, rel * sgt, valid, d0, D, COMPLEX, BT, BD, 1)
     else:
         gr = tl.zeros_like(a_prev)
         gi = gr
     if LOAD_ALL:
         hpr, hpi = _load_pair(H, (b64 * T + t64) * DW, (rel + sgn) * DW, (q + 1 < T) & valid, d0, D, COMPLEX,
-                              BT, BD, False)
+                              BT, BD, 1)
         at_start = (q + 1 >= T)[:, None]  # the forward's first step: its previous state is h0
         hpr = tl.where(at_start, H0r[None, :], hpr)
         if COMPLEX:
@@ -876,9 +876,9 @@ def _hgru_bwd_kernel(
                 acc_th += th_c
             if NEED_DGAMMA:
                 acc_g += g_c
-            _store_pair(DX, (b64 * T + t64) * DW, rel * DW, valid, d0, D, dxr, dxi, COMPLEX, BT, BD, False)
+            _store_pair(DX, (b64 * T + t64) * DW, rel * DW, valid, d0, D, dxr, dxi, COMPLEX, BT, BD, 1)
             _store_pair(DA, (b64 * T + t64) * D, rel * (DW // (1 + COMPLEX)), valid, d0, D, dgate, dgate, False,
-                        BT, BD, False)
+                        BT, BD, 1)
 
     if IS_AGG:
         off = (c.to(tl.int64) * B + b) * D + d
@@ -1302,7 +1302,7 @@ def _hgru_fwd_lb_kernel(
     else:
         rel = rows
         t_ref = c * BT
-    av, xr, xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_ref, rel, valid, d0, D, COMPLEX, BT, BD, False)
+    av, xr, xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_ref, rel, valid, d0, D, COMPLEX, BT, BD, 1)
     gam = 0.0
     if FUSED:
         gam = _gamma(GAMMA, gamma_val, d, dm, GAMMA_MODE)[None, :]
@@ -1331,10 +1331,10 @@ def _hgru_fwd_lb_kernel(
         wr = zr + p * cr[None, :]
         wi = zi + p * ci[None, :]
         _store_pair(H, (b64 * T + t_ref.to(tl.int64)) * DW, rel * DW, valid, d0, D, fr * wr - fi * wi,
-                    fr * wi + fi * wr, COMPLEX, BT, BD, False)
+                    fr * wi + fi * wr, COMPLEX, BT, BD, 1)
     else:
         outr = zr + p * cr[None, :]
-        _store_pair(H, (b64 * T + t_ref.to(tl.int64)) * DW, rel * DW, valid, d0, D, outr, outr, COMPLEX, BT, BD, False)
+        _store_pair(H, (b64 * T + t_ref.to(tl.int64)) * DW, rel * DW, valid, d0, D, outr, outr, COMPLEX, BT, BD, 1)
     fm = dm & ((d * 0 + c) == NC - 1)
     off = b64 * D + d
     if COMPLEX:
@@ -1435,8 +1435,8 @@ def _hgru_bwd_lb_kernel(
     dxr, dxi, dgate, th_c, g_c = _bwd_grads(gr, gi, hpr, hpi, a_t, ur, ui, cs, sn, gam, m2,
                                             COMPLEX, FUSED, NEED_DTHETA, NEED_DGAMMA)
     t64 = t_ref.to(tl.int64)
-    _store_pair(DX, (b64 * T + t64) * DW, rel * DW, valid, d0, D, dxr, dxi, COMPLEX, BT, BD, False)
-    _store_pair(DA, (b64 * T + t64) * D, rel * (DW // (1 + COMPLEX)), valid, d0, D, dgate, dgate, False, BT, BD, False)
+    _store_pair(DX, (b64 * T + t64) * DW, rel * DW, valid, d0, D, dxr, dxi, COMPLEX, BT, BD, 1)
+    _store_pair(DA, (b64 * T + t64) * D, rel * (DW // (1 + COMPLEX)), valid, d0, D, dgate, dgate, False, BT, BD, 1)
     prow = (b64 * NC + c) * D + d
     if NEED_DTHETA:
         tl.store(DTHETA_P + prow, tl.sum(th_c, axis=0), mask=dm)
@@ -1537,11 +1537,13 @@ CHUNKLB_PROGRAMS_PER_SM = {False: 64, True: 48}
 # per SM: 64 channels / 2 warps 0.0486 / 0.0510 / 0.0897 / 0.0951 ms against 0.0530 / 0.0535 / 0.1043 /
 # 0.1053 with 32 / 1 (and 0.0533 / 0.0534 / 0.0999 / 0.1008 with 32 / 1 at 96 programs per SM).
 CHUNKLB_BLOCK = (64, 2)
-# tuning['pairs'] (off by default, not measured on a GPU yet): chunklb programs of the real forward read
-# and write channel pairs as 4-byte words (ALIGN2 in _load_pair / _store_pair; each thread then owns two
-# channels) where _pairs_ok allows. Offline sm_90 compiles: 64 channels / 1 warp takes 153 registers and
-# no shared memory, 128 / 2 warps 148; 64 / 2 warps splits the tile's rows over the warps (the scan then
-# goes through shared memory), so give it 64 channels per warp.
+# tuning['vec'] (1 by default; not measured on a GPU yet): chunklb programs of the real forward read and
+# write VEC channels per access (VEC in _load_pair / _store_pair) where _vec_width allows. With VEC = 2
+# each thread owns two channels and the time scan stays in registers; offline sm_90 compiles: 64 channels
+# / 1 warp take 153 registers and no shared memory, 128 / 2 warps 148, while 64 / 2 warps split the tile's
+# rows over the warps (the scan then goes through shared memory): give it 32 * VEC channels per warp.
+# With VEC = 8 (16-byte accesses, as the stream kernels) lanes share a channel's time steps and the
+# tile's scan runs across lanes.
 # Kernels whose mode differs from _DEFAULTS' when their columns number at most half the SMs, (complex,
 # fused, backward) -> mode: the fused complex backward takes the look-back kernel. H200, 2026-11-21, graphed bench_scan.py --sweep: with 64 columns,
 # (1, 8192, 2048) and (2, 16384, 1024), the look-back backward took 0.42 / 0.82 ms against 0.51 / 1.04
@@ -1639,10 +1641,12 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
                          "(predecessors read per look-back round trip)")
     agg_rev = cfg.get("agg_reverse")
     agg_rev = _AGG_REVERSE[key] if agg_rev is None else agg_rev
-    pairs = bool(cfg.get("pairs")) and mode == "chunklb" and not is_complex
+    vec = int(cfg.get("vec") or 1) if mode == "chunklb" and not is_complex else 1
+    if vec < 1 or vec & (vec - 1) or vec > 8:
+        raise ValueError(f"tuning['vec']={cfg.get('vec')!r} is not 1, 2, 4 or 8 (channels per load/store)")
     return dict(mode=mode, BT=bt, BD=bd, num_warps=num_warps, NC=nc, CL=cl, PREFETCH=bool(prefetch),
                 FOLD=bool(fold), NCP=max(2, _pow2_at_least(nc - 1)), LBW=int(lbw), AGG_REV=bool(agg_rev),
-                PAIRS=pairs)
+                VEC=vec)
 
 
 _LB_BUFFERS = {}
@@ -1687,12 +1691,15 @@ def _tile_input(t: Tensor, is_complex: bool) -> Tensor:
     return t if ok else t.contiguous()
 
 
-def _pairs_ok(D: int, *tensors: Tensor) -> bool:
-    """Whether every row of these [B, T, D] tensors (unit channel stride) starts at a channel pair (even
-    strides and D, the data pointer aligned to two elements), so that each pair of channels can be read
-    and written as one word (``ALIGN2``)."""
-    return D % 2 == 0 and all(t.stride(0) % 2 == 0 and t.stride(1) % 2 == 0
-                              and t.data_ptr() % (2 * t.element_size()) == 0 for t in tensors)
+def _vec_width(D: int, want: int, *tensors: Tensor) -> int:
+    """The most channels (a power of two, at most ``want``) that every row of these [B, T, D] tensors
+    (unit channel stride) can be read and written in per access (``VEC``): D, the batch and time strides
+    and the data pointer (in elements) must all be multiples of it."""
+    n = max(1, int(want))
+    while n > 1 and not (D % n == 0 and all(t.stride(0) % n == 0 and t.stride(1) % n == 0
+                                            and t.data_ptr() % (n * t.element_size()) == 0 for t in tensors)):
+        n //= 2
+    return n
 
 
 def _strides(t: Optional[Tensor], n: int):
@@ -1731,7 +1738,7 @@ class _HGRUScanFunction(torch.autograd.Function):
         B, T, D = a.shape
         plan = _plan(B, T, D, is_complex, a.device, fused, backward=False)
         mode, nc, cl, lbw = plan.pop("mode"), plan.pop("NC"), plan.pop("CL"), plan.pop("LBW")
-        pairs = plan.pop("PAIRS", False)
+        vec = plan.pop("VEC", 1)
         dev = a.device
         h = torch.empty(x.shape, dtype=x.dtype, device=dev)
         ht = torch.empty((B, D, 2) if is_complex else (B, D), dtype=x.dtype, device=dev)
@@ -1756,7 +1763,7 @@ class _HGRUScanFunction(torch.autograd.Function):
                 _hgru_fwd_lbc_kernel[(n_cols * nc,)](
                     *args, lbuf, state, B, T, D, nc, cl, plan["BD"], dw, PREFETCH=plan["PREFETCH"],
                     FOLD=plan["FOLD"], AGG_REV=plan["AGG_REV"], PUBLISH_INC=tuning["publish_inclusive"] is not False,
-                    LBW=lbw, ALIGN2=pairs and _pairs_ok(D, x, a, h), BT=plan["BT"], BD=plan["BD"],
+                    LBW=lbw, VEC=_vec_width(D, vec, x, a, h), BT=plan["BT"], BD=plan["BD"],
                     num_warps=plan["num_warps"], **flags)
             elif mode == "lookback":
                 lbuf, state = _lookback_buffers(dev, (4 if is_complex else 2) * nc * B * D)
@@ -1785,7 +1792,7 @@ class _HGRUScanFunction(torch.autograd.Function):
         B, T, D = a.shape
         plan = _plan(B, T, D, is_complex, a.device, fused, backward=True)
         mode, nc, cl, lbw = plan.pop("mode"), plan.pop("NC"), plan.pop("CL"), plan.pop("LBW")
-        plan.pop("PAIRS", None)
+        plan.pop("VEC", None)
         dev = a.device
         need_theta = bool(is_complex and need_theta)
         need_gamma = bool(fused and gamma is not None and need_gamma)

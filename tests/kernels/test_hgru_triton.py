@@ -370,24 +370,26 @@ def test_twopass_chunks_plan():
         assert K._plan(B, T, D, False, dev, False, True)["mode"] == "twopass"
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_chunklb_channel_pairs(dtype):
-    """tuning['pairs']: the one-launch chunked forward reads and writes channel pairs as one word where
-    rows start at a pair (_pairs_ok), and falls back to single channels otherwise (a view at an odd
-    offset, an odd D); both agree with the reference (a partial 64-channel block included)."""
+@pytest.mark.parametrize("vec,dtype", [(2, torch.bfloat16), (2, torch.float32), (8, torch.bfloat16)])
+def test_chunklb_vector_access(vec, dtype):
+    """tuning['vec']: the one-launch chunked forward reads and writes VEC channels per access where rows
+    start at a multiple of VEC channels (_vec_width), fewer otherwise (a view at an odd offset falls back
+    to single channels); every case agrees with the reference (a partial channel block included)."""
     torch.manual_seed(31)
-    B, T, D = 2, 45, 34
-    proj = torch.randn(B, T, 2 * D + 2, device=DEVICE).to(dtype)
-    assert K._pairs_ok(D, proj[..., :D]) and not K._pairs_ok(D, proj[..., 1:D + 1])
-    assert not K._pairs_ok(D - 1, proj[..., :D - 1])
+    B, T, D = 2, 45, 40
+    proj = torch.randn(B, T, 2 * D + 8, device=DEVICE).to(dtype)
+    assert K._vec_width(D, vec, proj[..., :D]) == vec and K._vec_width(D, vec, proj[..., 1:D + 1]) == 1
+    assert K._vec_width(D, 8, proj[..., 2:D + 2]) == 2 and K._vec_width(D - 1, vec, proj[..., :D - 1]) == 1
     for offset in (0, 1):
         x = proj[..., offset: offset + D].detach().requires_grad_(True)
         a = _decay(B, T, D, dtype=dtype)
         h0 = _rand(B, D, dtype=dtype)
-        with tuning(mode="chunklb", pairs=True, block_t=8, num_chunks=3, block_d=64, num_warps=1):
-            assert K._plan(B, T, D, False, x.device)["PAIRS"]
+        with tuning(mode="chunklb", vec=vec, block_t=8, num_chunks=3, block_d=32 * vec, num_warps=1):
+            assert K._plan(B, T, D, False, x.device)["VEC"] == vec
             _check(lambda x, a, h0: K.real_scan(x, a, h0), lambda x, a, h0: reference.real_scan_reference(x, a, h0),
                    [x, a, h0], ["x", "a", "initial_state"], dtype)
+    with pytest.raises(ValueError, match="vec"), tuning(mode="chunklb", vec=3):
+        K._plan(B, T, D, False, x.device)
 
 
 def test_stream_bf16_views():
@@ -466,7 +468,8 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
                                     dict(mode="lookback", publish_inclusive=False, lookback_window=4, block_t=8),
                                     dict(mode="twopass", num_chunks=7), dict(mode="chunklb", num_chunks=7),
                                     dict(mode="chunklb", num_chunks=7, publish_inclusive=False),
-                                    dict(mode="chunklb", pairs=True, block_d=64, num_warps=1)])
+                                    dict(mode="chunklb", vec=2, block_d=64, num_warps=1),
+                                    dict(mode="chunklb", vec=8, block_d=64, num_warps=2)])
 def test_gpu_medium_sizes_against_reference(config):
     torch.manual_seed(13)
     B, T, D = 2, 1000, 200
