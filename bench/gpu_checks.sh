@@ -26,6 +26,10 @@
 #
 # Time limits per stage come from TESTS_S, TRAIN_S, MQAR_S (seconds). TEST_PATHS narrows the tests
 # stage; BENCH_TRAIN_ARGS goes to bench_train.py; SAVE_AUTOTUNE=1 returns Triton's autotune cache.
+# The tests stage's defaults (12 processes, 240 s) no longer cover tests/kernels: on an H200
+# (2026-11-21) tests/kernels/test_hgrn2_triton.py alone got through 33 of its 82 tests in 140 s with 16
+# processes (compilation); give it about 300 s with TEST_PROCS=16, or run the HGRU files through
+# bench/gpu_scan_run.sh (about 50 s).
 #
 # mqar stage (scripts/run_mqar.sh documents each; defaults in brackets): MQAR_SETTINGS [256:16,512:64]
 # MQAR_DIMS [64,128,256,512] MQAR_LRS [1e-3,3e-3] MQAR_TRAIN_SIZE [20000] MQAR_EPOCHS [4]
