@@ -596,6 +596,8 @@ def _wait(path, log, limit_s=150):
 
 # ---------------------------------------------------------------------------------------------
 def main():
+    from hgrn_fairseq.kernels import hgru_triton as K
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="results/bench_scan")
     ap.add_argument("--sweep", action="store_true", help="sweep our launch parameters instead of the table")
@@ -608,7 +610,7 @@ def main():
                     help="graph: GPU time per call from CUDA-graph replays (default); eager: do_bench")
     ap.add_argument("--configs", default=None,
                     help="--sweep: a JSON list of tuning dicts to sweep instead of the built-in list")
-    ap.add_argument("--mode", default=None, choices=["seq", "lookback", "twopass", "stream"],
+    ap.add_argument("--mode", default=None, choices=K._MODES,
                     help="force one kernel mode (hgru_triton.tuning['mode']) for the table")
     ap.add_argument("--smoke", action="store_true",
                     help="quick check: each kernel mode on two bench shapes, against each other, with times")
@@ -623,8 +625,6 @@ def main():
         print(msg, flush=True)
         logf.write(msg + "\n")
         logf.flush()
-
-    from hgrn_fairseq.kernels import hgru_triton as K
 
     global TIMING
     TIMING = args.timing

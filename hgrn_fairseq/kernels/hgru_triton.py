@@ -413,7 +413,8 @@ def _walk_scan(lam, xr, xi, hr, hi, mr, mi, fr, fi, ffr, ffi, rows, last, AGG: t
         yr = xr
         yi = xr
     if BACK:
-        outr, outi, tsr, tsi, tmr, tmi = _scan_tile(lam, yr, yi, mr * 0.0, mr * 0.0, fr, fi, ffr, ffi, rows, last,
+        zero = tl.zeros_like(mr)
+        outr, outi, tsr, tsi, tmr, tmi = _scan_tile(lam, yr, yi, zero, zero, fr, fi, ffr, ffi, rows, last,
                                                     COMPLEX, FOLD, True, BT)
         mr, mi, hr, hi = _prepend_map(mr, mi, hr, hi, tmr, tmi, tsr, tsi, COMPLEX)
     else:
@@ -516,11 +517,11 @@ def _fwd_gates(av, xr, xi, gam, m2, FUSED: tl.constexpr, COMPLEX: tl.constexpr):
 @triton.jit
 def _fwd_walk(X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, H, b64, T, s_lo, s_hi, t_first, step, rel,
               rows, d0, D, dm, gam, fr, fi, ffr, ffi, hr, hi, DW: tl.constexpr, AGG: tl.constexpr,
-              BACK_IN: tl.constexpr, COMPLEX: tl.constexpr, FUSED: tl.constexpr, PREFETCH: tl.constexpr,
+              BACK: tl.constexpr, COMPLEX: tl.constexpr, FUSED: tl.constexpr, PREFETCH: tl.constexpr,
               FOLD: tl.constexpr, VEC: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
     """One walk of a forward program over the tiles of its chunk (steps ``s_lo .. s_hi - 1``).
 
-    AGG: the chunk's map ``h -> M h + S``, returned as ``(Re M, Im M, Re S, Im S)``; with ``BACK_IN`` the
+    AGG: the chunk's map ``h -> M h + S``, returned as ``(Re M, Im M, Re S, Im S)``; with ``BACK`` (AGG only) the
     walk starts at the chunk's end and prepends each tile's map (``_walk_tile``), otherwise it carries
     the state from ``(hr, hi)`` (zeros) and multiplies the tiles' multipliers. Otherwise: the outputs of
     the chunk entered with state ``(hr, hi)``, stored to H; returns ``(.., .., state leaving the chunk)``.
@@ -528,7 +529,6 @@ def _fwd_walk(X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, H, b64, T, s
     n_tiles = tl.cdiv(s_hi - s_lo, BT)
     mr = tl.zeros([BD], tl.float32) + 1.0
     mi = tl.zeros([BD], tl.float32)
-    BACK: tl.constexpr = AGG and BACK_IN
     DJ: tl.constexpr = 1 - 2 * BACK
     if PREFETCH:
         jt = _walk_tile(0, n_tiles, BACK)
@@ -932,7 +932,7 @@ def _hgru_stream_fwd_kernel(
     gam = _gamma(GAMMA, gamma_val, d, dm, GAMMA_MODE)[None, :]
     h = tl.zeros([BD], tl.float32)
     if HAS_H0:
-        h = tl.load(H0 + b * s0b + d * s0d, mask=dm, other=0.0).to(tl.float32)
+        h, unused = _load_state(H0, b, s0b, s0d, 0, d, dm, False)
     if REVERSE:
         rel = -rows
     else:
@@ -977,10 +977,10 @@ def _hgru_stream_bwd_kernel(
     gam = gam1[None, :]
     h0 = tl.zeros([BD], tl.float32)
     if HAS_H0:
-        h0 = tl.load(H0 + b * s0b + d * s0d, mask=dm, other=0.0).to(tl.float32)
+        h0, unused = _load_state(H0, b, s0b, s0d, 0, d, dm, False)
     g = tl.zeros([BD], tl.float32)
     if HAS_DHT:
-        g = tl.load(DHT + b * stb + d * std, mask=dm, other=0.0).to(tl.float32)
+        g, unused = _load_state(DHT, b, stb, std, 0, d, dm, False)
     if REVERSE:  # the forward ran T-1 -> 0: its next step is t - 1, its previous one t + 1
         rel = rows
         sf = -1
@@ -1335,13 +1335,7 @@ def _hgru_fwd_lb_kernel(
     else:
         outr = zr + p * cr[None, :]
         _store_pair(H, (b64 * T + t_ref.to(tl.int64)) * DW, rel * DW, valid, d0, D, outr, outr, COMPLEX, BT, BD, 1)
-    fm = dm & ((d * 0 + c) == NC - 1)
-    off = b64 * D + d
-    if COMPLEX:
-        tl.store(HT + 2 * off, (mr * cr - mi * ci + sr).to(HT.dtype.element_ty), mask=fm)
-        tl.store(HT + 2 * off + 1, (mr * ci + mi * cr + si).to(HT.dtype.element_ty), mask=fm)
-    else:
-        tl.store(HT + off, (mr * cr + sr).to(HT.dtype.element_ty), mask=fm)
+    _store_final(HT, b64, D, d, dm, c, NC, mr * cr - mi * ci + sr, mr * ci + mi * cr + si, COMPLEX)
     _epoch_done(STATE, c, NC, n_cols)
 
 
@@ -1530,8 +1524,8 @@ TWOPASS_PROGRAMS_PER_SM = {False: 16, True: 8}
 # programs_per_sm at (8, 2048, 1024), (1, 8192, 2048), (8, 4096, 1024) and (2, 16384, 1024), real forward:
 # 16: 0.0594 / 0.0588 / 0.1234 / 0.1210 ms; 32: 0.0558 / 0.0554 / 0.1121 / 0.1130; 64: 0.0530 / 0.0535 /
 # 0.1043 / 0.1053 (32-channel programs of one warp); two passes (16 per SM): 0.0583 / 0.0600 / 0.1169 /
-# 0.1172. The complex and fused
-# forwards were not faster this way (bench/results/bench_scan_sweep_h200_2026-11-21_s8.md).
+# 0.1172. The complex and fused forwards were not faster this way
+# (bench/results/bench_scan_sweep_h200_2026-11-21_s8.md).
 CHUNKLB_PROGRAMS_PER_SM = {False: 64, True: 48}
 # Channels and warps per "chunklb" program (each thread still owns one channel). Same sweep, 64 programs
 # per SM: 64 channels / 2 warps 0.0486 / 0.0510 / 0.0897 / 0.0951 ms against 0.0530 / 0.0535 / 0.1043 /
@@ -1545,28 +1539,19 @@ CHUNKLB_BLOCK = (64, 2)
 # With VEC = 8 (16-byte accesses, as the stream kernels) lanes share a channel's time steps and the
 # tile's scan runs across lanes.
 # Kernels whose mode differs from _DEFAULTS' when their columns number at most half the SMs, (complex,
-# fused, backward) -> mode: the fused complex backward takes the look-back kernel. H200, 2026-11-21, graphed bench_scan.py --sweep: with 64 columns,
-# (1, 8192, 2048) and (2, 16384, 1024), the look-back backward took 0.42 / 0.82 ms against 0.51 / 1.04
-# for two passes; with 256 columns, (8, 2048, 1024), two passes won (0.29 against 0.37 ms).
+# fused, backward) -> mode: the fused complex backward takes the look-back kernel. H200, 2026-11-21,
+# graphed bench_scan.py --sweep: with 64 columns, (1, 8192, 2048) and (2, 16384, 1024), the look-back
+# backward took 0.42 / 0.82 ms against 0.51 / 1.04 for two passes; with 256 columns, (8, 2048, 1024),
+# two passes won (0.29 against 0.37 ms).
 _FEW_COLUMNS_MODE = {(True, True, True): "lookback"}
-# Whether the two-pass chunk-map kernels walk each chunk from its end (``_walk_tile``), per kernel
-# (complex, fused, backward): the second pass then starts on the tiles the first one read last, which
-# L2 may still hold. H200, 2026-11-21, graphed bench_scan.py --sweep at (8, 2048, 1024), (8, 4096, 1024),
+# The two-pass chunk-map kernels walk each chunk from its end (``_walk_tile``) unless they are fused
+# (tuning['agg_reverse'] overrides): the second pass then starts on the tiles the first one read last,
+# which L2 may still hold. H200, 2026-11-21, graphed bench_scan.py --sweep at (8, 2048, 1024), (8, 4096, 1024),
 # (1, 8192, 2048) and (2, 16384, 1024), against the forward walk: real forward 3.5-8% faster (0.0581 /
 # 0.1166 / 0.0596 / 0.1168 ms against 0.0631 / 0.1220 / 0.0620 / 0.1210), real fwd+bwd 1-3%, complex
 # fwd+bwd 5-6% (0.218 / 0.416 / 0.242 / 0.470 against 0.230 / 0.438 / 0.258 / 0.498); the fused kernels,
 # which carry the gates' registers too, were slower walking backwards (fused complex forward 0.183 /
 # 0.353 / 0.202 / 0.400 against 0.148 / 0.281 / 0.160 / 0.314; fused real 2-4%).
-_AGG_REVERSE = {
-    (False, False, False): True,
-    (False, False, True): True,
-    (True, False, False): True,
-    (True, False, True): True,
-    (False, True, False): False,
-    (False, True, True): False,
-    (True, True, False): False,
-    (True, True, True): False,
-}
 
 
 def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused: bool = False,
@@ -1627,7 +1612,7 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
         if nc is None:  # programs per SM from the tables (at most 32 chunks for two passes), chunks of >= 4 tiles
             per_sm = cfg.get("programs_per_sm") or (
                 TWOPASS_PROGRAMS_PER_SM if mode == "twopass" else CHUNKLB_PROGRAMS_PER_SM)[bool(is_complex)]
-            nc = min(triton.cdiv(per_sm * _sm_count(device), programs), triton.cdiv(T, 4 * bt),
+            nc = min(triton.cdiv(per_sm * sms, programs), triton.cdiv(T, 4 * bt),
                      32 if mode == "twopass" else 1024)
         nc = max(1, min(int(nc), triton.cdiv(T, bt), 1024))
         cl = triton.cdiv(triton.cdiv(T, nc), bt) * bt
@@ -1640,7 +1625,7 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
         raise ValueError(f"tuning['lookback_window']={lbw!r} is not a power of two >= 1 "
                          "(predecessors read per look-back round trip)")
     agg_rev = cfg.get("agg_reverse")
-    agg_rev = _AGG_REVERSE[key] if agg_rev is None else agg_rev
+    agg_rev = not fused if agg_rev is None else agg_rev
     vec = int(cfg.get("vec") or 1) if mode == "chunklb" and not is_complex else 1
     if vec < 1 or vec & (vec - 1) or vec > 8:
         raise ValueError(f"tuning['vec']={cfg.get('vec')!r} is not 1, 2, 4 or 8 (channels per load/store)")
