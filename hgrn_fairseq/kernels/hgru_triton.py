@@ -91,7 +91,7 @@ tuning = {
     "publish_inclusive": None,  # False (tests only): look-back walks always reach chunk 0
     "prefetch": None,  # load tile j+1 while scanning tile j
     "fold": None,  # add the incoming state before the tile's scan (True) or after it (False)
-    "agg_reverse": None,  # two-pass chunk maps walk their chunk from its end (see _walk_tile)
+    "agg_reverse": None,  # two-pass chunk maps walk their chunk from its end (see _walk_step)
     "programs_per_sm": None,  # "twopass" / "chunklb": chunks per column from this many programs per SM
     "vec": None,  # "chunklb", real scans: channels per load/store where alignment allows (see _vec_width)
     "lookback_window": None,  # predecessors read per look-back round trip (a power of two; 1: one)
@@ -365,25 +365,29 @@ def _scan_tile(lam, yr, yi, cr, ci, fr, fi, ffr, ffi, rows, last,
 
 
 @triton.jit
-def _walk_tile(j, n_tiles, BACKWARDS: tl.constexpr):
-    """Tile of a chunk visited at step ``j`` of its walk. Forwards for the outputs; a two-pass
-    chunk-map program (AGG_REV) walks from the chunk's end instead, prepending each tile's map
+def _walk_step(j, n_tiles, s_lo, t_first, step, rows, BT: tl.constexpr, BACKWARDS: tl.constexpr):
+    """Tile visited at step ``j`` of a chunk's walk: its first scan step, its rows' scan steps and the
+    time of its row 0 (``t_first + tile * step``). Forwards for the outputs; a two-pass chunk-map
+    program (AGG_REV) walks from the chunk's end instead, prepending each tile's map
     (``_prepend_map``), so that the tiles it reads last, the chunk's first ones, are those the second
     pass reads first: L2 may still hold them."""
     if BACKWARDS:
-        return n_tiles - 1 - j
+        jt = n_tiles - 1 - j
     else:
-        return j
+        jt = j
+    s0 = s_lo + jt * BT
+    return s0, s0 + rows, t_first + jt * step
 
 
 @triton.jit
-def _next_rows(q, j, n_tiles, s_hi, BT: tl.constexpr, BACKWARDS: tl.constexpr):
-    """Rows (scan steps) of the tile after ``q`` in the walk (``_walk_tile``). A backwards walk must
-    not reach before its chunk: past its end they are all ``>= s_hi`` (nothing to load)."""
+def _walk_next(q, t_ref, j, n_tiles, s_hi, step, BT: tl.constexpr, BACKWARDS: tl.constexpr):
+    """Rows (scan steps) and row-0 time of the tile after ``(q, t_ref)`` in the walk (``_walk_step``).
+    A backwards walk must not reach before its chunk: past its end the rows are all ``>= s_hi``
+    (nothing to load)."""
     if BACKWARDS:
-        return tl.where(j + 1 < n_tiles, q - BT, s_hi + q * 0)
+        return tl.where(j + 1 < n_tiles, q - BT, s_hi + q * 0), t_ref - step
     else:
-        return q + BT
+        return q + BT, t_ref + step
 
 
 @triton.jit
@@ -400,7 +404,7 @@ def _prepend_map(mr, mi, sr, si, tmr, tmi, tsr, tsi, COMPLEX: tl.constexpr):
 @triton.jit
 def _walk_scan(lam, xr, xi, hr, hi, mr, mi, fr, fi, ffr, ffi, rows, last, AGG: tl.constexpr, BACK: tl.constexpr,
                COMPLEX: tl.constexpr, FOLD: tl.constexpr, BT: tl.constexpr):
-    """One tile of a chunk's walk (``_walk_tile``) with decay ``lam`` and input ``x`` (turned into the
+    """One tile of a chunk's walk (``_walk_step``) with decay ``lam`` and input ``x`` (turned into the
     rotating frame, ``conj(F) x``, when COMPLEX): its outputs (``_scan_tile``) and the walk's running
     values. Outputs: ``(hr, hi)`` is the state entering the tile and becomes the one leaving it. AGG
     (chunk map) walking forwards: the same, from zero, while ``(mr, mi)`` multiplies the tiles'
@@ -522,27 +526,22 @@ def _fwd_walk(X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, H, b64, T, s
     """One walk of a forward program over the tiles of its chunk (steps ``s_lo .. s_hi - 1``).
 
     AGG: the chunk's map ``h -> M h + S``, returned as ``(Re M, Im M, Re S, Im S)``; with ``BACK`` (AGG only) the
-    walk starts at the chunk's end and prepends each tile's map (``_walk_tile``), otherwise it carries
+    walk starts at the chunk's end and prepends each tile's map (``_walk_step``), otherwise it carries
     the state from ``(hr, hi)`` (zeros) and multiplies the tiles' multipliers. Otherwise: the outputs of
     the chunk entered with state ``(hr, hi)``, stored to H; returns ``(.., .., state leaving the chunk)``.
     """
     n_tiles = tl.cdiv(s_hi - s_lo, BT)
     mr = tl.zeros([BD], tl.float32) + 1.0
     mi = tl.zeros([BD], tl.float32)
-    DJ: tl.constexpr = 1 - 2 * BACK
     if PREFETCH:
-        jt = _walk_tile(0, n_tiles, BACK)
-        n_av, n_xr, n_xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_first + jt * step, rel,
-                                     s_lo + jt * BT + rows < s_hi, d0, D, COMPLEX, BT, BD, VEC)
+        s0, q, t_ref = _walk_step(0, n_tiles, s_lo, t_first, step, rows, BT, BACK)
+        n_av, n_xr, n_xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_ref, rel, q < s_hi, d0, D, COMPLEX, BT, BD, VEC)
     for j in range(0, n_tiles):
-        jt = _walk_tile(j, n_tiles, BACK)
-        s0 = s_lo + jt * BT
-        q = s0 + rows
-        t_ref = t_first + jt * step
+        s0, q, t_ref = _walk_step(j, n_tiles, s_lo, t_first, step, rows, BT, BACK)
         if PREFETCH:
             av, xr, xi = n_av, n_xr, n_xi
-            n_av, n_xr, n_xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_ref + DJ * step, rel,
-                                         _next_rows(q, j, n_tiles, s_hi, BT, BACK) < s_hi, d0, D, COMPLEX, BT, BD, VEC)
+            qn, tn = _walk_next(q, t_ref, j, n_tiles, s_hi, step, BT, BACK)
+            n_av, n_xr, n_xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, tn, rel, qn < s_hi, d0, D, COMPLEX, BT, BD, VEC)
         else:
             av, xr, xi = _fwd_load(X, sxb, sxt, A, sab, sat, b64, t_ref, rel, q < s_hi, d0, D, COMPLEX, BT, BD, VEC)
         valid = q < s_hi
@@ -833,23 +832,19 @@ def _hgru_bwd_kernel(
         rel = -rows
         t_first = T - 1 - s_lo
         step = -BT
-    BACK: tl.constexpr = IS_AGG and AGG_REV  # the walk, see _walk_tile
-    DJ: tl.constexpr = 1 - 2 * BACK
+    BACK: tl.constexpr = IS_AGG and AGG_REV  # the walk, see _walk_step
     if PREFETCH:
-        jt = _walk_tile(0, n_tiles, BACK)
+        s0, q, t_ref = _walk_step(0, n_tiles, s_lo, t_first, step, rows, BT, BACK)
         n_ap, n_at, n_ur, n_ui, n_dhr, n_dhi, n_hpr, n_hpi = _bwd_load(
-            X, sxb, sxt, A, sab, sat, H, h0r, h0i, DH, sgb, sgt, b64, t_first + jt * step, rel,
-            s_lo + jt * BT + rows, s_hi, T, d0, D, DW, COMPLEX, FUSED, REVERSE, HAS_DH, NEED_A_T, LOAD_ALL, BT, BD)
+            X, sxb, sxt, A, sab, sat, H, h0r, h0i, DH, sgb, sgt, b64, t_ref, rel, q, s_hi, T, d0, D, DW,
+            COMPLEX, FUSED, REVERSE, HAS_DH, NEED_A_T, LOAD_ALL, BT, BD)
     for j in range(0, n_tiles):
-        jt = _walk_tile(j, n_tiles, BACK)
-        s0 = s_lo + jt * BT
-        q = s0 + rows
-        t_ref = t_first + jt * step
+        s0, q, t_ref = _walk_step(j, n_tiles, s_lo, t_first, step, rows, BT, BACK)
         if PREFETCH:
             a_prev, a_t, ur, ui, dhr, dhi, hpr, hpi = n_ap, n_at, n_ur, n_ui, n_dhr, n_dhi, n_hpr, n_hpi
+            qn, tn = _walk_next(q, t_ref, j, n_tiles, s_hi, step, BT, BACK)
             n_ap, n_at, n_ur, n_ui, n_dhr, n_dhi, n_hpr, n_hpi = _bwd_load(
-                X, sxb, sxt, A, sab, sat, H, h0r, h0i, DH, sgb, sgt, b64, t_ref + DJ * step, rel,
-                _next_rows(q, j, n_tiles, s_hi, BT, BACK), s_hi, T, d0, D, DW,
+                X, sxb, sxt, A, sab, sat, H, h0r, h0i, DH, sgb, sgt, b64, tn, rel, qn, s_hi, T, d0, D, DW,
                 COMPLEX, FUSED, REVERSE, HAS_DH, NEED_A_T, LOAD_ALL, BT, BD)
         else:
             a_prev, a_t, ur, ui, dhr, dhi, hpr, hpi = _bwd_load(
@@ -1544,7 +1539,7 @@ CHUNKLB_BLOCK = (64, 2)
 # backward took 0.42 / 0.82 ms against 0.51 / 1.04 for two passes; with 256 columns, (8, 2048, 1024),
 # two passes won (0.29 against 0.37 ms).
 _FEW_COLUMNS_MODE = {(True, True, True): "lookback"}
-# The two-pass chunk-map kernels walk each chunk from its end (``_walk_tile``) unless they are fused
+# The two-pass chunk-map kernels walk each chunk from its end (``_walk_step``) unless they are fused
 # (tuning['agg_reverse'] overrides): the second pass then starts on the tiles the first one read last,
 # which L2 may still hold. H200, 2026-11-21, graphed bench_scan.py --sweep at (8, 2048, 1024), (8, 4096, 1024),
 # (1, 8192, 2048) and (2, 16384, 1024), against the forward walk: real forward 3.5-8% faster (0.0581 /
