@@ -972,10 +972,10 @@ def _hgru_stream_bwd_kernel(
     gam = gam1[None, :]
     h0 = tl.zeros([BD], tl.float32)
     if HAS_H0:
-        h0, unused = _load_state(H0, b, s0b, s0d, 0, d, dm, False)
+        h0, unused_h0 = _load_state(H0, b, s0b, s0d, 0, d, dm, False)
     g = tl.zeros([BD], tl.float32)
     if HAS_DHT:
-        g, unused = _load_state(DHT, b, stb, std, 0, d, dm, False)
+        g, unused_g = _load_state(DHT, b, stb, std, 0, d, dm, False)
     if REVERSE:  # the forward ran T-1 -> 0: its next step is t - 1, its previous one t + 1
         rel = rows
         sf = -1
@@ -1008,7 +1008,9 @@ def _hgru_stream_bwd_kernel(
         hp = tl.load(hb + t0 * D + ((rel - sf) * D)[:, None] + dd, mask=m_prev, other=0.0).to(tl.float32)
         hp = tl.where(m_prev, hp, h0[None, :])
         if FUSED:
-            dec, unused = _gate_decay(an, gam)
+            # (a name of its own: one also assigned before the loop would be loop-carried, and its
+            # shape would change inside the loop, which Triton rejects)
+            dec, unused_dec = _gate_decay(an, gam)
             dec = tl.where(m_next, dec, 1.0)
             a_t = tl.load(ab + t0 * sat + (rel * sat)[:, None] + dd, mask=m, other=0.0).to(tl.float32)
             u = tl.load(xb + t0 * sxt + (rel * sxt)[:, None] + dd, mask=m, other=0.0).to(tl.float32)
