@@ -71,17 +71,24 @@ def inputs(B, T, H, K, seed=0):
     return q, v, g, do
 
 
-def with_state_impl(impl, fn):
-    """Run fn with hgrn2_triton.STATE_IMPL set to impl ('auto', 'split' or 'fused')."""
+def with_settings(fn, **settings):
+    """Run fn with module settings of hgrn2_triton changed, e.g. STATE_IMPL ('auto', 'split' or 'fused')
+    or INTRA_DOT ('input' or 'fp32')."""
     def run():
-        saved = hgrn2_triton.STATE_IMPL
-        hgrn2_triton.STATE_IMPL = impl
+        saved = {name: getattr(hgrn2_triton, name) for name in settings}
+        for name, value in settings.items():
+            setattr(hgrn2_triton, name, value)
         try:
             return fn()
         finally:
-            hgrn2_triton.STATE_IMPL = saved
+            for name, value in saved.items():
+                setattr(hgrn2_triton, name, value)
 
     return run
+
+
+def with_state_impl(impl, fn):
+    return with_settings(fn, STATE_IMPL=impl)
 
 
 def ours(q, v, g, do, bwd):
@@ -213,6 +220,14 @@ def markdown(rec):
         lines.append(f"| {', '.join(map(str, shape))} | {fmt(get('ours_split_states', 'fwd'))} | "
                      f"{fmt(get('ours_fused_states', 'fwd'))} | {fmt(get('ours_split_states', 'fwd+bwd'))} | "
                      f"{fmt(get('ours_fused_states', 'fwd+bwd'))} |")
+    lines += ["", "Operands of the intra-chunk products (A and the two dA products) and the storage of A and dA "
+              "(INTRA_DOT; the first table uses 'input', i.e. bf16 here), ms:", "",
+              "| B, T, H, K | bf16 fwd | fp32 (tf32) fwd | bf16 fwd+bwd | fp32 (tf32) fwd+bwd |", "|---|---|---|---|---|"]
+    for shape in SHAPES:
+        s = "x".join(map(str, shape))
+        get = lambda impl, mode: find(rec.rows, shape=s, impl=impl, mode=mode)  # noqa: E731
+        lines.append(f"| {', '.join(map(str, shape))} | {fmt(get('ours', 'fwd'))} | {fmt(get('ours_intra_fp32', 'fwd'))} | "
+                     f"{fmt(get('ours', 'fwd+bwd'))} | {fmt(get('ours_intra_fp32', 'fwd+bwd'))} |")
     prof = [r for r in rec.rows if r.get("mode") == "profile fwd+bwd"]
     if prof:
         lines += ["", "GPU time per kernel, one fwd+bwd at " + prof[0]["shape"] + " (torch.profiler), ms:", ""]
@@ -255,6 +270,8 @@ def bench_shapes(rec, peers):
             ("ours", lambda bwd: with_state_impl("auto", ours(q, v, g, do, bwd))),
             ("ours_split_states", lambda bwd: with_state_impl("split", ours(q, v, g, do, bwd))),
             ("ours_fused_states", lambda bwd: with_state_impl("fused", ours(q, v, g, do, bwd))),
+            ("ours_intra_fp32", lambda bwd: with_settings(ours(q, v, g, do, bwd), STATE_IMPL="auto",
+                                                          INTRA_DOT="fp32")),
         ]
         if peers and chunk_gla is not None:
             candidates += [

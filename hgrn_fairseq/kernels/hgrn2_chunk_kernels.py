@@ -24,20 +24,30 @@ paths chosen per chunk (and per group of BK channels) from the decays themselves
 3. diagonal blocks that decay faster are computed element by element with exponents summed term by
    term (slower, exact, cannot overflow).
 
-All three are tested (the thresholds can be set to 0 to force paths 2 and 3). Products of the intra-
-chunk terms take fp32 operands (tf32 on the GPU, except the forward's four block products of path 2,
-which run in full fp32: see ``_intra_A_blocks``); A and dA are kept in fp32.
+All three are tested (the thresholds can be set to 0 to force paths 2 and 3). Path 1's products
+(A, and dA's two in the backward) take operands in the dot dtype when ``LOWP`` (bf16 for 16-bit inputs,
+with A and dA stored in it; ``hgrn2_triton.INTRA_DOT``), else fp32 (tf32 on the GPU); paths 2 and 3
+always run in fp32 (the forward's four block products of path 2 in full fp32: see ``_intra_A_blocks``).
+
+Paths 2 and 3 are rare with realistic decays but their code doubles the registers of a kernel that
+contains it (255 against 128-152 on sm_90, bf16, head dim 128), which halves the occupancy. So the
+output and dq/dg kernels can run in two launches (``FAST_ONLY``, then ``REDO``): path 1 alone for every
+chunk, the forward appending the chunks that need another path to a small list, then a few programs
+that take the listed chunks again with every path. ``hgrn2_triton`` uses this for head dims >= 64
+(``SPLIT_MIN_HEAD``) and one launch with every path otherwise.
 
 Kernels (``BH`` = batch * heads, ``NT`` = chunks):
 
 * ``fwd_states``  sequential over chunks, grid (K/BK, V/BV, BH): the state at the start of each chunk
   (stored in the dot dtype), and the final state (fp32). (``hgrn2_state_kernels`` has the split
   version: chunk-parallel products, then a scan.)
-* ``fwd_output``  grid (NT, BH): ``A`` (stored for the backward when training) and ``o``.
+* ``fwd_output``  grid (NT, BH): ``A`` (stored for the backward when training) and ``o`` (plus a REDO
+  launch, see above).
 * ``bwd_dstates`` sequential in reverse, grid (K/BK, V/BV, BH): the gradient of the state at the end
   of each chunk, and of the initial state (fp32).
 * ``bwd_dv``      grid (NT, BH): ``dv`` and ``dA = dO v^T`` (masked).
-* ``bwd_dqdg``    grid (K/BK, NT, BH): ``dq`` and ``dg`` (``dk`` folds into ``dg`` since k = 1 - exp(g)).
+* ``bwd_dqdg``    grid (K/BK, NT, BH): ``dq`` and ``dg`` (``dk`` folds into ``dg`` since k = 1 - exp(g));
+  REDO launch over the forward's list.
 
 Memory layout: q, g ``[B, T, H, K]``, v, o ``[B, T, H, V]`` (batch-first, contiguous); states
 ``[BH, NT, K, V]``; A, dA ``[BH, NT, BT, BT]``. ``reverse`` maps step t to position T-1-t in every
@@ -272,19 +282,39 @@ def _output_loads(q_base, g_base, h, chunk, pos, valid, i_k, H, K: tl.constexpr,
     return _tile(g_base, pos, valid, H * K, o_k, m_k), _tile(q_base, pos, valid, H * K, o_k, m_k), b_h
 
 
-@triton.jit(do_not_specialize=["T"])
-def hgrn2_fwd_output_kernel(
-    q, v, g, h, o, A,
-    T, H, NT,
-    K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    SAFE: tl.constexpr, CSAFE: tl.constexpr, REVERSE: tl.constexpr, STORE_A: tl.constexpr, EMU: tl.constexpr,
-    PREFETCH: tl.constexpr,
-):
-    """One chunk: A = sum over channels (BK at a time) of the intra-chunk products, then
-    o = (q * exp(b)) S_n + A v. PREFETCH: the next BK channels' tiles are loaded before the current
-    ones are computed."""
-    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+@triton.jit
+def _mid_ref_ok(b_b, o_t, BT: tl.constexpr, CSAFE: tl.constexpr):
+    """1 (int32) when path 1 can take these channels: each half chunk decays by at most CSAFE in every
+    channel, so that every factor through the mid-chunk reference stays within exp(+-CSAFE)."""
+    r_mid = _row_of(b_b, o_t, BT // 2 - 1)
+    r_end = _row_of(b_b, o_t, BT - 1)
+    return (tl.min(r_mid, axis=0) >= -CSAFE).to(tl.int32) * (tl.min(r_end - r_mid, axis=0) >= -CSAFE).to(tl.int32)
+
+
+@triton.jit
+def _mid_ref_A(b_q, b_k, b_b, o_t, BT: tl.constexpr, DT: tl.constexpr, EMU: tl.constexpr, LOWP: tl.constexpr):
+    """Path 1's product ``(q * exp(b - r)) (k * exp(r - b))^T`` with r the cumulative decay at the
+    middle of the chunk; operands in the dot dtype (LOWP) or fp32. Entries above the diagonal may
+    overflow (they are masked later)."""
+    r_mid = _row_of(b_b, o_t, BT // 2 - 1)
+    b_qx = b_q * tl.exp(b_b - r_mid[None, :])
+    b_ky = b_k * tl.exp(r_mid[None, :] - b_b)
+    if LOWP:
+        return tl.dot(_cast(b_qx, DT, EMU), tl.trans(_cast(b_ky, DT, EMU)))
+    else:
+        return tl.dot(b_qx, tl.trans(b_ky))
+
+
+@triton.jit
+def _output_chunk(q, v, g, h, o, A, i_n, i_bh, T, H, NT,
+                  K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+                  BV: tl.constexpr, SAFE: tl.constexpr, CSAFE: tl.constexpr, REVERSE: tl.constexpr,
+                  STORE_A: tl.constexpr, EMU: tl.constexpr, PREFETCH: tl.constexpr, LOWP: tl.constexpr,
+                  FAST_ONLY: tl.constexpr):
+    """Chunk ``i_n`` of head ``i_bh``: A = sum over channels (BK at a time) of the intra-chunk products,
+    then o = (q * exp(b)) S_n + A v. PREFETCH: the next BK channels' tiles are loaded before the current
+    ones are computed. FAST_ONLY: path 1 only; when some channels need another path nothing is stored
+    and 0 is returned (otherwise 1)."""
     i_b = (i_bh // H).to(tl.int64)
     i_h = i_bh % H
     DT = h.dtype.element_ty
@@ -302,6 +332,7 @@ def hgrn2_fwd_output_kernel(
 
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    done = i_n * 0 + 1
     if PREFETCH:
         n_g, n_q, n_h = _output_loads(q_base, g_base, h, chunk, pos, valid, 0, H, K, V, o_v, m_v, BK)
     for i_k in range(NK):
@@ -318,25 +349,62 @@ def hgrn2_fwd_output_kernel(
         b_b = tl.cumsum(b_g, axis=0)
         b_k = _neg_expm1(b_g)
         b_o += tl.dot(_cast(b_q * tl.exp(b_b), DT, EMU), b_hk)
-        # one reference (mid-chunk) for the whole chunk when every factor stays within exp(+-CSAFE);
-        # otherwise the four-block path. Only the lower triangle of A is kept: the upper one may overflow.
-        r_mid = _row_of(b_b, o_t, BT // 2 - 1)
-        r_end = _row_of(b_b, o_t, BT - 1)
-        fast = (tl.min(r_mid, axis=0) >= -CSAFE).to(tl.int32) * (tl.min(r_end - r_mid, axis=0) >= -CSAFE).to(tl.int32)
-        if fast > 0:
-            b_A += tl.dot(b_q * tl.exp(b_b - r_mid[None, :]), tl.trans(b_k * tl.exp(r_mid[None, :] - b_b)))
+        if FAST_ONLY:
+            done = done * _mid_ref_ok(b_b, o_t, BT, CSAFE)
+            b_A += _mid_ref_A(b_q, b_k, b_b, o_t, BT, DT, EMU, LOWP)
         else:
-            b_A += _intra_A_blocks(b_q, b_k, b_b, o_t, blk, off, i_n, T, H, K, g_base, o_k, m_k, BT, BC, BK,
-                                   SAFE, REVERSE)
+            # one reference (mid-chunk) for the whole chunk when every factor stays within exp(+-CSAFE);
+            # otherwise the four-block path. Only the lower triangle of A is kept: the upper one may
+            # overflow.
+            if _mid_ref_ok(b_b, o_t, BT, CSAFE) > 0:
+                b_A += _mid_ref_A(b_q, b_k, b_b, o_t, BT, DT, EMU, LOWP)
+            else:
+                b_A += _intra_A_blocks(b_q, b_k, b_b, o_t, blk, off, i_n, T, H, K, g_base, o_k, m_k, BT, BC, BK,
+                                       SAFE, REVERSE)
 
-    b_A = tl.where(o_t[:, None] >= o_t[None, :], b_A, 0.0)
-    if STORE_A:
-        tl.store(A + chunk * (BT * BT) + o_t[:, None] * BT + o_t[None, :], b_A)
-    m_tv = valid[:, None] & m_v[None, :]
-    p_tv = pos[:, None] * (H * V) + o_v[None, :]
-    b_v = _cast(tl.load(v + (i_b * T * H + i_h) * V + p_tv, mask=m_tv, other=0.0), DT, EMU)
-    b_o += tl.dot(_cast(b_A, DT, EMU), b_v)
-    tl.store(o + (i_b * T * H + i_h) * V + p_tv, b_o.to(o.dtype.element_ty), mask=m_tv)
+    if done > 0:
+        b_A = tl.where(o_t[:, None] >= o_t[None, :], b_A, 0.0)
+        if STORE_A:
+            tl.store(A + chunk * (BT * BT) + o_t[:, None] * BT + o_t[None, :], b_A.to(A.dtype.element_ty))
+        m_tv = valid[:, None] & m_v[None, :]
+        p_tv = pos[:, None] * (H * V) + o_v[None, :]
+        b_v = _cast(tl.load(v + (i_b * T * H + i_h) * V + p_tv, mask=m_tv, other=0.0), DT, EMU)
+        b_o += tl.dot(_cast(b_A, DT, EMU), b_v)
+        tl.store(o + (i_b * T * H + i_h) * V + p_tv, b_o.to(o.dtype.element_ty), mask=m_tv)
+    return done
+
+
+@triton.jit(do_not_specialize=["T"])
+def hgrn2_fwd_output_kernel(
+    q, v, g, h, o, A, redo,
+    T, H, NT, CAP,
+    K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    SAFE: tl.constexpr, CSAFE: tl.constexpr, REVERSE: tl.constexpr, STORE_A: tl.constexpr, EMU: tl.constexpr,
+    PREFETCH: tl.constexpr, LOWP: tl.constexpr, FAST_ONLY: tl.constexpr, REDO: tl.constexpr,
+):
+    """A and o, one chunk per program, grid (NT, BH), every path available (FAST_ONLY=False, REDO=False);
+    or in two launches over ``redo``, an int32 list ``[count, chunk ids...]`` (chunk id =
+    i_bh * NT + i_n) with room for CAP ids, whose count starts at 0:
+
+    * FAST_ONLY=True, grid (NT, BH): every chunk through path 1 alone. A chunk with channels that need
+      another path stores nothing and appends its id to ``redo``. (Compiled with the other paths,
+      this kernel takes twice the registers and runs at half the occupancy.)
+    * REDO=True, any grid (P,): the listed chunks, every path available.
+    """
+    if REDO:
+        n = tl.minimum(tl.load(redo), CAP)
+        for i in range(tl.program_id(0), n, tl.num_programs(0)):
+            p = tl.load(redo + 1 + i)
+            _output_chunk(q, v, g, h, o, A, p % NT, p // NT, T, H, NT, K, V, BT, BC, BK, BV, SAFE, CSAFE, REVERSE,
+                          STORE_A, EMU, PREFETCH, LOWP, False)
+    else:
+        i_n, i_bh = tl.program_id(0), tl.program_id(1)
+        done = _output_chunk(q, v, g, h, o, A, i_n, i_bh, T, H, NT, K, V, BT, BC, BK, BV, SAFE, CSAFE, REVERSE,
+                             STORE_A, EMU, PREFETCH, LOWP, FAST_ONLY)
+        if done == 0:
+            slot = tl.atomic_add(redo, 1)
+            tl.store(redo + 1 + slot, i_bh * NT + i_n, mask=slot < CAP)
 
 
 @triton.jit
@@ -407,7 +475,7 @@ def hgrn2_bwd_dv_kernel(
     T, H, NT,
     K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    REVERSE: tl.constexpr, EMU: tl.constexpr,
+    REVERSE: tl.constexpr, EMU: tl.constexpr, LOWP: tl.constexpr,
 ):
     """One chunk: dA = dO v^T (causal mask), then dv = A^T dO + (k * exp(B - b)) dS_{n+1}."""
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
@@ -429,7 +497,7 @@ def hgrn2_bwd_dv_kernel(
     b_do = _cast(tl.load(do + (i_b * T * H + i_h) * V + p_tv, mask=m_tv, other=0.0), DT, EMU)
     b_v = _cast(tl.load(v + (i_b * T * H + i_h) * V + p_tv, mask=m_tv, other=0.0), DT, EMU)
     b_dA = tl.dot(b_do, tl.trans(b_v))
-    tl.store(dA + chunk * (BT * BT) + o_a, tl.where(o_t[:, None] >= o_t[None, :], b_dA, 0.0))
+    tl.store(dA + chunk * (BT * BT) + o_a, tl.where(o_t[:, None] >= o_t[None, :], b_dA, 0.0).to(dA.dtype.element_ty))
 
     b_g = tl.load(g_base + pos[:, None] * (H * K) + o_k[None, :],
                   mask=valid[:, None] & m_k[None, :], other=0.0).to(tl.float32)
@@ -438,7 +506,10 @@ def hgrn2_bwd_dv_kernel(
                    mask=m_k[:, None] & m_v[None, :], other=0.0)
     b_dv = tl.dot(b_kt, b_dh)
     b_A = tl.load(A + chunk * (BT * BT) + o_a)
-    b_dv += tl.dot(tl.trans(b_A), b_do.to(tl.float32))
+    if LOWP:
+        b_dv += tl.dot(tl.trans(_cast(b_A, DT, EMU)), b_do)
+    else:
+        b_dv += tl.dot(tl.trans(b_A), b_do.to(tl.float32))
     tl.store(dv + (i_b * T * H + i_h) * V + p_tv, b_dv.to(dv.dtype.element_ty), mask=m_tv)
 
 
@@ -502,16 +573,14 @@ def _intra_grad_blocks(b_q, b_k, b_b, b_dA, dA_base, o_t, blk, off, i_n, T, H, K
     return b_dq, b_dk
 
 
-@triton.jit(do_not_specialize=["T"])
-def hgrn2_bwd_dqdg_kernel(
-    q, v, g, h, do, dh, dA, dq, dg,
-    T, H, NT,
-    K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    SAFE: tl.constexpr, CSAFE: tl.constexpr, REVERSE: tl.constexpr, EMU: tl.constexpr,
-):
-    """One chunk, BK channels: dq, dk (folded into dg, since k = 1 - exp(g)) and dg."""
-    i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+@triton.jit
+def _dqdg_slice(q, v, g, h, do, dh, dA, dq, dg, i_k, i_n, i_bh, T, H, NT,
+                K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+                BV: tl.constexpr, SAFE: tl.constexpr, CSAFE: tl.constexpr, REVERSE: tl.constexpr, EMU: tl.constexpr,
+                LOWP: tl.constexpr, FAST_ONLY: tl.constexpr):
+    """Chunk ``i_n`` of head ``i_bh``, channels ``i_k * BK ..``: dq, dk (folded into dg, since
+    k = 1 - exp(g)) and dg. FAST_ONLY: path 1 only, stored whatever the decay (the forward listed the
+    chunks that need the other paths; the REDO launch overwrites them)."""
     i_b = (i_bh // H).to(tl.int64)
     i_h = i_bh % H
     DT = dh.dtype.element_ty
@@ -555,13 +624,22 @@ def hgrn2_bwd_dqdg_kernel(
     b_q = tl.load(q_base + p_qk, mask=m_qk, other=0.0).to(tl.float32)
     b_dA = tl.load(dA_base + o_t[:, None] * BT + o_t[None, :])
     fast = (tl.min(r_mid, axis=0) >= -CSAFE).to(tl.int32) * (tl.min(b_B - r_mid, axis=0) >= -CSAFE).to(tl.int32)
+    if FAST_ONLY:
+        # path 1 even where the decay is too steep for it: the forward listed those chunks and the REDO
+        # launch overwrites them
+        fast = 1
     if fast > 0:
         b_x = tl.exp(b_b - r_mid[None, :])
         b_y = tl.exp(r_mid[None, :] - b_b)
-        b_dq += tl.dot(b_dA, b_k * b_y) * b_x
-        b_dk += tl.dot(tl.trans(b_dA), b_q * b_x) * b_y
+        if LOWP:
+            b_dAc = _cast(b_dA, DT, EMU)
+            b_dq += tl.dot(b_dAc, _cast(b_k * b_y, DT, EMU)) * b_x
+            b_dk += tl.dot(tl.trans(b_dAc), _cast(b_q * b_x, DT, EMU)) * b_y
+        else:
+            b_dq += tl.dot(b_dA, b_k * b_y) * b_x
+            b_dk += tl.dot(tl.trans(b_dA), b_q * b_x) * b_y
     else:
-        d_dq, d_dk = _intra_grad_blocks(b_q, b_k, b_b, b_dA, dA_base, o_t, blk, off, i_n, T, H, K, q_base, g_base,
+        d_dq, d_dk = _intra_grad_blocks(b_q, b_k, b_b, b_dA.to(tl.float32), dA_base, o_t, blk, off, i_n, T, H, K, q_base, g_base,
                                         o_k, m_k, BT, BC, BK, SAFE, REVERSE)
         b_dq += d_dq
         b_dk += d_dk
@@ -570,3 +648,29 @@ def hgrn2_bwd_dqdg_kernel(
     b_dg = tl.cumsum(b_db, axis=0, reverse=True) + b_dB[None, :] - tl.exp(b_g) * b_dk
     tl.store(dq + (i_b * T * H + i_h) * K + p_qk, b_dq.to(dq.dtype.element_ty), mask=m_qk)
     tl.store(dg + (i_b * T * H + i_h) * K + p_qk, b_dg.to(dg.dtype.element_ty), mask=m_qk)
+
+
+@triton.jit(do_not_specialize=["T"])
+def hgrn2_bwd_dqdg_kernel(
+    q, v, g, h, do, dh, dA, dq, dg, redo,
+    T, H, NT, CAP,
+    K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    SAFE: tl.constexpr, CSAFE: tl.constexpr, REVERSE: tl.constexpr, EMU: tl.constexpr, LOWP: tl.constexpr,
+    FAST_ONLY: tl.constexpr, REDO: tl.constexpr,
+):
+    """dq and dg, grid (K/BK, NT, BH), every path available; or, as in ``hgrn2_fwd_output_kernel``, in
+    two launches over the forward's ``redo`` list: FAST_ONLY=True, grid (K/BK, NT, BH), every chunk and
+    slice of channels through path 1 alone; REDO=True, grid (P,), every slice of the listed chunks
+    again, every path available."""
+    if REDO:
+        NK: tl.constexpr = (K + BK - 1) // BK
+        n = tl.minimum(tl.load(redo), CAP)
+        for i in range(tl.program_id(0), n, tl.num_programs(0)):
+            p = tl.load(redo + 1 + i)
+            for i_k in range(NK):
+                _dqdg_slice(q, v, g, h, do, dh, dA, dq, dg, i_k, p % NT, p // NT, T, H, NT, K, V, BT, BC, BK, BV,
+                            SAFE, CSAFE, REVERSE, EMU, LOWP, False)
+    else:
+        _dqdg_slice(q, v, g, h, do, dh, dA, dq, dg, tl.program_id(0), tl.program_id(1), tl.program_id(2), T, H,
+                    NT, K, V, BT, BC, BK, BV, SAFE, CSAFE, REVERSE, EMU, LOWP, FAST_ONLY)

@@ -14,7 +14,8 @@ materialised) and the scale is 1. Two implementations behind one signature:
 Both accumulate in fp32, read and write the input dtype (bf16, fp16 or fp32), keep states in fp32 at
 the API boundary, support an initial state, return the final state, run forwards or in reverse, and
 have full autograd (q, v, log_decay, initial_state, including gradients flowing from the final state).
-Matrix products take bf16 operands for 16-bit inputs and tf32 for fp32 inputs.
+Matrix products take bf16 operands for 16-bit inputs and tf32 for fp32 inputs (for the intra-chunk
+products: see ``INTRA_DOT``).
 """
 from __future__ import annotations
 
@@ -55,6 +56,12 @@ SAFE_LOG_DECAY = 60.0
 # 64 x 64 state tile and head) cannot fill the GPU, fused otherwise. On an H200 (bench/README.md) fused
 # was 2-4% faster at B*H = 64..128 and split 14% faster at B*H = 16, T = 16384.
 STATE_IMPL = os.environ.get("HGRN2_STATE_IMPL", "auto")
+# Operands of the intra-chunk products (A = Q K^T with the decay factorised through one mid-chunk
+# reference, and the two dA products of the backward) and storage of A / dA: "input" = the dot dtype
+# (bf16 for 16-bit inputs, as the inter-chunk products; A and dA stored in it), "fp32" = fp32 operands
+# (tf32 on the GPU) with A and dA stored in fp32. The four-block and element-by-element paths of steep
+# decays stay in fp32 either way. fp32 inputs are unaffected (their dot dtype is fp32).
+INTRA_DOT = os.environ.get("HGRN2_INTRA_DOT", "input")
 
 
 @functools.lru_cache(maxsize=None)
@@ -119,9 +126,21 @@ _OUTPUT_CONFIGS = _configs(
     ],
     triton.Config({"BK": 16, "PREFETCH": True}, num_warps=4),
 )
-# (checked offline with ptxas for sm_90: BK 64 or 4 warps spill registers in these two)
-_DQDG_CONFIGS = _configs([triton.Config({"BK": 32}, num_warps=8)], triton.Config({"BK": 16}, num_warps=4))
-_DV_CONFIGS = _configs([triton.Config({}, num_warps=8)], triton.Config({}, num_warps=4))
+# Offline sm_90 compiles (ptxas, bf16, K = V = 128, path-1-only launches): fwd_output BK 32 / 8 warps
+# 128 registers (two programs per SM), BK 64 195; dqdg BK 32 / 8 warps 152 (one per SM), capped at 128
+# (maxnreg) 28 bytes of spills (two per SM); BK 16 / 4 warps 144, capped at 128 no spills (four per SM).
+_DQDG_CONFIGS = _configs(
+    [
+        triton.Config({"BK": 32}, num_warps=8),
+        triton.Config({"BK": 32}, num_warps=8, maxnreg=128),
+        triton.Config({"BK": 16}, num_warps=4, maxnreg=128),
+        triton.Config({"BK": 16}, num_warps=4),
+    ],
+    triton.Config({"BK": 16}, num_warps=4),
+)
+_DV_CONFIGS = _configs(
+    [triton.Config({}, num_warps=8), triton.Config({}, num_warps=8, maxnreg=128)], triton.Config({}, num_warps=4)
+)
 
 
 def _prune_bk(configs, named_args, **kwargs):
@@ -156,9 +175,23 @@ _chunk_outer = _autotune(_OUTER_CONFIGS, ["K", "V", "KEYS"])(hgrn2_chunk_outer_k
 _state_scan = _autotune(_SCAN_CONFIGS, ["K", "V", "BH", "NT"])(hgrn2_state_scan_kernel)
 _fwd_states = _autotune(_STATE_CONFIGS, ["K", "V", "BH", "NT"])(hgrn2_fwd_states_kernel)
 _bwd_dstates = _autotune(_STATE_CONFIGS, ["K", "V", "BH", "NT"])(hgrn2_bwd_dstates_kernel)
-_fwd_output = _autotune_bk(_OUTPUT_CONFIGS, ["K", "V", "STORE_A"])(hgrn2_fwd_output_kernel)
+# (the redo list's count is zeroed before each benchmarked launch; after autotuning, the list holds the
+# entries of the last benchmarked launch as well as the real one's: duplicates, hence room for twice
+# the chunks, see _redo_list)
+_fwd_output = triton.autotune(configs=_OUTPUT_CONFIGS, key=["K", "V", "STORE_A", "LOWP", "FAST_ONLY"],
+                              reset_to_zero=["redo"],
+                              prune_configs_by={"early_config_prune": _prune_bk})(hgrn2_fwd_output_kernel)
 _bwd_dv = _autotune(_DV_CONFIGS, ["K", "V"])(hgrn2_bwd_dv_kernel)
-_bwd_dqdg = _autotune_bk(_DQDG_CONFIGS, ["K", "V"])(hgrn2_bwd_dqdg_kernel)
+_bwd_dqdg = _autotune_bk(_DQDG_CONFIGS, ["K", "V", "LOWP", "FAST_ONLY"])(hgrn2_bwd_dqdg_kernel)
+# The REDO launches (chunks whose decay is too steep for the one-reference path: rare) are not
+# autotuned: one config each, sized to fit without spilling (offline sm_90 compiles).
+_REDO_CONFIG = {"BK": 16, "num_warps": 4} if _INTERPRET else {"BK": 32, "num_warps": 8, "num_stages": 1}
+# The two-launch scheme (path 1 alone, then the listed chunks; see hgrn2_fwd_output_kernel) is used
+# when K and V are at least this; smaller heads take one launch with every path. At head dims 16 and
+# 32 the path-1-only output kernel read shared memory out of bounds on an H200 (triton 3.6, under
+# compute-sanitizer; garbage outputs, then illegal-address errors), at 64 and 128 it ran clean. Tests
+# set it to 0 to exercise the two launches on small shapes in the interpreter.
+SPLIT_MIN_HEAD = 64
 # (autotuned kernel, its full config space), for tests that pin each config in turn
 AUTOTUNED = [
     (kernel, _FULL_SPACES[id(space)]) for kernel, space in (
@@ -166,6 +199,12 @@ AUTOTUNED = [
         (_bwd_dstates, _STATE_CONFIGS), (_fwd_output, _OUTPUT_CONFIGS), (_bwd_dv, _DV_CONFIGS),
         (_bwd_dqdg, _DQDG_CONFIGS))
 ]
+
+
+def _intra_lowp() -> bool:
+    if INTRA_DOT not in ("input", "fp32"):
+        raise ValueError(f"hgrn2_triton.INTRA_DOT = {INTRA_DOT!r}: expected 'input' or 'fp32' (HGRN2_INTRA_DOT)")
+    return INTRA_DOT == "input"
 
 
 def _dot_dtype(dtype: torch.dtype) -> Tuple[torch.dtype, bool]:
@@ -233,7 +272,7 @@ def _split_states(x, g, y, s0, reverse, backward, dt, emu, store_sT):
     return h, sT
 
 
-def _chunk_fwd(q, v, g, h0, reverse, store_a):
+def _chunk_fwd(q, v, g, h0, reverse, store_a, lowp):
     B, T, H, K = q.shape
     V = v.shape[-1]
     BH, NT = B * H, triton.cdiv(T, CHUNK)
@@ -248,15 +287,35 @@ def _chunk_fwd(q, v, g, h0, reverse, store_a):
             REVERSE=reverse, HAS_H0=h0 is not None, STORE_HT=True, EMU=emu,
         )
     o = torch.empty_like(v)
-    A = q.new_empty(BH, NT, CHUNK, CHUNK, dtype=torch.float32) if store_a else None
-    _fwd_output[(NT, BH)](
-        q, v, g, h, o, A, T, H, NT, K=K, V=V, BT=CHUNK, BC=BLOCK, BV=_pad(V),
-        SAFE=SAFE_LOG_DECAY, CSAFE=CHUNK_SAFE_LOG_DECAY, REVERSE=reverse, STORE_A=store_a, EMU=emu,
-    )
-    return o, ht, h, A
+    A = q.new_empty(BH, NT, CHUNK, CHUNK, dtype=dt if lowp else torch.float32) if store_a else None
+    split = min(K, V) >= SPLIT_MIN_HEAD
+    redo, cap = _redo_list(q, BH * NT if split else 0)
+    kw = dict(K=K, V=V, BT=CHUNK, BC=BLOCK, BV=_pad(V), SAFE=SAFE_LOG_DECAY, CSAFE=CHUNK_SAFE_LOG_DECAY,
+              REVERSE=reverse, STORE_A=store_a, EMU=emu, LOWP=lowp)
+    _fwd_output[(NT, BH)](q, v, g, h, o, A, redo, T, H, NT, cap, **kw, FAST_ONLY=split, REDO=False)
+    if split:
+        hgrn2_fwd_output_kernel[(_redo_programs(q, BH * NT),)](
+            q, v, g, h, o, A, redo, T, H, NT, cap, **kw, FAST_ONLY=False, REDO=True, PREFETCH=False,
+            **_REDO_CONFIG)
+    # (the backward takes the same scheme: redo is None for one launch)
+    return o, ht, h, A, (redo if split else None)
 
 
-def _chunk_bwd(q, v, g, h0, h, A, do, dht, reverse, need_dh0):
+def _redo_list(x: Tensor, chunks: int) -> Tuple[Tensor, int]:
+    """The list of chunks for the REDO launches: int32 ``[count, ids...]``, count 0, room for
+    ``2 * chunks`` ids (see the autotune note above)."""
+    cap = 2 * chunks
+    if cap + 1 >= 2**31:
+        raise ValueError(f"{chunks} chunks of {CHUNK} steps (batch * heads * chunks) exceed the kernels' int32 chunk ids")
+    return torch.zeros(cap + 1, dtype=torch.int32, device=x.device), cap
+
+
+def _redo_programs(x: Tensor, chunks: int) -> int:
+    """Programs of a REDO launch: each one reads the count and takes every P-th listed chunk."""
+    return min(chunks, 2 if not x.is_cuda else _sm_count(x.device.index or 0))
+
+
+def _chunk_bwd(q, v, g, h0, h, A, redo, do, dht, reverse, need_dh0, lowp):
     B, T, H, K = q.shape
     V = v.shape[-1]
     BH, NT = B * H, triton.cdiv(T, CHUNK)
@@ -271,37 +330,47 @@ def _chunk_bwd(q, v, g, h0, h, A, do, dht, reverse, need_dh0):
             REVERSE=reverse, HAS_DHT=dht is not None, STORE_DH0=need_dh0, EMU=emu,
         )
     dv = torch.empty_like(v)
-    dA = q.new_empty(BH, NT, CHUNK, CHUNK, dtype=torch.float32)
+    dA = q.new_empty(BH, NT, CHUNK, CHUNK, dtype=A.dtype)
     _bwd_dv[(NT, BH)](
         v, g, do, dh, A, dv, dA, T, H, NT, K=K, V=V, BT=CHUNK, BK=_pad(K), BV=_pad(V), REVERSE=reverse, EMU=emu,
+        LOWP=lowp,
     )
     dq = torch.empty_like(q)
     dg = torch.empty_like(g)
+    split = redo is not None
+    if not split:
+        redo, cap = _redo_list(q, 0)
+    cap = redo.numel() - 1
+    kw = dict(K=K, V=V, BT=CHUNK, BC=BLOCK, BV=_pad(V), SAFE=SAFE_LOG_DECAY, CSAFE=CHUNK_SAFE_LOG_DECAY,
+              REVERSE=reverse, EMU=emu, LOWP=lowp)
     _bwd_dqdg[lambda m: (triton.cdiv(K, m["BK"]), NT, BH)](
-        q, v, g, h, do, dh, dA, dq, dg, T, H, NT, K=K, V=V, BT=CHUNK, BC=BLOCK, BV=_pad(V),
-        SAFE=SAFE_LOG_DECAY, CSAFE=CHUNK_SAFE_LOG_DECAY, REVERSE=reverse, EMU=emu,
-    )
+        q, v, g, h, do, dh, dA, dq, dg, redo, T, H, NT, cap, **kw, FAST_ONLY=split, REDO=False)
+    if split:
+        hgrn2_bwd_dqdg_kernel[(_redo_programs(q, BH * NT),)](
+            q, v, g, h, do, dh, dA, dq, dg, redo, T, H, NT, cap, **kw, FAST_ONLY=False, REDO=True, **_REDO_CONFIG)
     return dq, dv, dg, dh0
 
 
 class _ChunkFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, v, g, h0, reverse):
-        o, ht, h, A = _chunk_fwd(q, v, g, h0, reverse, store_a=True)
-        ctx.save_for_backward(q, v, g, h0, h, A)
+        lowp = _intra_lowp()
+        o, ht, h, A, redo = _chunk_fwd(q, v, g, h0, reverse, store_a=True, lowp=lowp)
+        ctx.save_for_backward(q, v, g, h0, h, A, redo)  # (redo may be None: one-launch scheme)
         ctx.reverse = reverse
+        ctx.lowp = lowp  # the backward uses the forward's intra-chunk precision (A's dtype follows it)
         ctx.set_materialize_grads(False)
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, v, g, h0, h, A = ctx.saved_tensors
+        q, v, g, h0, h, A, redo = ctx.saved_tensors
         if do is None:
             do = torch.zeros_like(v)
         do = do.contiguous()
         dht = None if dht is None else dht.contiguous()
         need_dh0 = h0 is not None and ctx.needs_input_grad[3]
-        dq, dv, dg, dh0 = _chunk_bwd(q, v, g, h0, h, A, do, dht, ctx.reverse, need_dh0)
+        dq, dv, dg, dh0 = _chunk_bwd(q, v, g, h0, h, A, redo, do, dht, ctx.reverse, need_dh0, ctx.lowp)
         return dq, dv, dg, dh0, None
 
 
@@ -406,7 +475,7 @@ def hgrn2_fused(
         return _rec_fwd(q, v, log_decay, h0, reverse)
     if needs_grad:
         return _ChunkFunction.apply(q, v, log_decay, h0, reverse)
-    o, ht, _, _ = _chunk_fwd(q, v, log_decay, h0, reverse, store_a=False)
+    o, ht, _, _, _ = _chunk_fwd(q, v, log_decay, h0, reverse, store_a=False, lowp=_intra_lowp())
     return o, ht
 
 

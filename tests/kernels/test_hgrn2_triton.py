@@ -327,16 +327,45 @@ def test_intra_chunk_A_every_config(path, decay_scale, bk, warps):
     h = torch.zeros(B * H, NT, K, V, device=q.device)
     o = torch.empty_like(v)
     A = torch.full((B * H, NT, BT, BT), float("nan"), device=q.device)
-    hgrn2_fwd_output_kernel[(NT, B * H)](
-        q, v, g, h, o, A, T, H, NT, K=K, V=V, BT=BT, BC=hgrn2_triton.BLOCK, BK=bk, BV=16,
-        SAFE=safe, CSAFE=csafe, REVERSE=False, STORE_A=True, EMU=False, PREFETCH=False, num_warps=warps,
-    )
+    redo, cap = hgrn2_triton._redo_list(q, B * H * NT)
+    kw = dict(K=K, V=V, BT=BT, BC=hgrn2_triton.BLOCK, BK=bk, BV=16, SAFE=safe, CSAFE=csafe, REVERSE=False,
+              STORE_A=True, EMU=False, PREFETCH=False, LOWP=False, num_warps=warps)
+    hgrn2_fwd_output_kernel[(NT, B * H)](q, v, g, h, o, A, redo, T, H, NT, cap, **kw, FAST_ONLY=True, REDO=False)
+    listed = int(redo[0])
+    # path 1 takes every chunk here, or none (steep decays in every chunk), or some ("mixed")
+    expected = {"fast": (0, 0), "blocks": (NT * B * H, NT * B * H), "elementwise": (NT * B * H, NT * B * H),
+                "mixed": (1, NT * B * H - 1)}[path]
+    assert expected[0] <= listed <= expected[1], (path, listed)
+    assert sorted(redo[1:listed + 1].tolist()) == sorted(set(redo[1:listed + 1].tolist()))
+    hgrn2_fwd_output_kernel[(2,)](q, v, g, h, o, A, redo, T, H, NT, cap, **kw, FAST_ONLY=False, REDO=True)
     A_ref = _intra_chunk_A_reference(q, g, BT)
     assert rel(A, A_ref) < FP32_TOL
     # with the state set to 0, o is A v inside each chunk
     vp = F.pad(v.double().cpu(), (0, 0, 0, 0, 0, NT * BT - T)).view(B, NT, BT, H, V).permute(0, 3, 1, 2, 4)
     o_ref = (A_ref.view(B, H, NT, BT, BT) @ vp).permute(0, 2, 3, 1, 4).reshape(B, NT * BT, H, V)[:, :T]
     assert rel(o, o_ref) < FP32_TOL
+
+
+@pytest.mark.parametrize("split_min_head", [0, 1000])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_split_and_single_launch(monkeypatch, split_min_head, reverse):
+    """Both launch schemes of the output and dq/dg kernels (SPLIT_MIN_HEAD 0: path 1 alone, then the
+    listed chunks again with every path; 1000: one launch, every path), on decays steep enough that
+    some chunks need the other paths and some do not, with bf16 intra-chunk products (the default) and
+    with fp32 ones."""
+    monkeypatch.setattr(hgrn2_triton, "SPLIT_MIN_HEAD", split_min_head)
+    for intra, dtype in (("input", torch.bfloat16), ("fp32", torch.float32)):
+        monkeypatch.setattr(hgrn2_triton, "INTRA_DOT", intra)
+        q, v, g, s0 = make_inputs(1, 200, 2, 16, 16, dtype, decay_scale=3.0, seed=41)
+        tol = BF16_TOL if dtype == torch.bfloat16 else FP32_TOL
+        check_against_reference(q, v, g, s0, reverse, "chunk", tol, 1e-2 if dtype == torch.bfloat16 else tol)
+
+
+def test_bad_intra_dot_setting(monkeypatch):
+    monkeypatch.setattr(hgrn2_triton, "INTRA_DOT", "tf32")
+    q, v, g, s0 = make_inputs(1, 70, 1, 16, 16, torch.float32, seed=42)
+    with pytest.raises(ValueError, match="INTRA_DOT"):
+        hgrn2_triton.hgrn2_fused(q, v, g, s0, impl="chunk")
 
 
 @contextlib.contextmanager
