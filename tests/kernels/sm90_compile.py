@@ -1,0 +1,144 @@
+"""Compile the Triton kernels for sm_90 (H100 / H200) without a GPU, one specialisation per line.
+
+The CPU tests run the kernels through the Triton interpreter, which executes the Python code and does
+not type-check it the way the compiler does: a loop-carried variable whose shape changes inside the
+loop, for one, runs in the interpreter and only fails to compile on the GPU (it happened: see
+test_sm90_compile.py). This script compiles a list of constexpr combinations of every kernel through
+Triton's real compiler (front end to PTX and ptxas) for an sm_90 target, which needs no GPU.
+
+Run it without TRITON_INTERPRET (the interpreter replaces ``triton.jit`` functions):
+``python -m tests.kernels.sm90_compile`` prints ``OK name`` or ``FAIL name: error`` per line and exits 1
+if any failed.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+
+# runtime scalars of the kernels (int32) per module (names differ: H is a pointer in the HGRU kernels
+# and the head count in the HGRN2 ones), float scalars, and the pointers that are not bf16
+_INTS = {
+    "hgru_triton": {"sxb", "sxt", "sab", "sat", "s0b", "s0d", "s0c", "sgb", "sgt", "stb", "std", "stc", "B", "T", "D",
+                    "NC", "CL", "bd_rt"},
+    "hgrn2": {"T", "H", "NT", "BH", "CAP"},
+}
+_FLOATS = {"gamma_val"}
+_PTR_TYPES = {"LBUF": "*i64", "STATE": "*i32", "redo": "*i32"}
+_FP32_PTRS = {"AGG_M", "AGG_S", "THETA", "GAMMA", "DTHETA_P", "DGAMMA_P", "ht", "h0", "dht", "dh0", "D", "LB",
+              "s0", "sT"}
+
+
+def _grid(**axes):
+    """Every combination of the given constexpr values, as dicts."""
+    names = list(axes)
+    return [dict(zip(names, values)) for values in itertools.product(*(axes[n] for n in names))]
+
+
+def specialisations():
+    """(label, kernel, constexprs, num_warps) for every kernel (A and dA are bf16 pointers with LOWP, else fp32): its flags both ways, in a few
+    combinations each (not the full product), at block sizes the GPU configurations use."""
+    from hgrn_fairseq.kernels import hgrn2_chunk_kernels as c2
+    from hgrn_fairseq.kernels import hgrn2_recurrent_kernels as r2
+    from hgrn_fairseq.kernels import hgrn2_state_kernels as s2
+    from hgrn_fairseq.kernels import hgru_triton as h1
+
+    out = []
+    common = dict(sxt=1024, sat=1024, sgt=1024, DW=1024, GAMMA_MODE=2, PRECISE=True, BT=16, BD=32, NCP=8, LBW=1,
+                  VEC=1, STAGES=2)
+    # (complex, fused, reverse, flags): each value of each with each of the others at least once
+    combos = [(False, False, False, False), (False, False, True, True), (False, True, False, True),
+              (False, True, True, False), (True, False, False, True), (True, True, False, False),
+              (True, True, True, True)]
+    for cplx, fused, rev, flags in combos:
+        base = dict(common, COMPLEX=cplx, FUSED=fused, REVERSE=rev, HAS_H0=flags, HAS_DH=flags, HAS_DHT=flags,
+                    NEED_DGAMMA=fused and flags, NEED_DTHETA=cplx and flags, NEED_DH0=flags,
+                    NEED_A_T=fused or cplx, PREFETCH=flags, FOLD=not flags, AGG_REV=flags, PUBLISH_INC=flags,
+                    GAMMA_MODE=2 if flags else 0)
+        tag = f"complex={cplx} fused={fused} reverse={rev} flags={flags}"
+        for mode in (1, 2):
+            out.append((f"hgru fwd mode {mode} {tag}", h1._hgru_fwd_kernel, dict(base, MODE=mode), 1))
+            out.append((f"hgru bwd mode {mode} {tag}", h1._hgru_bwd_kernel, dict(base, MODE=mode), 1))
+        out.append((f"hgru fwd look-back {tag}", h1._hgru_fwd_lb_kernel, base, 1))
+        out.append((f"hgru bwd look-back {tag}", h1._hgru_bwd_lb_kernel, base, 1))
+        out.append((f"hgru fwd chunklb {tag}", h1._hgru_fwd_lbc_kernel, dict(base, BD=64, VEC=2 if flags else 1), 2))
+        if not cplx:
+            out.append((f"hgru stream fwd {tag}", h1._hgru_stream_fwd_kernel, dict(base, BD=64), 4))
+            out.append((f"hgru stream bwd {tag}", h1._hgru_stream_bwd_kernel, dict(base, BD=64), 4))
+
+    h2 = dict(K=128, V=128, BT=64, BC=16, BV=128, SAFE=60.0, CSAFE=60.0, EMU=False)
+    for rev, flags in ((False, True), (True, False)):
+        tag = f"reverse={rev} flags={flags}"
+        for bk, warps in ((64, 4), (32, 4)):
+            st = dict(h2, BK=bk, REVERSE=rev, PREFETCH=flags, HAS_H0=flags, STORE_HT=flags, HAS_DHT=flags,
+                      STORE_DH0=flags)
+            out.append((f"hgrn2 fwd_states BK={bk} {tag}", c2.hgrn2_fwd_states_kernel, dict(st, BV=64), warps))
+            out.append((f"hgrn2 bwd_dstates BK={bk} {tag}", c2.hgrn2_bwd_dstates_kernel, dict(st, BV=64), warps))
+        for lowp, (fast, redo) in itertools.product((False, True), ((False, False), (True, False), (False, True))):
+            t = f"{tag} LOWP={lowp} FAST_ONLY={fast} REDO={redo}"
+            out.append((f"hgrn2 fwd_output {t}", c2.hgrn2_fwd_output_kernel,
+                        dict(h2, BK=32, REVERSE=rev, STORE_A=flags, PREFETCH=flags and not redo, LOWP=lowp,
+                             FAST_ONLY=fast, REDO=redo), 8))
+            out.append((f"hgrn2 bwd_dqdg {t}", c2.hgrn2_bwd_dqdg_kernel,
+                        dict(h2, BK=32, REVERSE=rev, LOWP=lowp, FAST_ONLY=fast, REDO=redo), 8))
+        out.append((f"hgrn2 bwd_dv {tag}", c2.hgrn2_bwd_dv_kernel, dict(h2, BK=128, REVERSE=rev, LOWP=flags), 8))
+        out.append((f"hgrn2 chunk_outer {tag}", s2.hgrn2_chunk_outer_kernel,
+                    dict(h2, BK=64, BV=64, REVERSE=rev, KEYS=flags, DOT_BF16=flags), 4))
+        out.append((f"hgrn2 state_scan {tag}", s2.hgrn2_state_scan_kernel,
+                    dict(h2, BK=64, BV=64, BACKWARD=flags, HAS_S0=flags, STORE_ST=flags), 4))
+        rec = dict(K=128, V=128, BK=128, BV=32, REVERSE=rev, HAS_H0=flags, HAS_DHT=flags, STORE_DH0=flags)
+        out.append((f"hgrn2 rec_fwd {tag}", r2.hgrn2_rec_fwd_kernel, rec, 4))
+        out.append((f"hgrn2 rec_dq {tag}", r2.hgrn2_rec_dq_kernel, dict(rec, BK=32, BV=128), 4))
+        out.append((f"hgrn2 rec_bwd {tag}", r2.hgrn2_rec_bwd_kernel, dict(rec, BV=128), 8))
+    return out
+
+
+def compile_sm90(fn, constexprs, num_warps):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    module = fn.fn.__module__.rsplit(".", 1)[-1]
+    ints = _INTS["hgru_triton" if module == "hgru_triton" else "hgrn2"]
+    fp32 = _FP32_PTRS | ({"A", "dA"} if not constexprs.get("LOWP", True) else set())
+    signature, constants = {}, {}
+    for p in fn.params:
+        name = p.name
+        if p.is_constexpr:
+            signature[name] = "constexpr"
+            constants[(fn.arg_names.index(name),)] = constexprs[name]
+        elif name in ints:
+            signature[name] = "i32"
+        elif name in _FLOATS:
+            signature[name] = "fp32"
+        else:
+            signature[name] = _PTR_TYPES.get(name, "*fp32" if name in fp32 else "*bf16")
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t.startswith("*")}
+    return triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=num_warps))
+
+
+def main() -> int:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("FAIL setup: TRITON_INTERPRET=1 is set; run without it")
+        return 1
+    failed = 0
+    specs = specialisations()
+    for label, fn, constexprs, warps in specs:
+        try:
+            compile_sm90(fn, constexprs, warps)
+            print(f"OK {label}", flush=True)
+        except Exception as e:  # noqa: BLE001 - every failure is reported, with its message
+            failed += 1
+            root = e
+            while root.__cause__ is not None:  # the innermost error says what is wrong
+                root = root.__cause__
+            where = " | ".join(str(e).strip().splitlines()[-3:])[-300:]
+            print(f"FAIL {label}: {type(root).__name__}: {str(root).strip()[-400:]} (at: {where})".replace("\n", " | "),
+                  flush=True)
+    print(f"compiled {len(specs) - failed} of {len(specs)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
