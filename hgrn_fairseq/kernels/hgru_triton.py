@@ -1524,12 +1524,20 @@ TWOPASS_PROGRAMS_PER_SM = {False: 16, True: 8}
 # 0.1172. The complex and fused forwards were not faster this way
 # (bench/results/bench_scan_sweep_h200_2026-11-21_s8.md).
 CHUNKLB_PROGRAMS_PER_SM = {False: 64, True: 48}
+CHUNKLB_VEC = 2
 # Channels and warps per "chunklb" program (each thread still owns one channel). Same sweep, 64 programs
 # per SM: 64 channels / 2 warps 0.0486 / 0.0510 / 0.0897 / 0.0951 ms against 0.0530 / 0.0535 / 0.1043 /
 # 0.1053 with 32 / 1 (and 0.0533 / 0.0534 / 0.0999 / 0.1008 with 32 / 1 at 96 programs per SM).
-CHUNKLB_BLOCK = (64, 2)
-# tuning['vec'] (1 by default; not measured on a GPU yet): chunklb programs of the real forward read and
-# write VEC channels per access (VEC in _load_pair / _store_pair) where _vec_width allows. With VEC = 2
+# With two channels per access (CHUNKLB_VEC below) one warp per 64 channels keeps the time scan in
+# registers.
+CHUNKLB_BLOCK = (64, 1)
+# tuning['vec'] (default CHUNKLB_VEC): chunklb programs of the real forward read and write VEC channels
+# per access (VEC in _load_pair / _store_pair) where _vec_width allows (else one). H200, 2026-11-21,
+# graphed bench_scan.py --sweep (bench/results/bench_scan_sweep_h200_2026-11-21_s9.md), real forward at
+# (8, 2048, 1024) / (8, 4096, 1024) / (1, 8192, 2048) / (2, 16384, 1024): VEC 1 with 64 channels / 2
+# warps 0.0489 / 0.0880 / 0.0510 / 0.0945 ms; VEC 2 with 64 / 1: 0.0448 / 0.0808 / 0.0487 / 0.0891
+# (taken); VEC 2 with 128 / 2: 0.0454 / 0.0806 / 0.0490 / 0.0884; VEC 4 with 64 / 1: 0.0504 / 0.0907 /
+# 0.0539 / 0.0962; VEC 8 with 64 / 1: 0.0739 / 0.1361 / 0.0778 / 0.1420. With VEC = 2
 # each thread owns two channels and the time scan stays in registers; offline sm_90 compiles: 64 channels
 # / 1 warp take 153 registers and no shared memory, 128 / 2 warps 148, while 64 / 2 warps split the tile's
 # rows over the warps (the scan then goes through shared memory): give it 32 * VEC channels per warp.
@@ -1623,7 +1631,7 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
                          "(predecessors read per look-back round trip)")
     agg_rev = cfg.get("agg_reverse")
     agg_rev = not fused if agg_rev is None else agg_rev
-    vec = int(cfg.get("vec") or 1) if mode == "chunklb" and not is_complex else 1
+    vec = int(cfg.get("vec") or CHUNKLB_VEC) if mode == "chunklb" and not is_complex else 1
     if vec < 1 or vec & (vec - 1) or vec > 8:
         raise ValueError(f"tuning['vec']={cfg.get('vec')!r} is not 1, 2, 4 or 8 (channels per load/store)")
     return dict(mode=mode, BT=bt, BD=bd, num_warps=num_warps, NC=nc, CL=cl, PREFETCH=bool(prefetch),

@@ -361,6 +361,8 @@ def test_twopass_chunks_plan():
     # the plain real forward: the chunks in one launch, CHUNKLB_PROGRAMS_PER_SM, not capped at 32 chunks
     plan = K._plan(B, T, D, False, dev, False, False)
     assert plan["mode"] == "chunklb" and (plan["BD"], plan["num_warps"]) == K.CHUNKLB_BLOCK
+    assert plan["VEC"] == K.CHUNKLB_VEC == 2  # two channels per access by default (rows permitting)
+    assert K._plan(B, T, D, True, dev, False, False)["VEC"] == 1  # complex: one
     cols = D // K.CHUNKLB_BLOCK[0]
     want = min(-(-K.CHUNKLB_PROGRAMS_PER_SM[False] * sms // cols), 1024)
     cl = -(-(-(-T // want)) // plan["BT"]) * plan["BT"]  # whole tiles per chunk
