@@ -29,7 +29,7 @@
 # The tests stage's defaults (12 processes, 240 s) no longer cover tests/kernels: on an H200
 # (2026-11-21) tests/kernels/test_hgrn2_triton.py alone got through 33 of its 82 tests in 140 s with 16
 # processes (compilation); give it about 300 s with TEST_PROCS=16, or run the HGRU files through
-# bench/gpu_scan_run.sh (about 50 s).
+# bench/gpu_scan_run.sh (about 50 s) and a core subset of the HGRN2 ones through bench/gpu_hgrn2_run.sh.
 #
 # mqar stage (scripts/run_mqar.sh documents each; defaults in brackets): MQAR_SETTINGS [256:16,512:64]
 # MQAR_DIMS [64,128,256,512] MQAR_LRS [1e-3,3e-3] MQAR_TRAIN_SIZE [20000] MQAR_EPOCHS [4]
