@@ -212,14 +212,17 @@ def markdown(rec):
             f"{fmt(cb)} | {fmt(rb)} | {fmt(sb)} | {speed} | {vs_sdpa} |"
         )
     lines += ["", "Our chunk-state pass (the table above uses STATE_IMPL='auto'): split (chunk-parallel products, "
-              "then a multiply-add scan) against fused (one sequential kernel with the products inside its loop), ms:",
-              "", "| B, T, H, K | split fwd | fused fwd | split fwd+bwd | fused fwd+bwd |", "|---|---|---|---|---|"]
+              "then a multiply-add scan), fused (one sequential kernel with the products inside its loop) and pre "
+              "(the products' decay-dependent operands chunk-parallel, then a sequential kernel with the products), ms:",
+              "", "| B, T, H, K | split fwd | fused fwd | pre fwd | split fwd+bwd | fused fwd+bwd | pre fwd+bwd |",
+              "|---|---|---|---|---|---|---|"]
     for shape in SHAPES:
         s = "x".join(map(str, shape))
         get = lambda impl, mode: find(rec.rows, shape=s, impl=impl, mode=mode)  # noqa: E731
         lines.append(f"| {', '.join(map(str, shape))} | {fmt(get('ours_split_states', 'fwd'))} | "
-                     f"{fmt(get('ours_fused_states', 'fwd'))} | {fmt(get('ours_split_states', 'fwd+bwd'))} | "
-                     f"{fmt(get('ours_fused_states', 'fwd+bwd'))} |")
+                     f"{fmt(get('ours_fused_states', 'fwd'))} | {fmt(get('ours_pre_states', 'fwd'))} | "
+                     f"{fmt(get('ours_split_states', 'fwd+bwd'))} | {fmt(get('ours_fused_states', 'fwd+bwd'))} | "
+                     f"{fmt(get('ours_pre_states', 'fwd+bwd'))} |")
     lines += ["", "Operands of the intra-chunk products (A and the two dA products) and the storage of A and dA "
               "(INTRA_DOT; the first table uses 'input', i.e. bf16 here), ms:", "",
               "| B, T, H, K | bf16 fwd | fp32 (tf32) fwd | bf16 fwd+bwd | fp32 (tf32) fwd+bwd |", "|---|---|---|---|---|"]
@@ -272,6 +275,7 @@ def bench_shapes(rec, peers):
             ("ours_fused_states", lambda bwd: with_state_impl("fused", ours(q, v, g, do, bwd))),
             ("ours_intra_fp32", lambda bwd: with_settings(ours(q, v, g, do, bwd), STATE_IMPL="auto",
                                                           INTRA_DOT="fp32")),
+            ("ours_pre_states", lambda bwd: with_state_impl("pre", ours(q, v, g, do, bwd))),
         ]
         if peers and chunk_gla is not None:
             candidates += [

@@ -6,9 +6,10 @@
 # (Triton autotune caches from earlier calls) are used when present, and the HGRN2 one comes back as
 # $OUT/hgrn2_autotune.tgz. The whole HGRN2 test file (about 100 tests) does not fit in one call: on an
 # H200 (2026-11-21) 12 processes got through 41 in 200 s, nearly all of it Triton compilation. The
-# default subset (HGRN2_TESTS) is 37 tests: every launch scheme and intra-chunk path, the LM's head
-# size, other head sizes, and the autotune configs added in session 9; HGRN2_TESTS=all runs the file.
-# Time limits: TESTS_S (220), LIMIT (580, the whole script).
+# default subset (HGRN2_TESTS) is 45 tests: every launch scheme and intra-chunk path, the LM's head
+# size, other head sizes, the autotune configs added in session 9 and the "pre" state passes;
+# HGRN2_TESTS=all runs the file.
+# Time limits: TESTS_S (250), LIMIT (580, the whole script).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . bench/split_pytest.sh
@@ -23,13 +24,14 @@ export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 TRITON_CA
 mkdir -p /tmp/tc
 for f in .whl/fla_autotune.tgz .whl/hgrn2_autotune.tgz; do [ -f "$f" ] && tar xzf "$f" -C /tmp/tc; done
 CORE="lm_head_size or other_head_sizes or split_and_single or steep_decay or intra_chunk_paths \
-or matches_reference or (every_autotune_config and shape2 and (split-1 or fused-2))"
+or matches_reference or (every_autotune_config and shape2 and (split-1 or fused-2)) \
+or (precomputed_state_pass and dtype1)"
 SEL=()
 [ "${HGRN2_TESTS:-core}" = all ] || SEL=(-k "$CORE")
 L=$OUT/log
 : > "$L"
 (python3 bench/bench_hgrn2.py --warm-peers-only > "$OUT/warm.log" 2>&1; echo "warm rc=$? at $(el)s" >> "$OUT/warm.log") &
-C=$(HGRN2_AUTOTUNE=0 split_pytest h2ids "${TEST_PROCS:-12}" "${TESTS_S:-220}" "$OUT/gpu_tests.log" \
+C=$(HGRN2_AUTOTUNE=0 split_pytest h2ids "${TEST_PROCS:-12}" "${TESTS_S:-250}" "$OUT/gpu_tests.log" \
   tests/kernels/test_hgrn2_triton.py tests/modules/test_hgru2.py "${SEL[@]}")
 echo "tests done at $(el)s: $C" >> "$L"
 grep -h "passed\|failed\|FAILED\|== " "$OUT/gpu_tests.log" | tail -40 >> "$L"

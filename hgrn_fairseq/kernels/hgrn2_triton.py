@@ -34,7 +34,12 @@ from .hgrn2_chunk_kernels import (
     hgrn2_fwd_states_kernel,
 )
 from .hgrn2_recurrent_kernels import hgrn2_rec_bwd_kernel, hgrn2_rec_dq_kernel, hgrn2_rec_fwd_kernel
-from .hgrn2_state_kernels import hgrn2_chunk_outer_kernel, hgrn2_state_scan_kernel
+from .hgrn2_state_kernels import (
+    hgrn2_chunk_decay_kernel,
+    hgrn2_chunk_outer_kernel,
+    hgrn2_state_pass_kernel,
+    hgrn2_state_scan_kernel,
+)
 
 Tensor = torch.Tensor
 
@@ -54,8 +59,12 @@ SAFE_LOG_DECAY = 60.0
 # scan that only multiplies and adds (hgrn2_state_kernels); "fused" = one sequential kernel doing the
 # products inside its loop over chunks; "auto" = split when the fused kernel's programs (one per
 # 64 x 64 state tile and head) cannot fill the GPU, fused otherwise. On an H200 (bench/README.md) fused
-# was 2-4% faster at B*H = 64..128 and split 14% faster at B*H = 16, T = 16384.
+# was 2-4% faster at B*H = 64..128 and split 14% faster at B*H = 16, T = 16384. "pre" = the decay-
+# dependent operands of the products computed chunk-parallel first, then a sequential kernel with the
+# products but no cumulative sums or exponentials (hgrn2_state_kernels; not measured on a GPU yet, so
+# "auto" does not pick it).
 STATE_IMPL = os.environ.get("HGRN2_STATE_IMPL", "auto")
+_STATE_IMPLS = ("auto", "split", "fused", "pre")
 # Operands of the intra-chunk products (A = Q K^T with the decay factorised through one mid-chunk
 # reference, and the two dA products of the backward) and storage of A / dA: "input" = the dot dtype
 # (bf16 for 16-bit inputs, as the inter-chunk products; A and dA stored in it), "fp32" = fp32 operands
@@ -69,12 +78,15 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _split_states_wanted(x: Tensor, B: int, H: int, K: int, V: int) -> bool:
+def _state_impl(x: Tensor, B: int, H: int, K: int, V: int) -> str:
+    """How the chunk states are computed: "split", "fused" or "pre" (see STATE_IMPL)."""
+    if STATE_IMPL not in _STATE_IMPLS:
+        raise ValueError(f"hgrn2_triton.STATE_IMPL = {STATE_IMPL!r}: expected one of {_STATE_IMPLS} (HGRN2_STATE_IMPL)")
     if STATE_IMPL != "auto":
-        return STATE_IMPL == "split"
+        return STATE_IMPL
     if not x.is_cuda:
-        return True
-    return B * H * triton.cdiv(K, 64) * triton.cdiv(V, 64) < _sm_count(x.device.index or 0)
+        return "split"
+    return "split" if B * H * triton.cdiv(K, 64) * triton.cdiv(V, 64) < _sm_count(x.device.index or 0) else "fused"
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # HGRN2_AUTOTUNE=0 takes the first config of each space (fewer compilations, e.g. for GPU test runs)
@@ -171,6 +183,15 @@ _SCAN_CONFIGS = _configs(
     triton.Config({"BK": 16, "BV": 16}, num_warps=4, num_stages=1),
 )
 
+# "pre": the chunk-parallel operand pass and the sequential product pass (the latter with the state
+# passes' space)
+_DECAY_CONFIGS = _configs(
+    [triton.Config({"BK": 64}, num_warps=4), triton.Config({"BK": 32}, num_warps=2),
+     triton.Config({"BK": 128}, num_warps=8)],
+    triton.Config({"BK": 16}, num_warps=4),
+)
+_chunk_decay = _autotune_bk(_DECAY_CONFIGS, ["K", "KEYS"])(hgrn2_chunk_decay_kernel)
+_state_pass = _autotune(_STATE_CONFIGS, ["K", "V", "BH", "NT", "BACKWARD"])(hgrn2_state_pass_kernel)
 _chunk_outer = _autotune(_OUTER_CONFIGS, ["K", "V", "KEYS"])(hgrn2_chunk_outer_kernel)
 _state_scan = _autotune(_SCAN_CONFIGS, ["K", "V", "BH", "NT"])(hgrn2_state_scan_kernel)
 _fwd_states = _autotune(_STATE_CONFIGS, ["K", "V", "BH", "NT"])(hgrn2_fwd_states_kernel)
@@ -197,7 +218,7 @@ AUTOTUNED = [
     (kernel, _FULL_SPACES[id(space)]) for kernel, space in (
         (_chunk_outer, _OUTER_CONFIGS), (_state_scan, _SCAN_CONFIGS), (_fwd_states, _STATE_CONFIGS),
         (_bwd_dstates, _STATE_CONFIGS), (_fwd_output, _OUTPUT_CONFIGS), (_bwd_dv, _DV_CONFIGS),
-        (_bwd_dqdg, _DQDG_CONFIGS))
+        (_bwd_dqdg, _DQDG_CONFIGS), (_chunk_decay, _DECAY_CONFIGS), (_state_pass, _STATE_CONFIGS))
 ]
 
 
@@ -272,13 +293,35 @@ def _split_states(x, g, y, s0, reverse, backward, dt, emu, store_sT):
     return h, sT
 
 
+def _pre_states(x, g, y, s0, reverse, backward, dt, emu, store_sT):
+    """As _split_states, through the operand pass and the sequential product pass ("pre")."""
+    B, T, H, K = g.shape
+    V = y.shape[-1]
+    BH, NT = B * H, triton.cdiv(T, CHUNK)
+    xt = g.new_empty(BH, NT, CHUNK, K, dtype=dt)
+    LB = g.new_empty(BH, NT, K, dtype=torch.float32)
+    _chunk_decay[lambda m: (NT * BH, triton.cdiv(K, m["BK"]))](
+        g if x is None else x, g, xt, LB, T, H, NT, K=K, BT=CHUNK, REVERSE=reverse, KEYS=not backward, EMU=emu,
+    )
+    h = g.new_empty(BH, NT, K, V, dtype=dt)
+    sT = g.new_empty(B, H, K, V, dtype=torch.float32) if store_sT else None
+    _state_pass[lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]), BH)](
+        xt, y, LB, h, s0, sT, T, H, NT, BH, K=K, V=V, BT=CHUNK, REVERSE=reverse, BACKWARD=backward,
+        HAS_S0=s0 is not None, STORE_ST=store_sT, EMU=emu,
+    )
+    return h, sT
+
+
 def _chunk_fwd(q, v, g, h0, reverse, store_a, lowp):
     B, T, H, K = q.shape
     V = v.shape[-1]
     BH, NT = B * H, triton.cdiv(T, CHUNK)
     dt, emu = _dot_dtype(q.dtype)
-    if _split_states_wanted(q, B, H, K, V):
+    impl = _state_impl(q, B, H, K, V)
+    if impl == "split":
         h, ht = _split_states(None, g, v, h0, reverse, False, dt, emu, True)
+    elif impl == "pre":
+        h, ht = _pre_states(None, g, v, h0, reverse, False, dt, emu, True)
     else:
         h = q.new_empty(BH, NT, K, V, dtype=dt)
         ht = q.new_empty(B, H, K, V, dtype=torch.float32)
@@ -320,8 +363,11 @@ def _chunk_bwd(q, v, g, h0, h, A, redo, do, dht, reverse, need_dh0, lowp):
     V = v.shape[-1]
     BH, NT = B * H, triton.cdiv(T, CHUNK)
     dt, emu = _dot_dtype(q.dtype)
-    if _split_states_wanted(q, B, H, K, V):
+    impl = _state_impl(q, B, H, K, V)
+    if impl == "split":
         dh, dh0 = _split_states(q, g, do, dht, reverse, True, dt, emu, need_dh0)
+    elif impl == "pre":
+        dh, dh0 = _pre_states(q, g, do, dht, reverse, True, dt, emu, need_dh0)
     else:
         dh = q.new_empty(BH, NT, K, V, dtype=dt)
         dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if need_dh0 else None

@@ -26,7 +26,7 @@ _INTS = {
 _FLOATS = {"gamma_val"}
 _PTR_TYPES = {"LBUF": "*i64", "STATE": "*i32", "redo": "*i32"}
 _FP32_PTRS = {"AGG_M", "AGG_S", "THETA", "GAMMA", "DTHETA_P", "DGAMMA_P", "ht", "h0", "dht", "dh0", "D", "LB",
-              "s0", "sT"}
+              "s0", "sT"}  # (xt of the "pre" state kernels is in the dot dtype: bf16 here)
 
 
 def _grid(**axes):
@@ -84,6 +84,10 @@ def specialisations():
         out.append((f"hgrn2 bwd_dv {tag}", c2.hgrn2_bwd_dv_kernel, dict(h2, BK=128, REVERSE=rev, LOWP=flags), 8))
         out.append((f"hgrn2 chunk_outer {tag}", s2.hgrn2_chunk_outer_kernel,
                     dict(h2, BK=64, BV=64, REVERSE=rev, KEYS=flags, DOT_BF16=flags), 4))
+        out.append((f"hgrn2 chunk_decay {tag}", s2.hgrn2_chunk_decay_kernel, dict(h2, BK=64, REVERSE=rev, KEYS=flags), 4))
+        out.append((f"hgrn2 state_pass {tag}", s2.hgrn2_state_pass_kernel,
+                    dict(h2, BK=64, BV=64, REVERSE=rev, BACKWARD=flags, HAS_S0=flags, STORE_ST=not flags,
+                         PREFETCH=flags), 4))
         out.append((f"hgrn2 state_scan {tag}", s2.hgrn2_state_scan_kernel,
                     dict(h2, BK=64, BV=64, BACKWARD=flags, HAS_S0=flags, STORE_ST=flags), 4))
         rec = dict(K=128, V=128, BK=128, BV=32, REVERSE=rev, HAS_H0=flags, HAS_DHT=flags, STORE_DH0=flags)

@@ -134,6 +134,37 @@ def test_fused_state_pass(monkeypatch):
 
 
 @pytest.mark.parametrize("prefetch", [True, False])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_precomputed_state_pass(monkeypatch, prefetch, reverse, dtype):
+    """STATE_IMPL = 'pre': the products' decay-dependent operands computed chunk-parallel, then a
+    sequential pass with the products (forward states and their gradients, initial and final state,
+    T not a multiple of the chunk), with and without the next chunk's loads issued ahead. In bf16 it
+    gives the fused kernel's states: the same operands, rounded the same way, in the same products."""
+    monkeypatch.setattr(hgrn2_triton, "STATE_IMPL", "pre")
+    base = next(c for c in dict(hgrn2_triton.AUTOTUNED)[hgrn2_triton._state_pass])
+    config = triton.Config({**base.kwargs, "PREFETCH": prefetch}, num_warps=base.num_warps,
+                           num_stages=base.num_stages)
+    q, v, g, s0 = make_inputs(2, 150, 2, 32, 16, dtype, seed=17)
+    tol = BF16_TOL if dtype == torch.bfloat16 else FP32_TOL
+    with pinned({hgrn2_triton._state_pass: config}):
+        check_against_reference(q, v, g, s0, reverse, "chunk", tol, 1e-2 if dtype == torch.bfloat16 else tol)
+        if dtype == torch.bfloat16:
+            o_pre, st_pre = hgrn2_triton.hgrn2_fused(q, v, g, s0, reverse, impl="chunk")
+    if dtype == torch.bfloat16:
+        monkeypatch.setattr(hgrn2_triton, "STATE_IMPL", "fused")
+        o_fused, st_fused = hgrn2_triton.hgrn2_fused(q, v, g, s0, reverse, impl="chunk")
+        assert rel(o_pre, o_fused) < 1e-5 and rel(st_pre, st_fused) < 1e-5
+
+
+def test_bad_state_impl(monkeypatch):
+    monkeypatch.setattr(hgrn2_triton, "STATE_IMPL", "scan")
+    q, v, g, s0 = make_inputs(1, 70, 1, 16, 16, torch.float32, seed=43)
+    with pytest.raises(ValueError, match="STATE_IMPL"):
+        hgrn2_triton.hgrn2_fused(q, v, g, s0, impl="chunk")
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
 def test_prefetch_paths(monkeypatch, prefetch):
     """The sequential state passes and the output kernel with and without PREFETCH (the next chunk's,
     or the next channels', loads issued before the current ones are computed): both agree with the
@@ -255,7 +286,7 @@ def test_bad_inputs():
 
 
 @gpu_only
-@pytest.mark.parametrize("state_impl", ["split", "fused"])
+@pytest.mark.parametrize("state_impl", ["split", "fused", "pre"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("reverse", [False, True])
 def test_gpu_lm_head_size(monkeypatch, state_impl, dtype, reverse):
@@ -390,7 +421,7 @@ def pinned_configs(index):
 
 
 def test_autotune_spaces_are_recorded():
-    assert len(hgrn2_triton.AUTOTUNED) == 7
+    assert len(hgrn2_triton.AUTOTUNED) == 9
     for kernel, space in hgrn2_triton.AUTOTUNED:
         assert space and all(c in space for c in kernel.configs)
     before = [list(k.configs) for k, _ in hgrn2_triton.AUTOTUNED]
