@@ -40,11 +40,7 @@
 # (per-run fairseq logs and runs/*.json with the validation curves).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-. bench/split_pytest.sh
-: "${OUT:?set OUT to a results folder}"
-mkdir -p "$OUT"
-T0=$(date +%s)
-el() { echo $(( $(date +%s) - T0 )); }
+. bench/split_pytest.sh  # (also: OUT checked and created, el = seconds since the start)
 STAGES=${*:-tests train}
 R=$PWD
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 OMP_NUM_THREADS=4

@@ -12,11 +12,7 @@
 # Time limits: TESTS_S (250), LIMIT (580, the whole script).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-. bench/split_pytest.sh
-: "${OUT:?set OUT to a results folder}"
-mkdir -p "$OUT"
-T0=$(date +%s)
-el() { echo $(( $(date +%s) - T0 )); }
+. bench/split_pytest.sh  # (also: OUT checked and created, el = seconds since the start)
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/fla_core*.whl \
   .whl/flash_linear*.whl 2>/dev/null
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 TRITON_CACHE_DIR=/tmp/tc \

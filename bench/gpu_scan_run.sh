@@ -5,11 +5,7 @@
 # Needs the peers' wheels in .whl/ (see bench/README.md). Time limits: TESTS_S (200), BENCH_S (420).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-. bench/split_pytest.sh
-: "${OUT:?set OUT to a results folder}"
-mkdir -p "$OUT"
-T0=$(date +%s)
-el() { echo $(( $(date +%s) - T0 )); }
+. bench/split_pytest.sh  # (also: OUT checked and created, el = seconds since the start)
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/fla_core*.whl \
   .whl/flash_linear*.whl .whl/accelerated_scan*.whl 2>/dev/null
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1

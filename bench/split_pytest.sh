@@ -1,4 +1,8 @@
-# Sourced by the GPU-machine scripts (bench/gpu_checks.sh, bench/gpu_scan_run.sh).
+# Sourced by the GPU-machine scripts (bench/gpu_checks.sh, bench/gpu_scan_run.sh, bench/gpu_hgrn2_run.sh),
+# from the repository root.
+#
+# Sourcing also checks that OUT names a results folder (and creates it), and starts the clock that
+# ``el`` reads (seconds since the script started).
 #
 # split_pytest NAME PROCS LIMIT_S LOG [pytest selection ...]
 #   Collects the selected tests and runs them in PROCS pytest processes at once (so that Triton
@@ -22,3 +26,8 @@ split_pytest() {
   cat "/tmp/$name".??.log > "$log"
   echo "$(grep -c '' "/tmp/$name") collected"
 }
+
+: "${OUT:?set OUT to a results folder}"
+mkdir -p "$OUT"
+T0=$(date +%s)
+el() { echo $(( $(date +%s) - T0 )); }

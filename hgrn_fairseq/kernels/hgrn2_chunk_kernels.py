@@ -137,6 +137,25 @@ def _suffix_decay(g_base, i_n, T, H, K: tl.constexpr, o_k, m_k, BT: tl.constexpr
 
 
 @triton.jit
+def _state_tile(s0, i_k, i_v, i_bh, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                HAS_S0: tl.constexpr):
+    """Tile (i_k, i_v) of head i_bh's K x V state for the sequential state passes: its key and value
+    channels and masks, its offsets and mask inside a state, and its starting value in fp32 (``s0``'s
+    tile when HAS_S0, else zeros)."""
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    o_s = o_k[:, None] * V + o_v[None, :]
+    m_s = m_k[:, None] & m_v[None, :]
+    if HAS_S0:
+        b_s = tl.load(s0 + i_bh.to(tl.int64) * K * V + o_s, mask=m_s, other=0.0).to(tl.float32)
+    else:
+        b_s = tl.zeros([BK, BV], dtype=tl.float32)
+    return o_k, o_v, m_k, m_v, o_s, m_s, b_s
+
+
+@triton.jit
 def _fwd_states_loads(g_base, v_base, i_n, T, H, K: tl.constexpr, V: tl.constexpr, o_k, m_k, o_v, m_v,
                       BT: tl.constexpr, REVERSE: tl.constexpr):
     """Chunk ``i_n``'s tiles for the forward state pass, in the input dtype: g, v and ``_shifted_g``.
@@ -161,19 +180,10 @@ def hgrn2_fwd_states_kernel(
     i_b = (i_bh // H).to(tl.int64)
     i_h = i_bh % H
     DT = h.dtype.element_ty
-    o_k = i_k * BK + tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
-    m_v = o_v < V
+    o_k, o_v, m_k, m_v, o_s, m_s, b_s = _state_tile(h0, i_k, i_v, i_bh, K, V, BK, BV, HAS_H0)
     g_base = g + (i_b * T * H + i_h) * K
     v_base = v + (i_b * T * H + i_h) * V
-    o_s = o_k[:, None] * V + o_v[None, :]
-    m_s = m_k[:, None] & m_v[None, :]
     h_base = h + i_bh.to(tl.int64) * NT * K * V
-    if HAS_H0:
-        b_s = tl.load(h0 + i_bh.to(tl.int64) * K * V + o_s, mask=m_s, other=0.0).to(tl.float32)
-    else:
-        b_s = tl.zeros([BK, BV], dtype=tl.float32)
     if PREFETCH:
         n_g, n_v, n_gn = _fwd_states_loads(g_base, v_base, 0, T, H, K, V, o_k, m_k, o_v, m_v, BT, REVERSE)
     for i_n in range(NT):
@@ -430,20 +440,11 @@ def hgrn2_bwd_dstates_kernel(
     i_b = (i_bh // H).to(tl.int64)
     i_h = i_bh % H
     DT = dh.dtype.element_ty
-    o_k = i_k * BK + tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
-    m_v = o_v < V
+    o_k, o_v, m_k, m_v, o_s, m_s, b_ds = _state_tile(dht, i_k, i_v, i_bh, K, V, BK, BV, HAS_DHT)
     q_base = q + (i_b * T * H + i_h) * K
     g_base = g + (i_b * T * H + i_h) * K
     do_base = do + (i_b * T * H + i_h) * V
-    o_s = o_k[:, None] * V + o_v[None, :]
-    m_s = m_k[:, None] & m_v[None, :]
     dh_base = dh + i_bh.to(tl.int64) * NT * K * V
-    if HAS_DHT:
-        b_ds = tl.load(dht + i_bh.to(tl.int64) * K * V + o_s, mask=m_s, other=0.0).to(tl.float32)
-    else:
-        b_ds = tl.zeros([BK, BV], dtype=tl.float32)
     if PREFETCH:
         n_q, n_g, n_do = _dstates_loads(q_base, g_base, do_base, NT - 1, T, H, K, V, o_k, m_k, o_v, m_v, BT,
                                         REVERSE)

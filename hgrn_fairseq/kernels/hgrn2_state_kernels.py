@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .hgrn2_chunk_kernels import _cast, _chunk_rows, _neg_expm1, _suffix_decay
+from .hgrn2_chunk_kernels import _cast, _chunk_rows, _neg_expm1, _state_tile, _suffix_decay
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -76,17 +76,8 @@ def hgrn2_state_scan_kernel(
     (the initial state) to sT (the final state). BACKWARD: chunks from last to first, h[n] = dS after
     chunk n, from s0 = d final state to sT = d initial state. h in its own dtype, s0 / sT fp32."""
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    o_k = i_k * BK + tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
-    m_v = o_v < V
-    o_s = o_k[:, None] * V + o_v[None, :]
-    m_s = m_k[:, None] & m_v[None, :]
+    o_k, o_v, m_k, m_v, o_s, m_s, b_s = _state_tile(s0, i_k, i_v, i_bh, K, V, BK, BV, HAS_S0)
     base = i_bh.to(tl.int64) * NT
-    if HAS_S0:
-        b_s = tl.load(s0 + i_bh.to(tl.int64) * K * V + o_s, mask=m_s, other=0.0).to(tl.float32)
-    else:
-        b_s = tl.zeros([BK, BV], dtype=tl.float32)
     for i in range(NT):
         if BACKWARD:
             i_n = NT - 1 - i
@@ -167,18 +158,9 @@ def hgrn2_state_pass_kernel(
     i_b = (i_bh // H).to(tl.int64)
     i_h = i_bh % H
     DT = h.dtype.element_ty
-    o_k = i_k * BK + tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
-    m_v = o_v < V
-    o_s = o_k[:, None] * V + o_v[None, :]
-    m_s = m_k[:, None] & m_v[None, :]
+    o_k, o_v, m_k, m_v, o_s, m_s, b_s = _state_tile(s0, i_k, i_v, i_bh, K, V, BK, BV, HAS_S0)
     base = i_bh.to(tl.int64) * NT
     y_base = y + (i_b * T * H + i_h) * V
-    if HAS_S0:
-        b_s = tl.load(s0 + i_bh.to(tl.int64) * K * V + o_s, mask=m_s, other=0.0).to(tl.float32)
-    else:
-        b_s = tl.zeros([BK, BV], dtype=tl.float32)
     if PREFETCH:
         if BACKWARD:
             n_x, n_y, n_lb = _state_pass_loads(xt, y_base, LB, base, NT - 1, T, H, V, K, o_k, m_k, o_v, m_v, BT,
