@@ -9,6 +9,12 @@ Triton's real compiler (front end to PTX and ptxas) for an sm_90 target, which n
 Run it without TRITON_INTERPRET (the interpreter replaces ``triton.jit`` functions):
 ``python -m tests.kernels.sm90_compile`` prints ``OK name`` or ``FAIL name: error`` per line and exits 1
 if any failed.
+
+``--match TEXT`` keeps the specialisations whose label contains TEXT; ``--resources`` adds, per kernel,
+what decides its occupancy and size on sm_90: registers per thread, local memory (spills), shared
+memory and the static SASS instruction count (from the cubin, with cuobjdump and nvdisasm of Triton's
+own CUDA tools). A quick offline check of a kernel change before spending GPU time on it (the figures
+match the GPU build: same compiler, same target).
 """
 from __future__ import annotations
 
@@ -122,16 +128,44 @@ def compile_sm90(fn, constexprs, num_warps):
                           options=dict(num_warps=num_warps))
 
 
-def main() -> int:
+def resources(kernel) -> str:
+    """Registers, local memory (spills), shared memory and SASS instruction count of a compiled kernel."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", f.name], capture_output=True,
+                               text=True).stdout
+        sass = subprocess.run([os.path.join(tools, "nvdisasm"), "-c", f.name], capture_output=True, text=True).stdout
+    reg = re.search(r"REG:(\d+)", usage)
+    local = re.search(r"LOCAL:(\d+)", usage)
+    instrs = sum(1 for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]+\*/\s+\S", line))
+    return (f"registers {reg.group(1) if reg else '?'}, local {local.group(1) if local else '?'} B, "
+            f"shared {kernel.metadata.shared} B, {instrs} instructions")
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--match", default="", help="only specialisations whose label contains this text")
+    ap.add_argument("--resources", action="store_true", help="print registers, spills, shared memory, SASS size")
+    args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("FAIL setup: TRITON_INTERPRET=1 is set; run without it")
         return 1
     failed = 0
-    specs = specialisations()
+    specs = [spec for spec in specialisations() if args.match in spec[0]]
     for label, fn, constexprs, warps in specs:
         try:
-            compile_sm90(fn, constexprs, warps)
-            print(f"OK {label}", flush=True)
+            kernel = compile_sm90(fn, constexprs, warps)
+            print(f"OK {label}" + (f": {resources(kernel)}" if args.resources else ""), flush=True)
         except Exception as e:  # noqa: BLE001 - every failure is reported, with its message
             failed += 1
             root = e
