@@ -392,6 +392,15 @@ def test_split_and_single_launch(monkeypatch, split_min_head, reverse):
         check_against_reference(q, v, g, s0, reverse, "chunk", tol, 1e-2 if dtype == torch.bfloat16 else tol)
 
 
+def test_output_configs_pruned_for_path_one_alone():
+    """The path-1-only output launch keeps only configs with at least two channel blocks (BK < K); the
+    one-launch kernel keeps every BK up to the padded head dim (see hgrn2_triton._prune_output)."""
+    configs = [triton.Config({"BK": bk, "PREFETCH": False}, num_warps=8) for bk in (32, 64, 128)]
+    bks = lambda K, fast: [c.kwargs["BK"] for c in hgrn2_triton._prune_output(configs, {}, K=K, FAST_ONLY=fast)]  # noqa: E731
+    assert bks(64, True) == [32] and bks(128, True) == [32, 64] and bks(128, False) == [32, 64, 128]
+    assert bks(64, False) == [32, 64] and bks(16, True) == [32] and bks(16, False) == [32]
+
+
 def test_bad_intra_dot_setting(monkeypatch):
     monkeypatch.setattr(hgrn2_triton, "INTRA_DOT", "tf32")
     q, v, g, s0 = make_inputs(1, 70, 1, 16, 16, torch.float32, seed=42)
