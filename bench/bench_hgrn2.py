@@ -335,7 +335,8 @@ def bench_decode(rec):
 def profile_breakdown(rec, shape=(8, 2048, 8, 128)):
     """Per-kernel CUDA time of one fwd+bwd (ours and fla), through torch.profiler."""
     q, v, g, do = inputs(*shape)
-    runs = [("ours", ours(q, v, g, do, True))]
+    runs = [("ours", ours(q, v, g, do, True)),
+            ("ours_pre_states", with_state_impl("pre", ours(q, v, g, do, True)))]
     if chunk_gla is not None:
         runs.append(("fla_chunk_gla", fla_fn(chunk_gla, q, v, g, do, True)))
     for name, fn in runs:
@@ -360,7 +361,8 @@ def profile_breakdown(rec, shape=(8, 2048, 8, 128)):
 
 def tuned_configs():
     out = {}
-    for name in ("_chunk_outer", "_state_scan", "_fwd_states", "_fwd_output", "_bwd_dstates", "_bwd_dv", "_bwd_dqdg"):
+    for name in ("_chunk_outer", "_state_scan", "_fwd_states", "_fwd_output", "_bwd_dstates", "_bwd_dv", "_bwd_dqdg",
+                 "_chunk_decay", "_state_pass"):
         tuner = getattr(hgrn2_triton, name)
         out[name] = {str(k): str(c) for k, c in getattr(tuner, "cache", {}).items()}
     return out

@@ -401,6 +401,15 @@ def test_output_configs_pruned_for_path_one_alone():
     assert bks(64, False) == [32, 64] and bks(16, True) == [32] and bks(16, False) == [32]
 
 
+def test_redo_list_size_limit():
+    """The redo list holds int32 chunk ids: more chunks than that is an error that says so, and a
+    normal list starts at count 0 with room for twice the chunks."""
+    with pytest.raises(ValueError, match="int32 chunk ids"):
+        hgrn2_triton._redo_list(torch.empty(0), 2**30)
+    redo, cap = hgrn2_triton._redo_list(torch.empty(0), 10)
+    assert cap == 20 and redo.shape == (21,) and redo.dtype == torch.int32 and int(redo[0]) == 0
+
+
 def test_bad_intra_dot_setting(monkeypatch):
     monkeypatch.setattr(hgrn2_triton, "INTRA_DOT", "tf32")
     q, v, g, s0 = make_inputs(1, 70, 1, 16, 16, torch.float32, seed=42)
