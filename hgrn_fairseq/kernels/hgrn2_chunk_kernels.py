@@ -624,11 +624,12 @@ def _dqdg_slice(q, v, g, h, do, dh, dA, dq, dg, i_k, i_n, i_bh, T, H, NT,
     # intra-chunk terms, factorised as in the forward (one mid-chunk reference, or four blocks)
     b_q = tl.load(q_base + p_qk, mask=m_qk, other=0.0).to(tl.float32)
     b_dA = tl.load(dA_base + o_t[:, None] * BT + o_t[None, :])
-    fast = (tl.min(r_mid, axis=0) >= -CSAFE).to(tl.int32) * (tl.min(b_B - r_mid, axis=0) >= -CSAFE).to(tl.int32)
     if FAST_ONLY:
         # path 1 even where the decay is too steep for it: the forward listed those chunks and the REDO
         # launch overwrites them
         fast = 1
+    else:
+        fast = _mid_ref_ok(b_b, o_t, BT, CSAFE)
     if fast > 0:
         b_x = tl.exp(b_b - r_mid[None, :])
         b_y = tl.exp(r_mid[None, :] - b_b)

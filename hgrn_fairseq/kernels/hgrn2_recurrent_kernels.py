@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .hgrn2_chunk_kernels import _one_minus
+from .hgrn2_chunk_kernels import _one_minus, _state_tile
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -30,10 +30,7 @@ def hgrn2_rec_fwd_kernel(
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b = (i_bh // H).to(tl.int64)
     i_h = i_bh % H
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
-    m_v = o_v < V
+    o_k, o_v, m_k, m_v, o_s, m_s, b_s = _state_tile(h0, 0, i_v, i_bh, K, V, BK, BV, HAS_H0)
     if REVERSE:
         t0 = T - 1
     else:
@@ -43,12 +40,6 @@ def hgrn2_rec_fwd_kernel(
     p_g = g + row * K + o_k
     p_v = v + row * V + o_v
     p_o = o + row * V + o_v
-    o_s = o_k[:, None] * V + o_v[None, :]
-    m_s = m_k[:, None] & m_v[None, :]
-    if HAS_H0:
-        b_s = tl.load(h0 + i_bh.to(tl.int64) * K * V + o_s, mask=m_s, other=0.0).to(tl.float32)
-    else:
-        b_s = tl.zeros([BK, BV], dtype=tl.float32)
     for _ in range(T):
         b_q = tl.load(p_q, mask=m_k, other=0.0).to(tl.float32)
         b_g = tl.load(p_g, mask=m_k, other=0.0).to(tl.float32)
@@ -80,10 +71,7 @@ def hgrn2_rec_dq_kernel(
     i_k, i_bh = tl.program_id(0), tl.program_id(1)
     i_b = (i_bh // H).to(tl.int64)
     i_h = i_bh % H
-    o_k = i_k * BK + tl.arange(0, BK)
-    o_v = tl.arange(0, BV)
-    m_k = o_k < K
-    m_v = o_v < V
+    o_k, o_v, m_k, m_v, o_s, m_s, b_s = _state_tile(h0, i_k, 0, i_bh, K, V, BK, BV, HAS_H0)
     if REVERSE:
         t0 = T - 1
     else:
@@ -93,12 +81,6 @@ def hgrn2_rec_dq_kernel(
     p_dq = dq + row * K + o_k
     p_v = v + row * V + o_v
     p_do = do + row * V + o_v
-    o_s = o_k[:, None] * V + o_v[None, :]
-    m_s = m_k[:, None] & m_v[None, :]
-    if HAS_H0:
-        b_s = tl.load(h0 + i_bh.to(tl.int64) * K * V + o_s, mask=m_s, other=0.0).to(tl.float32)
-    else:
-        b_s = tl.zeros([BK, BV], dtype=tl.float32)
     for _ in range(T):
         b_g = tl.load(p_g, mask=m_k, other=0.0).to(tl.float32)
         b_v = tl.load(p_v, mask=m_v, other=0.0).to(tl.float32)
@@ -128,10 +110,7 @@ def hgrn2_rec_bwd_kernel(
     i_bh = tl.program_id(0)
     i_b = (i_bh // H).to(tl.int64)
     i_h = i_bh % H
-    o_k = tl.arange(0, BK)
-    o_v = tl.arange(0, BV)
-    m_k = o_k < K
-    m_v = o_v < V
+    o_k, o_v, m_k, m_v, o_s, m_s, b_ds = _state_tile(dht, 0, 0, i_bh, K, V, BK, BV, HAS_DHT)
     # walk the scan order backwards: start where the forward scan ended
     if REVERSE:
         t0 = 0
@@ -145,15 +124,11 @@ def hgrn2_rec_bwd_kernel(
     p_v = v + row * V + o_v
     p_do = do + row * V + o_v
     p_dv = dv + row * V + o_v
-    o_s = o_k[:, None] * V + o_v[None, :]
-    m_s = m_k[:, None] & m_v[None, :]
     if HAS_DHT:
-        b_ds = tl.load(dht + i_bh.to(tl.int64) * K * V + o_s, mask=m_s, other=0.0).to(tl.float32)
         b_st = tl.load(ht + i_bh.to(tl.int64) * K * V + o_s, mask=m_s, other=0.0).to(tl.float32)
         # every term of the final state carries exp(sum of all g): d/dg_t of it is S_T (row-wise)
         b_dB = tl.sum(b_st * b_ds, axis=1)
     else:
-        b_ds = tl.zeros([BK, BV], dtype=tl.float32)
         b_dB = tl.zeros([BK], dtype=tl.float32)
     b_acc = tl.zeros([BK], dtype=tl.float32)
     for _ in range(T):

@@ -22,6 +22,26 @@ import triton.language as tl
 from .hgrn2_chunk_kernels import _cast, _chunk_rows, _neg_expm1, _state_tile, _suffix_decay
 
 
+@triton.jit
+def _state_operand(x, g, i_n, i_bh, T, H, K: tl.constexpr, o_k, m_k, BT: tl.constexpr, REVERSE: tl.constexpr,
+                   KEYS: tl.constexpr):
+    """Chunk ``i_n``'s operand of the state product, fp32 ``[BT, BK]``, and its log decays ``g``:
+    KEYS, ``k * exp(B - b)`` with k = 1 - exp(g) (x unused); else ``x * exp(b)``. Rows past T are 0."""
+    i_b = (i_bh // H).to(tl.int64)
+    i_h = i_bh % H
+    pos, valid = _chunk_rows(i_n, T, BT, REVERSE)
+    g_base = g + (i_b * T * H + i_h) * K
+    p_tk = pos[:, None] * (H * K) + o_k[None, :]
+    m_tk = valid[:, None] & m_k[None, :]
+    b_g = tl.load(g_base + p_tk, mask=m_tk, other=0.0).to(tl.float32)
+    if KEYS:
+        b_x = _neg_expm1(b_g) * tl.exp(_suffix_decay(g_base, i_n, T, H, K, o_k, m_k, BT, REVERSE))
+    else:
+        b_x = tl.load(x + (i_b * T * H + i_h) * K + p_tk, mask=m_tk, other=0.0).to(tl.float32)
+        b_x = b_x * tl.exp(tl.cumsum(b_g, axis=0))
+    return b_x, b_g
+
+
 @triton.jit(do_not_specialize=["T"])
 def hgrn2_chunk_outer_kernel(
     x, g, y, D, LB,
@@ -44,17 +64,9 @@ def hgrn2_chunk_outer_kernel(
     m_k = o_k < K
     m_v = o_v < V
     pos, valid = _chunk_rows(i_n, T, BT, REVERSE)
-    g_base = g + (i_b * T * H + i_h) * K
-    p_tk = pos[:, None] * (H * K) + o_k[None, :]
-    m_tk = valid[:, None] & m_k[None, :]
-    b_g = tl.load(g_base + p_tk, mask=m_tk, other=0.0).to(tl.float32)
     b_y = tl.load(y + (i_b * T * H + i_h) * V + pos[:, None] * (H * V) + o_v[None, :],
                   mask=valid[:, None] & m_v[None, :], other=0.0)
-    if KEYS:
-        b_x = _neg_expm1(b_g) * tl.exp(_suffix_decay(g_base, i_n, T, H, K, o_k, m_k, BT, REVERSE))
-    else:
-        b_x = tl.load(x + (i_b * T * H + i_h) * K + p_tk, mask=m_tk, other=0.0).to(tl.float32)
-        b_x = b_x * tl.exp(tl.cumsum(b_g, axis=0))
+    b_x, b_g = _state_operand(x, g, i_n, i_bh, T, H, K, o_k, m_k, BT, REVERSE, KEYS)
     if DOT_BF16:
         b_d = tl.dot(tl.trans(_cast(b_x, tl.bfloat16, EMU)), _cast(b_y, tl.bfloat16, EMU))
     else:
@@ -105,21 +117,10 @@ def hgrn2_chunk_decay_kernel(
     i_nbh, i_k = tl.program_id(0), tl.program_id(1)
     i_n = i_nbh % NT
     i_bh = i_nbh // NT
-    i_b = (i_bh // H).to(tl.int64)
-    i_h = i_bh % H
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
     o_t = tl.arange(0, BT)
-    pos, valid = _chunk_rows(i_n, T, BT, REVERSE)
-    g_base = g + (i_b * T * H + i_h) * K
-    p_tk = pos[:, None] * (H * K) + o_k[None, :]
-    m_tk = valid[:, None] & m_k[None, :]
-    b_g = tl.load(g_base + p_tk, mask=m_tk, other=0.0).to(tl.float32)
-    if KEYS:
-        b_x = _neg_expm1(b_g) * tl.exp(_suffix_decay(g_base, i_n, T, H, K, o_k, m_k, BT, REVERSE))
-    else:
-        b_x = tl.load(x + (i_b * T * H + i_h) * K + p_tk, mask=m_tk, other=0.0).to(tl.float32)
-        b_x = b_x * tl.exp(tl.cumsum(b_g, axis=0))
+    b_x, b_g = _state_operand(x, g, i_n, i_bh, T, H, K, o_k, m_k, BT, REVERSE, KEYS)
     chunk = i_bh.to(tl.int64) * NT + i_n
     tl.store(xt + (chunk * BT + o_t[:, None]) * K + o_k[None, :],
              _cast(b_x, xt.dtype.element_ty, EMU), mask=m_k[None, :])

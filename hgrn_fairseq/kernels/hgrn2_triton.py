@@ -287,43 +287,61 @@ def _check_inputs(q: Tensor, v: Tensor, log_decay: Tensor, initial_state: Option
 # chunked implementation
 
 
-def _split_states(x, g, y, s0, reverse, backward, dt, emu, store_sT):
-    """States before each chunk (forward: x unused, y = v) or state gradients after each chunk
-    (backward: x = q, y = dO), through the chunk-parallel products and the scan."""
+def _chunk_states(x, g, y, s0, reverse, backward, dt, emu, store_sT):
+    """States before each chunk (forward: x unused, y = v, s0 = initial state) or state gradients after
+    each chunk (backward: x = q, y = dO, s0 = gradient of the final state), ``[BH, NT, K, V]`` in the
+    dot dtype, and the last one (final state / initial-state gradient, fp32; None unless store_sT), by
+    STATE_IMPL."""
     B, T, H, K = g.shape
     V = y.shape[-1]
     BH, NT = B * H, triton.cdiv(T, CHUNK)
+    h = g.new_empty(BH, NT, K, V, dtype=dt)
+    sT = g.new_empty(B, H, K, V, dtype=torch.float32) if store_sT else None
+    tiles = lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]), BH)  # noqa: E731
+    _STATE_PASSES[_state_impl(g, B, H, K, V)](x, g, y, s0, h, sT, reverse, backward, emu, tiles)
+    return h, sT
+
+
+def _split_states(x, g, y, s0, h, sT, reverse, backward, emu, tiles):
+    """"split": the chunk-parallel products, then the scan."""
+    B, T, H, K = g.shape
+    BH, NT, _, V = h.shape
     D = g.new_empty(BH, NT, K, V, dtype=torch.float32)
     LB = g.new_empty(BH, NT, K, dtype=torch.float32)
     _chunk_outer[lambda m: (NT * BH, triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]))](
         g if x is None else x, g, y, D, LB, T, H, NT, K=K, V=V, BT=CHUNK,
         REVERSE=reverse, KEYS=not backward, DOT_BF16=y.dtype != torch.float32, EMU=emu,
     )
-    h = g.new_empty(BH, NT, K, V, dtype=dt)
-    sT = g.new_empty(B, H, K, V, dtype=torch.float32) if store_sT else None
-    _state_scan[lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]), BH)](
-        D, LB, h, s0, sT, NT, BH, K=K, V=V, BACKWARD=backward, HAS_S0=s0 is not None, STORE_ST=store_sT,
-    )
-    return h, sT
+    _state_scan[tiles](D, LB, h, s0, sT, NT, BH, K=K, V=V, BACKWARD=backward, HAS_S0=s0 is not None,
+                       STORE_ST=sT is not None)
 
 
-def _pre_states(x, g, y, s0, reverse, backward, dt, emu, store_sT):
-    """As _split_states, through the operand pass and the sequential product pass ("pre")."""
+def _pre_states(x, g, y, s0, h, sT, reverse, backward, emu, tiles):
+    """"pre": the operand pass, then the sequential product pass."""
     B, T, H, K = g.shape
-    V = y.shape[-1]
-    BH, NT = B * H, triton.cdiv(T, CHUNK)
-    xt = g.new_empty(BH, NT, CHUNK, K, dtype=dt)
+    BH, NT, _, V = h.shape
+    xt = g.new_empty(BH, NT, CHUNK, K, dtype=h.dtype)
     LB = g.new_empty(BH, NT, K, dtype=torch.float32)
     _chunk_decay[lambda m: (NT * BH, triton.cdiv(K, m["BK"]))](
         g if x is None else x, g, xt, LB, T, H, NT, K=K, BT=CHUNK, REVERSE=reverse, KEYS=not backward, EMU=emu,
     )
-    h = g.new_empty(BH, NT, K, V, dtype=dt)
-    sT = g.new_empty(B, H, K, V, dtype=torch.float32) if store_sT else None
-    _state_pass[lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]), BH)](
-        xt, y, LB, h, s0, sT, T, H, NT, BH, K=K, V=V, BT=CHUNK, REVERSE=reverse, BACKWARD=backward,
-        HAS_S0=s0 is not None, STORE_ST=store_sT, EMU=emu,
-    )
-    return h, sT
+    _state_pass[tiles](xt, y, LB, h, s0, sT, T, H, NT, BH, K=K, V=V, BT=CHUNK, REVERSE=reverse, BACKWARD=backward,
+                       HAS_S0=s0 is not None, STORE_ST=sT is not None, EMU=emu)
+
+
+def _fused_states(x, g, y, s0, h, sT, reverse, backward, emu, tiles):
+    """"fused": one sequential kernel with the products inside its loop."""
+    B, T, H, K = g.shape
+    BH, NT, _, V = h.shape
+    if backward:
+        _bwd_dstates[tiles](x, g, y, h, s0, sT, T, H, NT, BH, K=K, V=V, BT=CHUNK, REVERSE=reverse,
+                            HAS_DHT=s0 is not None, STORE_DH0=sT is not None, EMU=emu)
+    else:
+        _fwd_states[tiles](g, y, h, s0, sT, T, H, NT, BH, K=K, V=V, BT=CHUNK, REVERSE=reverse,
+                           HAS_H0=s0 is not None, STORE_HT=sT is not None, EMU=emu)
+
+
+_STATE_PASSES = {"split": _split_states, "fused": _fused_states, "pre": _pre_states}
 
 
 def _chunk_fwd(q, v, g, h0, reverse, store_a, lowp):
@@ -331,22 +349,11 @@ def _chunk_fwd(q, v, g, h0, reverse, store_a, lowp):
     V = v.shape[-1]
     BH, NT = B * H, triton.cdiv(T, CHUNK)
     dt, emu = _dot_dtype(q.dtype)
-    impl = _state_impl(q, B, H, K, V)
-    if impl == "split":
-        h, ht = _split_states(None, g, v, h0, reverse, False, dt, emu, True)
-    elif impl == "pre":
-        h, ht = _pre_states(None, g, v, h0, reverse, False, dt, emu, True)
-    else:
-        h = q.new_empty(BH, NT, K, V, dtype=dt)
-        ht = q.new_empty(B, H, K, V, dtype=torch.float32)
-        _fwd_states[lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]), BH)](
-            g, v, h, h0, ht, T, H, NT, BH, K=K, V=V, BT=CHUNK,
-            REVERSE=reverse, HAS_H0=h0 is not None, STORE_HT=True, EMU=emu,
-        )
+    h, ht = _chunk_states(None, g, v, h0, reverse, False, dt, emu, True)
     o = torch.empty_like(v)
     A = q.new_empty(BH, NT, CHUNK, CHUNK, dtype=dt if lowp else torch.float32) if store_a else None
     split = min(K, V) >= SPLIT_MIN_HEAD
-    redo, cap = _redo_list(q, BH * NT if split else 0)
+    redo, cap = _redo_list(q, BH * NT if split else 0)  # (one launch: an empty list, room for none)
     kw = dict(K=K, V=V, BT=CHUNK, BC=BLOCK, BV=_pad(V), SAFE=SAFE_LOG_DECAY, CSAFE=CHUNK_SAFE_LOG_DECAY,
               REVERSE=reverse, STORE_A=store_a, EMU=emu, LOWP=lowp)
     _fwd_output[(NT, BH)](q, v, g, h, o, A, redo, T, H, NT, cap, **kw, FAST_ONLY=split, REDO=False)
@@ -354,13 +361,13 @@ def _chunk_fwd(q, v, g, h0, reverse, store_a, lowp):
         hgrn2_fwd_output_kernel[(_redo_programs(q, BH * NT),)](
             q, v, g, h, o, A, redo, T, H, NT, cap, **kw, FAST_ONLY=False, REDO=True, PREFETCH=False,
             **_REDO_CONFIG)
-    # (the backward takes the same scheme: redo is None for one launch)
-    return o, ht, h, A, (redo if split else None)
+    return o, ht, h, A, redo
 
 
 def _redo_list(x: Tensor, chunks: int) -> Tuple[Tensor, int]:
     """The list of chunks for the REDO launches: int32 ``[count, ids...]``, count 0, room for
-    ``2 * chunks`` ids (see the autotune note above)."""
+    ``2 * chunks`` ids (see the autotune note above). A list with room for none marks the one-launch
+    scheme (the backward follows the forward's scheme from it)."""
     cap = 2 * chunks
     if cap + 1 >= 2**31:
         raise ValueError(f"{chunks} chunks of {CHUNK} steps (batch * heads * chunks) exceed the kernels' int32 chunk ids")
@@ -377,18 +384,7 @@ def _chunk_bwd(q, v, g, h0, h, A, redo, do, dht, reverse, need_dh0, lowp):
     V = v.shape[-1]
     BH, NT = B * H, triton.cdiv(T, CHUNK)
     dt, emu = _dot_dtype(q.dtype)
-    impl = _state_impl(q, B, H, K, V)
-    if impl == "split":
-        dh, dh0 = _split_states(q, g, do, dht, reverse, True, dt, emu, need_dh0)
-    elif impl == "pre":
-        dh, dh0 = _pre_states(q, g, do, dht, reverse, True, dt, emu, need_dh0)
-    else:
-        dh = q.new_empty(BH, NT, K, V, dtype=dt)
-        dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if need_dh0 else None
-        _bwd_dstates[lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]), BH)](
-            q, g, do, dh, dht, dh0, T, H, NT, BH, K=K, V=V, BT=CHUNK,
-            REVERSE=reverse, HAS_DHT=dht is not None, STORE_DH0=need_dh0, EMU=emu,
-        )
+    dh, dh0 = _chunk_states(q, g, do, dht, reverse, True, dt, emu, need_dh0)
     dv = torch.empty_like(v)
     dA = q.new_empty(BH, NT, CHUNK, CHUNK, dtype=A.dtype)
     _bwd_dv[(NT, BH)](
@@ -397,10 +393,8 @@ def _chunk_bwd(q, v, g, h0, h, A, redo, do, dht, reverse, need_dh0, lowp):
     )
     dq = torch.empty_like(q)
     dg = torch.empty_like(g)
-    split = redo is not None
-    if not split:
-        redo, cap = _redo_list(q, 0)
     cap = redo.numel() - 1
+    split = cap > 0
     kw = dict(K=K, V=V, BT=CHUNK, BC=BLOCK, BV=_pad(V), SAFE=SAFE_LOG_DECAY, CSAFE=CHUNK_SAFE_LOG_DECAY,
               REVERSE=reverse, EMU=emu, LOWP=lowp)
     _bwd_dqdg[lambda m: (triton.cdiv(K, m["BK"]), NT, BH)](
@@ -416,7 +410,7 @@ class _ChunkFunction(torch.autograd.Function):
     def forward(ctx, q, v, g, h0, reverse):
         lowp = _intra_lowp()
         o, ht, h, A, redo = _chunk_fwd(q, v, g, h0, reverse, store_a=True, lowp=lowp)
-        ctx.save_for_backward(q, v, g, h0, h, A, redo)  # (redo may be None: one-launch scheme)
+        ctx.save_for_backward(q, v, g, h0, h, A, redo)
         ctx.reverse = reverse
         ctx.lowp = lowp  # the backward uses the forward's intra-chunk precision (A's dtype follows it)
         ctx.set_materialize_grads(False)

@@ -142,7 +142,7 @@ def test_precomputed_state_pass(monkeypatch, prefetch, reverse, dtype):
     T not a multiple of the chunk), with and without the next chunk's loads issued ahead. In bf16 it
     gives the fused kernel's states: the same operands, rounded the same way, in the same products."""
     monkeypatch.setattr(hgrn2_triton, "STATE_IMPL", "pre")
-    base = next(c for c in dict(hgrn2_triton.AUTOTUNED)[hgrn2_triton._state_pass])
+    base = dict(hgrn2_triton.AUTOTUNED)[hgrn2_triton._state_pass][0]
     config = triton.Config({**base.kwargs, "PREFETCH": prefetch}, num_warps=base.num_warps,
                            num_stages=base.num_stages)
     q, v, g, s0 = make_inputs(2, 150, 2, 32, 16, dtype, seed=17)
