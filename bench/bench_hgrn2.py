@@ -35,6 +35,7 @@ import graph_timing  # noqa: E402
 import triton  # noqa: E402
 
 from hgrn_fairseq.kernels import hgrn2_triton  # noqa: E402
+from hgrn_fairseq.kernels import hgrn2_scan_reference  # noqa: E402
 from hgrn_fairseq.kernels.hgrn2_triton import hgrn2_fused, hgrn2_step  # noqa: E402
 
 SHAPES = [(8, 2048, 8, 128), (8, 4096, 8, 128), (16, 1024, 8, 128), (2, 16384, 8, 128)]
@@ -237,6 +238,16 @@ def markdown(rec):
         for r in prof:
             top = ", ".join(f"{k.split('(')[0][:48]} {v:.3f}" for k, v in list(r["kernels"].items())[:8])
             lines.append(f"* {r['impl']}: total {r['ms']:.3f}: {top}")
+    acc = [r for r in rec.rows if r.get("mode") == "accuracy vs float64"]
+    if acc:
+        names = list(acc[0]["errors"])
+        lines += ["", f"Accuracy against the float64 reference on the GPU ({acc[0]['shape']}, bf16 inputs, "
+                  f"norm-relative errors; tolerance {ACCURACY_TOL:g} as in the tests), per chunk-state implementation:",
+                  "", "| decay scale | impl | " + " | ".join(names) + " | over tolerance |",
+                  "|---" * (len(names) + 3) + "|"]
+        for r in acc:
+            lines.append(f"| {r['decay_scale']:g} | {r['impl']} | " + " | ".join(f"{r['errors'][n]:.1e}" for n in names)
+                         + f" | {', '.join(r['over_tolerance']) or 'none'} |")
     dec = [r for r in rec.rows if r.get("mode") == "decode"]
     if dec:
         lines += ["", "Decoding, one token (B 8, H 8, K = V = 128), ms per step:", "",
@@ -359,6 +370,42 @@ def profile_breakdown(rec, shape=(8, 2048, 8, 128)):
             log(f"profiler failed for {name}: {exc}")
 
 
+ACCURACY_TOL = 2e-2  # the bf16 tolerance of tests/kernels/test_hgrn2_triton.py
+
+
+def _rel(x, ref):
+    x, ref = x.detach().double(), ref.detach().double()
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def check_accuracy(rec, K=128, T=1000, H=2, device="cuda"):
+    """The kernels the timed rows ran (bf16, K = V = 128, every chunk-state implementation) against the
+    float64 reference of the equations (hgrn_fairseq.kernels.hgrn2_scan_reference, on the GPU): output,
+    final state and the gradients of q, v and the log-decay under a loss that also reads the final
+    state. T = 1000 ends in a partial chunk; decay scale 30 makes most chunks too steep for the one-
+    reference path, so the second (redo) launches of the output and dq/dg kernels do real work. A
+    check, not a test: it prints and records the errors and flags those over ACCURACY_TOL."""
+    gen = torch.Generator(device=device).manual_seed(7)
+    for scale in (1.0, 30.0):
+        q = torch.randn(1, T, H, K, device=device, generator=gen).to(DTYPE)
+        v = torch.randn(1, T, H, K, device=device, generator=gen).to(DTYPE)
+        g = (F.logsigmoid(2 * torch.randn(1, T, H, K, device=device, generator=gen) + 1) * scale).to(DTYPE)
+        wo = torch.randn(1, T, H, K, device=device, generator=gen, dtype=torch.float64)
+        ws = torch.randn(1, H, K, K, device=device, generator=gen, dtype=torch.float64)
+        ref = [x.double().requires_grad_() for x in (q, v, g)]  # (of the bf16 inputs the kernels see)
+        ro, rs = hgrn2_scan_reference(*ref, None, False)
+        ((ro * wo).sum() + (rs * ws).sum()).backward()
+        for impl in ("auto", "split", "fused", "pre"):
+            leaves = [x.detach().clone().requires_grad_() for x in (q, v, g)]
+            o, st = with_state_impl(impl, lambda: hgrn2_fused(*leaves))()
+            ((o.double() * wo).sum() + (st.double() * ws).sum()).backward()
+            errs = {"o": _rel(o, ro), "state": _rel(st, rs)}
+            errs.update({f"d{n}": _rel(x.grad, r.grad) for n, x, r in zip(("q", "v", "log_decay"), leaves, ref)})
+            bad = sorted(n for n, e in errs.items() if not e < ACCURACY_TOL)
+            rec.add(impl=f"ours_{impl}", mode="accuracy vs float64", decay_scale=scale, shape=f"1x{T}x{H}x{K}",
+                    errors={n: float(f"{e:.2e}") for n, e in errs.items()}, over_tolerance=bad)
+
+
 def tuned_configs():
     out = {}
     for name in ("_chunk_outer", "_state_scan", "_fwd_states", "_fwd_output", "_bwd_dstates", "_bwd_dv", "_bwd_dqdg",
@@ -373,7 +420,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "results"), help="folder for the JSON and markdown")
     ap.add_argument("--warm-peers-only", action="store_true", help="only run the fla kernels once per shape")
     ap.add_argument("--no-peers", action="store_true", help="skip fla")
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: shapes,decode,profile")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: shapes,accuracy,decode,profile")
     ap.add_argument("--timing", default="graph", choices=["graph", "eager"],
                     help="shape rows: graph = GPU time per call from CUDA-graph replays (default); eager = do_bench")
     args = ap.parse_args()
@@ -394,6 +441,8 @@ def main():
     t0 = time.time()
     if "shapes" not in skip:
         bench_shapes(rec, peers=not args.no_peers)
+    if "accuracy" not in skip:
+        check_accuracy(rec)
     if "decode" not in skip:
         bench_decode(rec)
     if "profile" not in skip:

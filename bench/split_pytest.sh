@@ -9,16 +9,20 @@
 #   compiles in parallel), each under a LIMIT_S time limit; the processes' logs, each ending in
 #   "== FILE rc=N", are concatenated into LOG; prints how many tests were collected. Environment
 #   assignments before the call (e.g. HGRN2_AUTOTUNE=0 split_pytest ...) reach the test processes.
+#   Each process runs torch single-threaded (OMP_NUM_THREADS=1: PROCS processes of one thread each
+#   instead of PROCS x cores spinning threads competing with Triton's compiler) and logs each test's
+#   time as it finishes to LOG.times (tests/conftest.py), which survives a process killed at the limit.
 split_pytest() {
   local name=$1 procs=$2 limit=$3 log=$4 f
   shift 4
+  : > "$log.times"
   PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest -q --collect-only -p no:cacheprovider "$@" 2>/dev/null \
     | grep '::' > "/tmp/$name"
   rm -f "/tmp/$name".??
   split -n r/"$procs" "/tmp/$name" "/tmp/$name."
   local pids=()
   for f in "/tmp/$name".??; do
-    (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout "$limit" xargs -a "$f" python3 -m pytest -q -p no:cacheprovider -rfEs \
+    (OMP_NUM_THREADS=1 HGRN_TEST_TIMES="$log.times" PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout "$limit" xargs -a "$f" python3 -m pytest -q -p no:cacheprovider -rfEs \
        > "$f.log" 2>&1; echo "== $f rc=$?" >> "$f.log") &
     pids+=($!)
   done

@@ -137,6 +137,45 @@ def _suffix_decay(g_base, i_n, T, H, K: tl.constexpr, o_k, m_k, BT: tl.constexpr
 
 
 @triton.jit
+def _triangle_sums(b_g, SUFFIX: tl.constexpr, EMU: tl.constexpr):
+    """Sums down the rows of a 16-bit ``[BT, BK]`` tile as one product with a triangular 0/1 matrix on
+    the tensor cores (exact products, fp32 accumulation): SUFFIX=False, inclusive prefix sums; True,
+    exclusive suffix sums. EMU: the product in fp32 (the interpreter; same values)."""
+    o_t = tl.arange(0, b_g.shape[0])
+    if SUFFIX:
+        tri = o_t[:, None] < o_t[None, :]
+    else:
+        tri = o_t[:, None] >= o_t[None, :]
+    if EMU:
+        return tl.dot(tri.to(tl.float32), b_g.to(tl.float32))
+    else:
+        return tl.dot(tri.to(b_g.dtype), b_g)
+
+
+@triton.jit
+def _prefix_decay(b_g, EMU: tl.constexpr):
+    """Cumulative log decay b (fp32, inclusive) of a chunk's ``[BT, BK]`` tile of g in its loaded dtype:
+    16-bit tiles through ``_triangle_sums`` (a scan's shuffles and cross-warp shared-memory steps were
+    among the forward kernels' main stalls: bench/results/ncu_hgrn2_h200_2026-11-21_s7.md), fp32 tiles
+    through tl.cumsum (a tf32 product would round g)."""
+    if b_g.dtype == tl.float32:
+        return tl.cumsum(b_g, axis=0)
+    else:
+        return _triangle_sums(b_g, False, EMU)
+
+
+@triton.jit
+def _suffix_decay_of(b_g, g_base, i_n, T, H, K: tl.constexpr, o_k, m_k, BT: tl.constexpr, REVERSE: tl.constexpr,
+                     EMU: tl.constexpr):
+    """``_suffix_decay`` given the chunk's g tile in its loaded dtype: 16-bit tiles through
+    ``_triangle_sums`` (no second load, no scan), fp32 ones as ``_suffix_decay``."""
+    if b_g.dtype == tl.float32:
+        return _suffix_decay(g_base, i_n, T, H, K, o_k, m_k, BT, REVERSE)
+    else:
+        return _triangle_sums(b_g, True, EMU)
+
+
+@triton.jit
 def _state_tile(s0, i_k, i_v, i_bh, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                 HAS_S0: tl.constexpr):
     """Tile (i_k, i_v) of head i_bh's K x V state for the sequential state passes: its key and value
@@ -354,9 +393,9 @@ def _output_chunk(q, v, g, h, o, A, i_n, i_bh, T, H, NT,
                                             BK)
         else:
             b_g, b_q, b_hk = _output_loads(q_base, g_base, h, chunk, pos, valid, i_k, H, K, V, o_v, m_v, BK)
+        b_b = _prefix_decay(b_g, EMU)
         b_g = b_g.to(tl.float32)
         b_q = b_q.to(tl.float32)
-        b_b = tl.cumsum(b_g, axis=0)
         b_k = _neg_expm1(b_g)
         b_o += tl.dot(_cast(b_q * tl.exp(b_b), DT, EMU), b_hk)
         if FAST_ONLY:
@@ -500,6 +539,9 @@ def hgrn2_bwd_dv_kernel(
     b_dA = tl.dot(b_do, tl.trans(b_v))
     tl.store(dA + chunk * (BT * BT) + o_a, tl.where(o_t[:, None] >= o_t[None, :], b_dA, 0.0).to(dA.dtype.element_ty))
 
+    # (the suffix sums by a scan: with _suffix_decay_of's triangular product, this kernel's dv was off
+    # by 12-15% on an H200 at V = 16 and 32 in bf16, triton 3.6, while K = V = 64 and 128 were right;
+    # not pinned down)
     b_g = tl.load(g_base + pos[:, None] * (H * K) + o_k[None, :],
                   mask=valid[:, None] & m_k[None, :], other=0.0).to(tl.float32)
     b_kt = _cast(_neg_expm1(b_g) * tl.exp(_suffix_decay(g_base, i_n, T, H, K, o_k, m_k, BT, REVERSE)), DT, EMU)
@@ -605,8 +647,9 @@ def _dqdg_slice(q, v, g, h, do, dh, dA, dq, dg, i_k, i_n, i_bh, T, H, NT,
     m_s = m_k[:, None] & m_v[None, :]
     dA_base = dA + chunk * (BT * BT)
 
-    b_g = tl.load(g_base + p_qk, mask=m_qk, other=0.0).to(tl.float32)
-    b_b = tl.cumsum(b_g, axis=0)
+    b_graw = tl.load(g_base + p_qk, mask=m_qk, other=0.0)
+    b_b = _prefix_decay(b_graw, EMU)
+    b_g = b_graw.to(tl.float32)
     b_k = _neg_expm1(b_g)
     r_mid = _row_of(b_b, o_t, BT // 2 - 1)
     b_B = _row_of(b_b, o_t, BT - 1)
@@ -617,7 +660,8 @@ def _dqdg_slice(q, v, g, h, do, dh, dA, dq, dg, i_k, i_n, i_bh, T, H, NT,
     b_dq = tl.dot(b_do, tl.trans(b_h)) * tl.exp(b_b)
     b_v = _cast(tl.load(v + (i_b * T * H + i_h) * V + p_tv, mask=m_tv, other=0.0), DT, EMU)
     b_dh = tl.load(dh + chunk * (K * V) + o_s, mask=m_s, other=0.0)
-    b_dk = tl.dot(b_v, tl.trans(b_dh)) * tl.exp(_suffix_decay(g_base, i_n, T, H, K, o_k, m_k, BT, REVERSE))
+    b_dk = tl.dot(b_v, tl.trans(b_dh)) * tl.exp(_suffix_decay_of(b_graw, g_base, i_n, T, H, K, o_k, m_k, BT, REVERSE,
+                                                                   EMU))
     # gradient of the chunk's total decay B: S_{n+1} = exp(B) S_n + sum_j k_j exp(B - b_j) v_j
     b_dB = tl.exp(b_B) * tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1) + tl.sum(b_k * b_dk, axis=0)
 

@@ -19,12 +19,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .hgrn2_chunk_kernels import _cast, _chunk_rows, _neg_expm1, _state_tile, _suffix_decay
+from .hgrn2_chunk_kernels import _cast, _chunk_rows, _neg_expm1, _prefix_decay, _state_tile, _suffix_decay_of
 
 
 @triton.jit
 def _state_operand(x, g, i_n, i_bh, T, H, K: tl.constexpr, o_k, m_k, BT: tl.constexpr, REVERSE: tl.constexpr,
-                   KEYS: tl.constexpr):
+                   KEYS: tl.constexpr, EMU: tl.constexpr):
     """Chunk ``i_n``'s operand of the state product, fp32 ``[BT, BK]``, and its log decays ``g``:
     KEYS, ``k * exp(B - b)`` with k = 1 - exp(g) (x unused); else ``x * exp(b)``. Rows past T are 0."""
     i_b = (i_bh // H).to(tl.int64)
@@ -33,12 +33,13 @@ def _state_operand(x, g, i_n, i_bh, T, H, K: tl.constexpr, o_k, m_k, BT: tl.cons
     g_base = g + (i_b * T * H + i_h) * K
     p_tk = pos[:, None] * (H * K) + o_k[None, :]
     m_tk = valid[:, None] & m_k[None, :]
-    b_g = tl.load(g_base + p_tk, mask=m_tk, other=0.0).to(tl.float32)
+    b_graw = tl.load(g_base + p_tk, mask=m_tk, other=0.0)
+    b_g = b_graw.to(tl.float32)
     if KEYS:
-        b_x = _neg_expm1(b_g) * tl.exp(_suffix_decay(g_base, i_n, T, H, K, o_k, m_k, BT, REVERSE))
+        b_x = _neg_expm1(b_g) * tl.exp(_suffix_decay_of(b_graw, g_base, i_n, T, H, K, o_k, m_k, BT, REVERSE, EMU))
     else:
         b_x = tl.load(x + (i_b * T * H + i_h) * K + p_tk, mask=m_tk, other=0.0).to(tl.float32)
-        b_x = b_x * tl.exp(tl.cumsum(b_g, axis=0))
+        b_x = b_x * tl.exp(_prefix_decay(b_graw, EMU))
     return b_x, b_g
 
 
@@ -66,7 +67,7 @@ def hgrn2_chunk_outer_kernel(
     pos, valid = _chunk_rows(i_n, T, BT, REVERSE)
     b_y = tl.load(y + (i_b * T * H + i_h) * V + pos[:, None] * (H * V) + o_v[None, :],
                   mask=valid[:, None] & m_v[None, :], other=0.0)
-    b_x, b_g = _state_operand(x, g, i_n, i_bh, T, H, K, o_k, m_k, BT, REVERSE, KEYS)
+    b_x, b_g = _state_operand(x, g, i_n, i_bh, T, H, K, o_k, m_k, BT, REVERSE, KEYS, EMU)
     if DOT_BF16:
         b_d = tl.dot(tl.trans(_cast(b_x, tl.bfloat16, EMU)), _cast(b_y, tl.bfloat16, EMU))
     else:
@@ -120,7 +121,7 @@ def hgrn2_chunk_decay_kernel(
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
     o_t = tl.arange(0, BT)
-    b_x, b_g = _state_operand(x, g, i_n, i_bh, T, H, K, o_k, m_k, BT, REVERSE, KEYS)
+    b_x, b_g = _state_operand(x, g, i_n, i_bh, T, H, K, o_k, m_k, BT, REVERSE, KEYS, EMU)
     chunk = i_bh.to(tl.int64) * NT + i_n
     tl.store(xt + (chunk * BT + o_t[:, None]) * K + o_k[None, :],
              _cast(b_x, xt.dtype.element_ty, EMU), mask=m_k[None, :])

@@ -57,12 +57,14 @@ CHUNK_SAFE_LOG_DECAY = 60.0
 SAFE_LOG_DECAY = 60.0
 # How the chunk states (and their gradients) are computed: "split" = chunk-parallel products, then a
 # scan that only multiplies and adds (hgrn2_state_kernels); "fused" = one sequential kernel doing the
-# products inside its loop over chunks; "auto" = split when the fused kernel's programs (one per
-# 64 x 64 state tile and head) cannot fill the GPU, fused otherwise. On an H200 (bench/README.md) fused
-# was 2-4% faster at B*H = 64..128 and split 14% faster at B*H = 16, T = 16384. "pre" = the decay-
-# dependent operands of the products computed chunk-parallel first, then a sequential kernel with the
-# products but no cumulative sums or exponentials (hgrn2_state_kernels; not measured on a GPU yet, so
-# "auto" does not pick it).
+# products inside its loop over chunks; "pre" = the decay-dependent operands of the products computed
+# chunk-parallel first, then a sequential kernel with the products but no cumulative sums or
+# exponentials (hgrn2_state_kernels). "auto" = "pre": on an H200 (2026-11-21, bf16, H 8, K = V = 128,
+# bench/results/bench_hgrn2_h200_2026-11-21_s10_pre.md) it was the fastest of the three at every shape of
+# the bench, forward 0.261 / 0.499 / 0.246 / 0.660 ms against 0.323 / 0.630 / 0.331 / 1.179 (fused) and
+# 0.344 / 0.664 / 0.333 / 0.830 (split) at (B, T) = (8, 2048), (8, 4096), (16, 1024), (2, 16384), and
+# fwd+bwd 8-14% faster than the better of the other two. (Before it, "auto" took split when the fused
+# kernel's programs could not fill the GPU, fused otherwise.)
 STATE_IMPL = os.environ.get("HGRN2_STATE_IMPL", "auto")
 _STATE_IMPLS = ("auto", "split", "fused", "pre")
 # Operands of the intra-chunk products (A = Q K^T with the decay factorised through one mid-chunk
@@ -78,15 +80,11 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _state_impl(x: Tensor, B: int, H: int, K: int, V: int) -> str:
+def _state_impl() -> str:
     """How the chunk states are computed: "split", "fused" or "pre" (see STATE_IMPL)."""
     if STATE_IMPL not in _STATE_IMPLS:
         raise ValueError(f"hgrn2_triton.STATE_IMPL = {STATE_IMPL!r}: expected one of {_STATE_IMPLS} (HGRN2_STATE_IMPL)")
-    if STATE_IMPL != "auto":
-        return STATE_IMPL
-    if not x.is_cuda:
-        return "split"
-    return "split" if B * H * triton.cdiv(K, 64) * triton.cdiv(V, 64) < _sm_count(x.device.index or 0) else "fused"
+    return "pre" if STATE_IMPL == "auto" else STATE_IMPL
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # HGRN2_AUTOTUNE=0 takes the first config of each space (fewer compilations, e.g. for GPU test runs)
@@ -167,7 +165,8 @@ def _prune_output(configs, named_args, **kwargs):
     least two steps of its loop over channels: with one step, Triton 3.6 hands A to the final product
     through a register layout conversion (offline TTGIR) instead of shared memory, and it is in those
     specialisations (head dims 16 and 32 with BK 32) that compute-sanitizer caught out-of-bounds shared
-    reads on an H200. (K >= SPLIT_MIN_HEAD = 64 leaves the BK 32 configs.)"""
+    reads on an H200. (K >= SPLIT_MIN_HEAD = 64 leaves the BK 32 configs.) A GPU test that launched
+    K 64 with BK 64 directly got A wrong by 1e22 (H200, 2026-11-21, session 10): the same fault."""
     kept = _prune_bk(configs, named_args, **kwargs)
     if kwargs.get("FAST_ONLY"):
         K = kwargs["K"] if "K" in kwargs else named_args["K"]
@@ -298,7 +297,7 @@ def _chunk_states(x, g, y, s0, reverse, backward, dt, emu, store_sT):
     h = g.new_empty(BH, NT, K, V, dtype=dt)
     sT = g.new_empty(B, H, K, V, dtype=torch.float32) if store_sT else None
     tiles = lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]), BH)  # noqa: E731
-    _STATE_PASSES[_state_impl(g, B, H, K, V)](x, g, y, s0, h, sT, reverse, backward, emu, tiles)
+    _STATE_PASSES[_state_impl()](x, g, y, s0, h, sT, reverse, backward, emu, tiles)
     return h, sT
 
 

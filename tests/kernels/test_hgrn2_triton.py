@@ -82,13 +82,15 @@ def check_against_reference(q, v, g, s0, reverse, impl, tol, state_tol, seed=1):
     ro, rst = hgrn2_scan_reference(*ref_leaves, ref_s0, reverse)
     ((ro * wo).sum() + (rst * ws).sum()).backward()
 
-    assert rel(o, ro) < tol, f"o: {rel(o, ro):.2e}"
-    assert rel(st, rst) < state_tol, f"final state: {rel(st, rst):.2e}"
+    # every error is measured before any is asserted, so that a failure reports all of them
+    errors = {"o": (rel(o, ro), tol), "final state": (rel(st, rst), state_tol)}
     for name, x, r in zip(("dq", "dv", "dlog_decay"), leaves, ref_leaves):
         assert x.grad.dtype == x.dtype
-        assert rel(x.grad, r.grad) < tol, f"{name}: {rel(x.grad, r.grad):.2e}"
+        errors[name] = (rel(x.grad, r.grad), tol)
     if s0 is not None:
-        assert rel(s0_leaf.grad, ref_s0.grad) < state_tol, f"dh0: {rel(s0_leaf.grad, ref_s0.grad):.2e}"
+        errors["dh0"] = (rel(s0_leaf.grad, ref_s0.grad), state_tol)
+    report = ", ".join(f"{name} {err:.2e} (< {limit:g})" for name, (err, limit) in errors.items())
+    assert all(err < limit for err, limit in errors.values()), report
 
 
 CASES = [
@@ -347,12 +349,15 @@ def test_intra_chunk_A_every_config(path, decay_scale, bk, warps):
     """The intra-chunk matrix A stored by the forward output kernel, on each path and in each launch
     configuration of its autotune space (BK, warps), against float64. Regression: on an H200 (triton
     3.6) the four-block products in tf32 gave errors of order 1 in A; 7 of the 9 non-fast cases here
-    failed with them (fixed by running those products in full fp32)."""
+    failed with them (fixed by running those products in full fp32). The head dim is at least twice BK:
+    the path-1-only launch with a single channel block (BK >= K) is the configuration that faults with
+    Triton 3.6 (hgrn2_triton._prune_output never picks it; with K 64 and BK 64 this test got A wrong
+    by 1e22 on an H200, 2026-11-21)."""
     from hgrn_fairseq.kernels.hgrn2_chunk_kernels import hgrn2_fwd_output_kernel
 
     csafe = 60.0 if path in ("fast", "mixed") else 0.0
     safe = 0.0 if path == "elementwise" else 60.0
-    B, T, H, K, V, BT = 1, 130, 2, 64, 16, hgrn2_triton.CHUNK
+    B, T, H, K, V, BT = 1, 130, 2, max(64, 2 * bk), 16, hgrn2_triton.CHUNK
     q, v, g, _ = make_inputs(B, T, H, K, V, torch.float32, h0=False, decay_scale=decay_scale, seed=21)
     NT = -(-T // BT)
     h = torch.zeros(B * H, NT, K, V, device=q.device)
@@ -383,11 +388,14 @@ def test_split_and_single_launch(monkeypatch, split_min_head, reverse):
     """Both launch schemes of the output and dq/dg kernels (SPLIT_MIN_HEAD 0: path 1 alone, then the
     listed chunks again with every path; 1000: one launch, every path), on decays steep enough that
     some chunks need the other paths and some do not, with bf16 intra-chunk products (the default) and
-    with fp32 ones."""
+    with fp32 ones. Head dim 16 in the interpreter, 64 on the GPU: below 64 the path-1-only output launch
+    faults with Triton 3.6 (see hgrn2_triton.SPLIT_MIN_HEAD; with head dim 16 this test's outputs were
+    off by 3-4% on an H200, 2026-11-21)."""
     monkeypatch.setattr(hgrn2_triton, "SPLIT_MIN_HEAD", split_min_head)
+    head = 16 if INTERPRET else 64
     for intra, dtype in (("input", torch.bfloat16), ("fp32", torch.float32)):
         monkeypatch.setattr(hgrn2_triton, "INTRA_DOT", intra)
-        q, v, g, s0 = make_inputs(1, 200, 2, 16, 16, dtype, decay_scale=3.0, seed=41)
+        q, v, g, s0 = make_inputs(1, 200, 2, head, head, dtype, decay_scale=3.0, seed=41)
         tol = BF16_TOL if dtype == torch.bfloat16 else FP32_TOL
         check_against_reference(q, v, g, s0, reverse, "chunk", tol, 1e-2 if dtype == torch.bfloat16 else tol)
 
