@@ -26,10 +26,9 @@
 #
 # Time limits per stage come from TESTS_S, TRAIN_S, MQAR_S (seconds). TEST_PATHS narrows the tests
 # stage; BENCH_TRAIN_ARGS goes to bench_train.py; SAVE_AUTOTUNE=1 returns Triton's autotune cache.
-# The tests stage's defaults (12 processes, 240 s) no longer cover tests/kernels: on an H200
-# (2026-11-21) tests/kernels/test_hgrn2_triton.py alone got through 33 of its 82 tests in 140 s with 16
-# processes (compilation); give it about 300 s with TEST_PROCS=16, or run the HGRU files through
-# bench/gpu_scan_run.sh (about 50 s) and a core subset of the HGRN2 ones through bench/gpu_hgrn2_run.sh.
+# The tests stage runs each pytest process with torch single-threaded (bench/split_pytest.sh): with the
+# default thread count, 12 processes of 16 spinning threads each starved Triton's compiler (session 10:
+# the HGRN2 kernel tests went from 21-41 done in 200-250 s to all 116 in 67 s).
 #
 # mqar stage (scripts/run_mqar.sh documents each; defaults in brackets): MQAR_SETTINGS [256:16,512:64]
 # MQAR_DIMS [64,128,256,512] MQAR_LRS [1e-3,3e-3] MQAR_TRAIN_SIZE [20000] MQAR_EPOCHS [4]
