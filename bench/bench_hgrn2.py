@@ -148,7 +148,9 @@ def sdpa(B, T, H, K, bwd):
 
 
 def rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+    """Norm-relative difference ||a - b|| / ||b||, in float64."""
+    a, b = a.detach().double(), b.detach().double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 class Recorder:
@@ -373,11 +375,6 @@ def profile_breakdown(rec, shape=(8, 2048, 8, 128)):
 ACCURACY_TOL = 2e-2  # the bf16 tolerance of tests/kernels/test_hgrn2_triton.py
 
 
-def _rel(x, ref):
-    x, ref = x.detach().double(), ref.detach().double()
-    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
 def check_accuracy(rec, K=128, T=1000, H=2, device="cuda"):
     """The kernels the timed rows ran (bf16, K = V = 128, every chunk-state implementation) against the
     float64 reference of the equations (hgrn_fairseq.kernels.hgrn2_scan_reference, on the GPU): output,
@@ -399,8 +396,8 @@ def check_accuracy(rec, K=128, T=1000, H=2, device="cuda"):
             leaves = [x.detach().clone().requires_grad_() for x in (q, v, g)]
             o, st = with_state_impl(impl, lambda: hgrn2_fused(*leaves))()
             ((o.double() * wo).sum() + (st.double() * ws).sum()).backward()
-            errs = {"o": _rel(o, ro), "state": _rel(st, rs)}
-            errs.update({f"d{n}": _rel(x.grad, r.grad) for n, x, r in zip(("q", "v", "log_decay"), leaves, ref)})
+            errs = {"o": rel(o, ro), "state": rel(st, rs)}
+            errs.update({f"d{n}": rel(x.grad, r.grad) for n, x, r in zip(("q", "v", "log_decay"), leaves, ref)})
             bad = sorted(n for n, e in errs.items() if not e < ACCURACY_TOL)
             rec.add(impl=f"ours_{impl}", mode="accuracy vs float64", decay_scale=scale, shape=f"1x{T}x{H}x{K}",
                     errors={n: float(f"{e:.2e}") for n, e in errs.items()}, over_tolerance=bad)

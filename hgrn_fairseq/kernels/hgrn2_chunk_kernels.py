@@ -332,20 +332,25 @@ def _output_loads(q_base, g_base, h, chunk, pos, valid, i_k, H, K: tl.constexpr,
 
 
 @triton.jit
-def _mid_ref_ok(b_b, o_t, BT: tl.constexpr, CSAFE: tl.constexpr):
-    """1 (int32) when path 1 can take these channels: each half chunk decays by at most CSAFE in every
-    channel, so that every factor through the mid-chunk reference stays within exp(+-CSAFE)."""
-    r_mid = _row_of(b_b, o_t, BT // 2 - 1)
-    r_end = _row_of(b_b, o_t, BT - 1)
+def _mid_rows(b_b, o_t, BT: tl.constexpr):
+    """Path 1's reference r (the cumulative decay at the middle of the chunk) and the chunk's total B
+    (at its last row), as [BK] vectors of a [BT, BK] tile of cumulative decays."""
+    return _row_of(b_b, o_t, BT // 2 - 1), _row_of(b_b, o_t, BT - 1)
+
+
+@triton.jit
+def _mid_ref_ok(r_mid, r_end, CSAFE: tl.constexpr):
+    """1 (int32) when path 1 can take these channels (``_mid_rows``): each half chunk decays by at most
+    CSAFE in every channel, so that every factor through the mid-chunk reference stays within
+    exp(+-CSAFE)."""
     return (tl.min(r_mid, axis=0) >= -CSAFE).to(tl.int32) * (tl.min(r_end - r_mid, axis=0) >= -CSAFE).to(tl.int32)
 
 
 @triton.jit
-def _mid_ref_A(b_q, b_k, b_b, o_t, BT: tl.constexpr, DT: tl.constexpr, EMU: tl.constexpr, LOWP: tl.constexpr):
+def _mid_ref_A(b_q, b_k, b_b, r_mid, DT: tl.constexpr, EMU: tl.constexpr, LOWP: tl.constexpr):
     """Path 1's product ``(q * exp(b - r)) (k * exp(r - b))^T`` with r the cumulative decay at the
     middle of the chunk; operands in the dot dtype (LOWP) or fp32. Entries above the diagonal may
     overflow (they are masked later)."""
-    r_mid = _row_of(b_b, o_t, BT // 2 - 1)
     b_qx = b_q * tl.exp(b_b - r_mid[None, :])
     b_ky = b_k * tl.exp(r_mid[None, :] - b_b)
     if LOWP:
@@ -398,15 +403,16 @@ def _output_chunk(q, v, g, h, o, A, i_n, i_bh, T, H, NT,
         b_q = b_q.to(tl.float32)
         b_k = _neg_expm1(b_g)
         b_o += tl.dot(_cast(b_q * tl.exp(b_b), DT, EMU), b_hk)
+        r_mid, r_end = _mid_rows(b_b, o_t, BT)
         if FAST_ONLY:
-            done = done * _mid_ref_ok(b_b, o_t, BT, CSAFE)
-            b_A += _mid_ref_A(b_q, b_k, b_b, o_t, BT, DT, EMU, LOWP)
+            done = done * _mid_ref_ok(r_mid, r_end, CSAFE)
+            b_A += _mid_ref_A(b_q, b_k, b_b, r_mid, DT, EMU, LOWP)
         else:
             # one reference (mid-chunk) for the whole chunk when every factor stays within exp(+-CSAFE);
             # otherwise the four-block path. Only the lower triangle of A is kept: the upper one may
             # overflow.
-            if _mid_ref_ok(b_b, o_t, BT, CSAFE) > 0:
-                b_A += _mid_ref_A(b_q, b_k, b_b, o_t, BT, DT, EMU, LOWP)
+            if _mid_ref_ok(r_mid, r_end, CSAFE) > 0:
+                b_A += _mid_ref_A(b_q, b_k, b_b, r_mid, DT, EMU, LOWP)
             else:
                 b_A += _intra_A_blocks(b_q, b_k, b_b, o_t, blk, off, i_n, T, H, K, g_base, o_k, m_k, BT, BC, BK,
                                        SAFE, REVERSE)
@@ -651,8 +657,7 @@ def _dqdg_slice(q, v, g, h, do, dh, dA, dq, dg, i_k, i_n, i_bh, T, H, NT,
     b_b = _prefix_decay(b_graw, EMU)
     b_g = b_graw.to(tl.float32)
     b_k = _neg_expm1(b_g)
-    r_mid = _row_of(b_b, o_t, BT // 2 - 1)
-    b_B = _row_of(b_b, o_t, BT - 1)
+    r_mid, b_B = _mid_rows(b_b, o_t, BT)
 
     # inter-chunk terms first: dO, v and the two states are dead before the intra-chunk loop
     b_do = _cast(tl.load(do + (i_b * T * H + i_h) * V + p_tv, mask=m_tv, other=0.0), DT, EMU)
@@ -673,7 +678,7 @@ def _dqdg_slice(q, v, g, h, do, dh, dA, dq, dg, i_k, i_n, i_bh, T, H, NT,
         # launch overwrites them
         fast = 1
     else:
-        fast = _mid_ref_ok(b_b, o_t, BT, CSAFE)
+        fast = _mid_ref_ok(r_mid, b_B, CSAFE)
     if fast > 0:
         b_x = tl.exp(b_b - r_mid[None, :])
         b_y = tl.exp(r_mid[None, :] - b_b)
