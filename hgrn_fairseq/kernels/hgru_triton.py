@@ -85,7 +85,7 @@ tuning = {
     "block_t": None,  # BT, time steps per tile
     "block_d": None,  # BD, channels per program (at least 32)
     "num_warps": None,
-    "mode": None,  # "seq", "lookback" or "twopass" (see _plan)
+    "mode": None,  # "seq", "lookback", "twopass", "chunklb", "stream" or "block" (see _plan)
     "num_chunks": None,  # NC for "twopass"
     "min_programs": None,  # below this many (batch, channel-block) programs, split time
     "publish_inclusive": None,  # False (tests only): look-back walks always reach chunk 0
@@ -95,7 +95,9 @@ tuning = {
     "programs_per_sm": None,  # "twopass" / "chunklb": chunks per column from this many programs per SM
     "vec": None,  # "chunklb", real scans: channels per load/store where alignment allows (see _vec_width)
     "lookback_window": None,  # predecessors read per look-back round trip (a power of two; 1: one)
-    "stages": None,  # "stream": software-pipeline depth (tiles whose loads are in flight, plus one)
+    "stages": None,  # "stream" / "block": software-pipeline depth (tiles whose loads are in flight, plus one)
+    "segment_steps": None,  # "block": R, consecutive steps a thread scans
+    "segments": None,  # "block": NW, segments per block (a block is R * NW steps)
 }
 
 
@@ -1033,6 +1035,78 @@ def _hgru_stream_bwd_kernel(
 
 
 # ----------------------------------------------------------------------------------------------
+# "block" (real forward): one CTA per channel block walks the sequence in blocks of R * NW steps.
+# A block is a [NW, R, BD] tile: NW segments of R consecutive steps, each thread holding R steps of
+# its channels, so a segment scans in registers; the NW segment maps are joined by a short scan
+# across the CTA. The software pipeline keeps STAGES - 1 blocks of loads in flight (staged in shared
+# memory), every input is read once, and no program waits for another.
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _segment_row(v, seg, s: tl.constexpr):
+    """Row ``s`` of a [NW, BD] tensor of segment values, as [BD]."""
+    return tl.sum(tl.where(seg == s, v, 0.0), axis=0)
+
+
+@triton.jit(do_not_specialize=["sxb", "sxt", "sab", "sat", "s0b", "s0d", "T", "D"])
+def _hgru_block_fwd_kernel(
+    X, sxb, sxt, A, sab, sat, GAMMA, gamma_val, H0, s0b, s0d, H, HT, T, D,
+    FUSED: tl.constexpr, REVERSE: tl.constexpr, HAS_H0: tl.constexpr, GAMMA_MODE: tl.constexpr,
+    R: tl.constexpr, NW: tl.constexpr, BD: tl.constexpr, STAGES: tl.constexpr, VEC: tl.constexpr,
+):
+    """Forward of the real scan (plain or fused gates) over blocks of ``R * NW`` steps of one (batch,
+    channel block) column. ``VEC`` divides D, the strides and the row starts (``_vec_width``): Triton
+    is shown that alignment, and no more, through the ``VEC * (n // VEC)`` forms below, so each access
+    moves VEC channels (16 bytes at VEC = 8 in bf16) and lanes never split a segment's steps."""
+    pid = tl.program_id(0)
+    ndb = tl.cdiv(D, BD)
+    b = (pid // ndb).to(tl.int64)
+    d = (pid % ndb) * BD + tl.arange(0, BD)
+    DV = VEC * (D // VEC)  # == D
+    dm = d < DV
+    seg = tl.arange(0, NW)[:, None]  # [NW, 1]
+    rr = tl.arange(0, R)[None, :, None]  # [1, R, 1]
+    rel = seg[:, :, None] * R + rr  # [NW, R, 1]: scan step within the block
+    cc = d[None, None, :]
+    cm = dm[None, None, :]
+    gam = 0.0
+    if FUSED:
+        gam = _gamma(GAMMA, gamma_val, d, dm, GAMMA_MODE)[None, None, :]
+    h = tl.zeros([BD], tl.float32)  # state entering the block
+    if HAS_H0:
+        h, h_im = _load_state(H0, b, s0b, s0d, 0, d, dm, False)
+    xb = X + b * (VEC * (sxb // VEC))
+    ab = A + b * (VEC * (sab // VEC))
+    hb = H + b * T * DV
+    sxt_v = VEC * (sxt // VEC)
+    sat_v = VEC * (sat // VEC)
+    for s0 in tl.range(0, T, R * NW, num_stages=STAGES):
+        s = s0 + rel
+        valid = s < T
+        if REVERSE:
+            t = (T - 1 - s).to(tl.int64)
+        else:
+            t = s.to(tl.int64)
+        m = valid & cm
+        xv = tl.load(xb + t * sxt_v + cc, mask=m, other=0.0).to(tl.float32)
+        av = tl.load(ab + t * sat_v + cc, mask=m, other=1.0).to(tl.float32)
+        # (masked steps: decay 1 and input 0, the identity map)
+        lam, xv, x_im = _fwd_gates(av, xv, xv, gam, m, FUSED, False)
+        # each segment's map h -> P h + S (in-thread along its R steps)
+        P, S = tl.reduce((lam, xv), 1, _combine_real)
+        # the state leaving each segment, then the one entering it (the previous segment's; h for the first)
+        Pi, Si = tl.associative_scan((P, S), 0, _combine_real)
+        leave = Si + Pi * h[None, :]
+        enter = tl.gather(leave, tl.maximum(seg - 1, 0) + tl.zeros([NW, BD], tl.int32), 0)
+        enter = tl.where(seg == 0, h[None, :], enter)
+        # fold the entering state into each segment's first step and scan
+        xv += tl.where(rr == 0, lam * enter[:, None, :], 0.0)
+        p, z = tl.associative_scan((lam, xv), 1, _combine_real)
+        tl.store(hb + t * DV + cc, z.to(H.dtype.element_ty), mask=m)
+        h = _segment_row(leave, seg, NW - 1)
+    tl.store(HT + b * D + d, h.to(HT.dtype.element_ty), mask=dm)
+
+
+# ----------------------------------------------------------------------------------------------
 # single pass over time chunks: decoupled look-back
 # ----------------------------------------------------------------------------------------------
 _MAX_SPINS = tl.constexpr(1 << 20)  # a wait never lasts this long unless something is broken
@@ -1488,7 +1562,7 @@ _DEFAULTS = {
     (True, True, False): ("twopass", 8, (8, True)),
     (True, True, True): ("twopass", 8, (8, False)),
 }
-_MODES = ("seq", "lookback", "twopass", "stream", "chunklb")
+_MODES = ("seq", "lookback", "twopass", "stream", "chunklb", "block")
 # "stream" (real scans; ``_hgru_stream_fwd/bwd_kernel``): one warp per channel block walks the whole
 # sequence, with a software pipeline of STREAM_STAGES tiles (the loads of the next tiles wait in
 # shared memory; 16-byte loads when Triton sees aligned rows). The default for the plain real scan
@@ -1503,6 +1577,14 @@ _MODES = ("seq", "lookback", "twopass", "stream", "chunklb")
 _STREAM = {(False, False): True, (False, True): True, (True, False): False, (True, True): False}  # (fused, bwd)
 STREAM_STAGES = 3
 STREAM_WIDE_PROGRAMS = 4  # per SM, with 64-channel programs
+# "block" (real forward; ``_hgru_block_fwd_kernel``): one CTA of BLOCK_FWD["num_warps"] warps per 64-channel
+# column walks the sequence in blocks of R * NW = 128 steps, 3-deep software pipeline. The default for the
+# plain real forward when the columns number at least BLOCK_MIN_COLUMNS_PER_SM per SM (so that no SM idles).
+# H200, 2026-11-21, graphed GPU times (bench/explore_scan_block.py, session 11), forward / floor:
+# 1.16x at (8, 2048, 1024), 1.12x at (8, 4096, 1024), 1.09x at (32, 512, 1536) (chunklb: 1.71x / 1.64x;
+# stream: 1.35x), but 3.1x at (1, 8192, 2048), whose 32 columns leave most SMs idle.
+BLOCK_FWD = dict(R=8, NW=16, BD=64, num_warps=4, STAGES=3)
+BLOCK_MIN_COLUMNS_PER_SM = 0.9
 # Predecessors the look-back reads per round trip, real / complex (``tuning["lookback_window"]``
 # overrides; 1 is the walk of one predecessor per round trip). Measured with bench_scan.py --sweep on
 # an H200 (2026-11-21, bf16, (8, 2048, 1024) and (1, 8192, 2048)): 1 is the fastest for every kernel
@@ -1582,8 +1664,11 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
     mode = cfg["mode"]
     sms = _sm_count(device)
     wide = D % 64 == 0 and B * D // 64 >= STREAM_WIDE_PROGRAMS * sms  # enough 64-channel stream programs
+    block_cols = B * triton.cdiv(D, BLOCK_FWD["BD"])
     if mode is None:
-        if not is_complex and _STREAM[(bool(fused), bool(backward))] and wide and T > 16:
+        if not is_complex and not fused and not backward and block_cols >= BLOCK_MIN_COLUMNS_PER_SM * sms:
+            mode = "block"
+        elif not is_complex and _STREAM[(bool(fused), bool(backward))] and wide and T > 16:
             mode = "stream"
         else:
             min_programs = cfg["min_programs"] or 8 * sms
@@ -1592,8 +1677,14 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
                 mode = _FEW_COLUMNS_MODE.get(key, mode)
     if mode not in _MODES:
         raise ValueError(f"tuning['mode']={mode!r} is not one of {_MODES}")
-    if mode == "chunklb" and backward:  # a forward kernel only: its backward takes two passes
+    if mode in ("chunklb", "block") and backward:  # forward kernels only: their backward takes two passes
         mode = "twopass"
+    if mode == "block":
+        if is_complex:
+            raise ValueError("tuning['mode']='block' is for the real scans only")
+        return dict(mode=mode, R=cfg["segment_steps"] or BLOCK_FWD["R"], NW=cfg["segments"] or BLOCK_FWD["NW"],
+                    BD=cfg["block_d"] or BLOCK_FWD["BD"], num_warps=cfg["num_warps"] or BLOCK_FWD["num_warps"],
+                    STAGES=int(cfg["stages"] or BLOCK_FWD["STAGES"]), NC=1, CL=T, LBW=1)
     if mode == "chunklb":  # wider programs (CHUNKLB_BLOCK)
         bd = cfg["block_d"] or CHUNKLB_BLOCK[0]
         num_warps = cfg["num_warps"] or CHUNKLB_BLOCK[1]
@@ -1748,6 +1839,11 @@ class _HGRUScanFunction(torch.autograd.Function):
                     *args[:6], *args[7:12], h, ht, T, D, FUSED=fused, REVERSE=reverse,
                     HAS_H0=h0 is not None, GAMMA_MODE=flags["GAMMA_MODE"], BT=plan["BT"], BD=plan["BD"],
                     STAGES=plan["STAGES"], num_warps=plan["num_warps"])
+            elif mode == "block":
+                _hgru_block_fwd_kernel[(n_cols,)](
+                    *args[:6], *args[7:12], h, ht, T, D, FUSED=fused, REVERSE=reverse, HAS_H0=h0 is not None,
+                    GAMMA_MODE=flags["GAMMA_MODE"], R=plan["R"], NW=plan["NW"], BD=plan["BD"],
+                    STAGES=plan["STAGES"], VEC=_vec_width(D, 8, x, a, h), num_warps=plan["num_warps"])
             elif mode == "chunklb":
                 lbuf, state = _lookback_buffers(dev, (4 if is_complex else 2) * nc * B * D)
                 _hgru_fwd_lbc_kernel[(n_cols * nc,)](

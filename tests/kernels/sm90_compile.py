@@ -69,6 +69,8 @@ def specialisations():
         out.append((f"hgru bwd look-back {tag}", h1._hgru_bwd_lb_kernel, base, 1))
         out.append((f"hgru fwd chunklb {tag}", h1._hgru_fwd_lbc_kernel, dict(base, BD=64, VEC=2 if flags else 1), 2))
         if not cplx:
+            out.append((f"hgru block fwd {tag}", h1._hgru_block_fwd_kernel,
+                        dict(base, R=8, NW=16, BD=64, STAGES=3, VEC=8 if flags else 1), 4))
             out.append((f"hgru stream fwd {tag}", h1._hgru_stream_fwd_kernel, dict(base, BD=64), 4))
             out.append((f"hgru stream bwd {tag}", h1._hgru_stream_bwd_kernel, dict(base, BD=64), 4))
 

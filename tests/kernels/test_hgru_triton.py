@@ -96,8 +96,10 @@ def tuning(**cfg):
 # predecessor's map (no chunk but the first publishes its state); the sequential kernel over several
 # tiles with prefetch; the two-pass chunked kernels with the state added after each tile's scan;
 # the streaming kernels (real scans: 16-channel programs, a 3-deep software pipeline over 8-step
-# tiles) and their 64-channel variant.
+# tiles) and their 64-channel variant; the block forward of the real scans (16-step blocks of 4
+# segments of 4 steps, 32-channel programs; its backward takes two passes).
 CONFIGS = {
+    "block": dict(mode="block", segment_steps=4, segments=4, block_d=32),
     "stream": dict(mode="stream", block_t=8, stages=3),
     "stream_wide": dict(mode="stream", block_t=4, block_d=64),
     "default": {},
@@ -182,8 +184,11 @@ SCAN_CASES = [
     (37, 48, True, False, "stream"),
     (37, 33, True, True, "stream"),  # D not a multiple of 16: a partial channel block, unaligned rows
     (29, 128, False, True, "stream_wide"),
+    (1, 3, False, True, "block"),  # T = 1: one block, all but one step past the end
+    (70, 48, False, True, "block"),  # 5 blocks (the last one partial), a partial channel block
+    (37, 33, True, True, "block"),  # D not a multiple of 8: one channel per access
 ]
-REAL_ONLY = ("stream", "stream_wide")
+REAL_ONLY = ("stream", "stream_wide", "block")
 
 
 @pytest.mark.parametrize("T,D,reverse,with_h0,config", SCAN_CASES)
@@ -221,6 +226,8 @@ FUSED_CASES = [
     (False, 37, 33, True, "tensor", True, "seq"),
     (False, 70, 48, True, "tensor", True, "stream"),
     (False, 37, 64, False, "float", False, "stream_wide"),
+    (False, 70, 48, True, "tensor", True, "block"),
+    (False, 37, 64, False, "float", False, "block"),
     (True, 1, 3, True, "tensor", True, "default"),
     (True, 37, 33, True, "none", True, "tiles"),
     (True, 70, 33, False, "tensor", True, "chunks"),
@@ -319,15 +326,17 @@ def test_strided_inputs():
 
 
 def test_stream_plan():
-    """The streaming plan: the default for the plain real scan (forward and backward) when B * D
-    gives enough 64-channel programs, never for fused or complex ones (a forced complex stream is a
-    clear error); forced with fewer programs, it takes 16-channel blocks."""
+    """The streaming plan: the default for the plain real scan's backward when B * D gives enough
+    64-channel programs (its forward takes the block kernel there), never for fused or complex ones (a
+    forced complex stream is a clear error); forced with fewer programs, it takes 16-channel blocks."""
     dev = torch.device(DEVICE)
     sms = K._sm_count(dev)
     D = 128
     B = K.STREAM_WIDE_PROGRAMS * sms * 64 // D
+    assert K._plan(B, 100, D, False, dev)["mode"] == "block"
     for backward in (False, True):
-        plan = K._plan(B, 100, D, False, dev, False, backward)
+        with tuning(mode=None if backward else "stream"):  # (the forward forced: the tiles it would take)
+            plan = K._plan(B, 100, D, False, dev, False, backward)
         assert plan["mode"] == "stream" and plan["STAGES"] == K.STREAM_STAGES
         assert plan["BD"] == 64 and plan["BT"] == 16
         assert K._plan(B, 100, D, False, dev, True, backward)["mode"] != "stream"  # fused
@@ -340,18 +349,67 @@ def test_stream_plan():
             K._plan(B, 100, D, True, dev)
 
 
+def test_block_plan():
+    """The block forward: the default for the plain real forward once the 64-channel columns number at
+    least BLOCK_MIN_COLUMNS_PER_SM per SM, with BLOCK_FWD's launch; never for its backward, the fused or
+    the complex scans, or fewer columns; forced, its backward takes two passes and a complex scan is a
+    clear error."""
+    dev = torch.device(DEVICE)
+    sms = K._sm_count(dev)
+    D = 64 * 3
+    B = -(-int(K.BLOCK_MIN_COLUMNS_PER_SM * sms * 1000) // 3000)  # the fewest rows with enough columns
+    plan = K._plan(B, 100, D, False, dev)
+    assert plan["mode"] == "block"
+    assert {k: plan[k] for k in ("R", "NW", "BD", "num_warps", "STAGES")} == K.BLOCK_FWD
+    assert K._plan(B, 100, D, False, dev, False, True)["mode"] != "block"  # backward
+    assert K._plan(B, 100, D, False, dev, True)["mode"] != "block"  # fused
+    assert K._plan(B, 100, D, True, dev)["mode"] != "block"  # complex
+    if B * 3 - 1 < K.BLOCK_MIN_COLUMNS_PER_SM * sms:
+        assert K._plan(B, 100, D - 64, False, dev)["mode"] != "block"  # too few columns
+    with tuning(mode="block", segment_steps=2, segments=4, block_d=32, stages=2):
+        plan = K._plan(1, 100, 48, False, dev)
+        assert (plan["R"], plan["NW"], plan["BD"], plan["STAGES"]) == (2, 4, 32, 2)
+        assert K._plan(1, 100, 48, False, dev, False, True)["mode"] == "twopass"
+        with pytest.raises(ValueError, match="real scans"):
+            K._plan(1, 100, 48, True, dev)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_block_vector_access(dtype):
+    """The block forward on views of a projection: rows at a multiple of 8 channels take 8 per access
+    (_vec_width), a view at an odd offset one; plain and fused, both directions, agree with the
+    reference."""
+    torch.manual_seed(37)
+    B, T, D = 2, 45, 40
+    proj = torch.randn(B, T, 2 * D + 8, device=DEVICE).to(dtype)
+    for offset, vec in ((0, 8), (1, 1)):
+        x = proj[..., offset: offset + D].detach().requires_grad_(True)
+        assert K._vec_width(D, 8, x) == vec
+        a = _decay(B, T, D, dtype=dtype)
+        h0 = _rand(B, D, dtype=dtype)
+        with tuning(**CONFIGS["block"]):
+            for reverse in (False, True):
+                _check(lambda x, a, h0: K.real_scan(x, a, h0, reverse),
+                       lambda x, a, h0: reference.real_scan_reference(x, a, h0, reverse),
+                       [x, a, h0], ["x", "a", "initial_state"], dtype)
+            f = proj[..., D + offset: 2 * D + offset].detach().requires_grad_(True)
+            _check(lambda f, x, h0: K.hgru_fused(f, x, None, 0.25, h0),
+                   lambda f, x, h0: reference.hgru_reference(f, x, None, 0.25, h0),
+                   [f, x, h0], ["forget_logits", "inputs", "initial_state"], dtype)
+
+
 def test_twopass_chunks_plan():
     """Two-pass plans split each column into enough chunks for TWOPASS_PROGRAMS_PER_SM programs per SM
     (real and complex differ), capped at 32 chunks; the one-launch chunked forward ("chunklb", the plain
     real forward's default) for CHUNKLB_PROGRAMS_PER_SM, and its backward takes two passes."""
     dev = torch.device(DEVICE)
     sms = K._sm_count(dev)
-    B, T, D = 1, 100000, 256  # 8 columns of 32 channels
+    B, T, D = 1, 100000, 192  # 6 columns of 32 channels (3 of 64: too few for the block forward)
     for is_complex, fused, backward in [(False, False, True), (False, True, False), (True, False, True)]:
         plan = K._plan(B, T, D, is_complex, dev, fused, backward)
         assert plan["mode"] == "twopass"
         per_sm = K.TWOPASS_PROGRAMS_PER_SM[is_complex]
-        assert plan["NC"] == min(-(-per_sm * sms // 8), 32)
+        assert plan["NC"] == min(-(-per_sm * sms // 6), 32)
     assert K.TWOPASS_PROGRAMS_PER_SM[False] > K.TWOPASS_PROGRAMS_PER_SM[True]
     # the fused complex backward: look-back for at most half as many columns as SMs, two passes above
     cols = sms // 2
@@ -493,16 +551,41 @@ def test_gpu_medium_sizes_against_reference(config):
                                     dict(mode="stream", stages=1)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_stream_against_reference(config, dtype):
-    """The streaming kernels at a size where they are the default plan of the plain real scan
-    (B * D / 64 >= 4 per SM), forward and backward, plain and (forced) fused."""
+    """The streaming kernels at a size where they are the default plan of the plain real scan's
+    backward (B * D / 64 >= 4 per SM), forward and backward, plain and (forced) fused."""
     torch.manual_seed(29)
     B, T, D = 36, 300, 1024
-    assert K._plan(B, T, D, False, torch.device(DEVICE))["mode"] == "stream"  # the default plan here
+    assert K._plan(B, T, D, False, torch.device(DEVICE), False, True)["mode"] == "stream"  # the default here
     with tuning(**dict(config, mode="stream")):
         x, a = _rand(B, T, D, dtype=dtype), _decay(B, T, D, dtype=dtype)
         h0 = _rand(B, D, dtype=dtype)
         _check(lambda x, a, h0: K.real_scan(x, a, h0), lambda x, a, h0: reference.real_scan_reference(x, a, h0),
                [x, a, h0], ["x", "a", "initial_state"], dtype)
+        f, inp = _rand(B, T, D, dtype=dtype), _rand(B, T, D, dtype=dtype)
+        lb = (torch.rand(D, device=DEVICE) * 0.9).requires_grad_(True)
+        _check(lambda *t: K.hgru_fused(*t, True), lambda *t: reference.hgru_reference(*t, True),
+               [f, inp, None, lb, h0], ["forget_logits", "inputs", "theta", "lower_bound", "initial_state"],
+               dtype)
+
+
+@needs_cuda
+@pytest.mark.parametrize("config", [dict(), dict(segments=8, segment_steps=8), dict(stages=1), dict(stages=4),
+                                    dict(block_d=32, segments=16, segment_steps=4, num_warps=2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_block_against_reference(config, dtype):
+    """The block forward at a size where it is the default plan of the plain real forward (128
+    64-channel columns), plain and (forced) fused, both directions, 3 blocks (the last one partial);
+    the backward of the plain scan takes its own plan."""
+    torch.manual_seed(41)
+    B, T, D = 8, 300, 1024
+    assert K._plan(B, T, D, False, torch.device(DEVICE))["mode"] == "block"  # the default plan here
+    with tuning(**dict(config, mode="block")):
+        x, a = _rand(B, T, D, dtype=dtype), _decay(B, T, D, dtype=dtype)
+        h0 = _rand(B, D, dtype=dtype)
+        for reverse in (False, True):
+            _check(lambda x, a, h0: K.real_scan(x, a, h0, reverse),
+                   lambda x, a, h0: reference.real_scan_reference(x, a, h0, reverse),
+                   [x, a, h0], ["x", "a", "initial_state"], dtype)
         f, inp = _rand(B, T, D, dtype=dtype), _rand(B, T, D, dtype=dtype)
         lb = (torch.rand(D, device=DEVICE) * 0.9).requires_grad_(True)
         _check(lambda *t: K.hgru_fused(*t, True), lambda *t: reference.hgru_reference(*t, True),
@@ -541,17 +624,21 @@ def _tail_check(B, T, D, dtype, tail, reverse=False):
 
 
 @needs_cuda
-def test_gpu_one_million_steps():
+@pytest.mark.parametrize("mode", [None, "block"])
+def test_gpu_one_million_steps(mode):
     torch.manual_seed(17)
-    _tail_check(1, 1_000_003, 64, torch.float32, tail=300)
-    _tail_check(1, 1_000_003, 64, torch.float32, tail=300, reverse=True)
+    with tuning(mode=mode):
+        _tail_check(1, 1_000_003, 64, torch.float32, tail=300)
+        _tail_check(1, 1_000_003, 64, torch.float32, tail=300, reverse=True)
 
 
 @needs_cuda
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_properties(0).total_memory < 60e9,
                     reason="needs about 40 GB of GPU memory")
-def test_gpu_64bit_offsets():
+@pytest.mark.parametrize("mode", [None, "block"])
+def test_gpu_64bit_offsets(mode):
     """B * T * D above 2^31 elements: indices past 2^31 must not wrap."""
     torch.manual_seed(19)
     T = (1 << 31) // 1024 + 77
-    _tail_check(1, T, 1024, torch.bfloat16, tail=64)
+    with tuning(mode=mode):
+        _tail_check(1, T, 1024, torch.bfloat16, tail=64)
