@@ -120,6 +120,9 @@ def main():
     ap.add_argument("--out", default="results/explore_scan_block")
     ap.add_argument("--shapes", default="8x2048x1024,8x4096x1024,32x512x1536,1x8192x2048,2x16384x1024")
     ap.add_argument("--configs", default=None, help="JSON list of configs (default: a built-in grid)")
+    ap.add_argument("--library", default=None,
+                    help="JSON list of hgru_triton.tuning dicts: time real_scan and hgru_fused forwards (no grad) "
+                         "under each instead of the block kernel above")
     args = ap.parse_args()
     import graph_timing
     from bench_scan import floor_op
@@ -147,6 +150,27 @@ def main():
             lines.append(f"| {(B, T, D)} | {name} | {ms:.4f} | {ms / fl:.2f} |")
             rows.append(dict(shape=[B, T, D], op=name, ms=ms))
             say(lines[-1])
+        if args.library:
+            f = torch.randn(B, T, D, device="cuda", generator=g).to(torch.bfloat16)
+            lb = torch.rand(D, device="cuda", generator=g) * 0.9
+            for tun in json.loads(args.library):
+                saved = dict(K.tuning)
+                K.tuning.update(tun)
+                try:
+                    for name, fn in (("real_scan", lambda: K.real_scan(x, a)),
+                                     ("hgru_fused", lambda: K.hgru_fused(f, x, None, lb))):
+                        mode = K._plan(B, T, D, False, x.device, name == "hgru_fused")["mode"]
+                        ms = graph_timing.gpu_time(fn)
+                        lines.append(f"| {(B, T, D)} | {name} {json.dumps(tun)} ({mode}) | {ms:.4f} | {ms / fl:.2f} |")
+                        rows.append(dict(shape=[B, T, D], op=name, tuning=tun, mode=mode, ms=ms))
+                        say(lines[-1])
+                except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
+                    lines.append(f"| {(B, T, D)} | {json.dumps(tun)} | {type(e).__name__}: {str(e)[:80]} | |")
+                    say(lines[-1])
+                finally:
+                    K.tuning.clear()
+                    K.tuning.update(saved)
+            continue
         h = torch.empty_like(x)
         ht = torch.empty(B, D, dtype=x.dtype, device=x.device)
         for cfg in configs:

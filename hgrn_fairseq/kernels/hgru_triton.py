@@ -45,6 +45,11 @@ Parallelism over time comes in these modes (``_plan`` picks one per launch; ``tu
   then runs the chunk, whose second read mostly hits L2 (``_hgru_fwd_lbc_kernel``).
 * ``stream`` (real scans): one program per channel block walks the whole sequence through a software
   pipeline of tiles (``_hgru_stream_fwd_kernel``), for many channel blocks.
+* ``block`` (real forwards): one CTA per channel block walks the sequence in blocks of ``R * NW``
+  steps, each cut into ``NW`` segments of ``R`` steps that threads scan in registers and a short scan
+  across the CTA joins (``_hgru_block_fwd_kernel``). Parallel over time inside the CTA, so 64-channel
+  columns need only number about half the SMs; every input is read once and no program waits for
+  another.
 
 The backward of ``h_t = A_t h_{t-1} + x_t`` is the same scan run in the other direction:
 ``g_t = dh_t + conj(A_{t+1}) g_{t+1}`` (``g_T`` = gradient of the final state), ``dx_t = g_t``,
@@ -1579,12 +1584,17 @@ STREAM_STAGES = 3
 STREAM_WIDE_PROGRAMS = 4  # per SM, with 64-channel programs
 # "block" (real forward; ``_hgru_block_fwd_kernel``): one CTA of BLOCK_FWD["num_warps"] warps per 64-channel
 # column walks the sequence in blocks of R * NW = 128 steps, 3-deep software pipeline. The default for the
-# plain real forward when the columns number at least BLOCK_MIN_COLUMNS_PER_SM per SM (so that no SM idles).
-# H200, 2026-11-21, graphed GPU times (bench/explore_scan_block.py, session 11), forward / floor:
-# 1.16x at (8, 2048, 1024), 1.12x at (8, 4096, 1024), 1.09x at (32, 512, 1536) (chunklb: 1.71x / 1.64x;
-# stream: 1.35x), but 3.1x at (1, 8192, 2048), whose 32 columns leave most SMs idle.
+# plain real forward when the columns number at least BLOCK_MIN_COLUMNS_PER_SM per SM. H200, 2026-11-21,
+# graphed GPU times, forward / floor (bench/explore_scan_block.py, session 11; results/explore_scan_block_*):
+# 1.16-1.19x at (8, 2048, 1024), 1.12-1.15x at (8, 4096, 1024), 1.09-1.10x at (32, 512, 1536), 1.20x at
+# (16, 2048, 1024) (chunklb: 1.71x / 1.64x; stream: 1.35x at (32, 512, 1536)); with 64 columns,
+# (4, 2048, 1024), 1.72x against chunklb's 1.80x; with 32, (1, 8192, 2048) and (2, 16384, 1024), 3.4-3.6x
+# against 1.75-1.81x (most SMs idle). Other launches of the same sweep: 4 stages within 3% either way;
+# 32-channel CTAs 1.21-1.42x at B * D = 8192; 128-channel CTAs 1.10x at (16, 2048, 1024) but 1.50x at
+# B * D = 8192. The fused forward was slower this way (2.8-4.9x the floor against 1.5-2.8x for its
+# default plans: the gates' registers), so it keeps them.
 BLOCK_FWD = dict(R=8, NW=16, BD=64, num_warps=4, STAGES=3)
-BLOCK_MIN_COLUMNS_PER_SM = 0.9
+BLOCK_MIN_COLUMNS_PER_SM = 0.45
 # Predecessors the look-back reads per round trip, real / complex (``tuning["lookback_window"]``
 # overrides; 1 is the walk of one predecessor per round trip). Measured with bench_scan.py --sweep on
 # an H200 (2026-11-21, bf16, (8, 2048, 1024) and (1, 8192, 2048)): 1 is the fastest for every kernel
@@ -1682,9 +1692,17 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
     if mode == "block":
         if is_complex:
             raise ValueError("tuning['mode']='block' is for the real scans only")
-        return dict(mode=mode, R=cfg["segment_steps"] or BLOCK_FWD["R"], NW=cfg["segments"] or BLOCK_FWD["NW"],
-                    BD=cfg["block_d"] or BLOCK_FWD["BD"], num_warps=cfg["num_warps"] or BLOCK_FWD["num_warps"],
-                    STAGES=int(cfg["stages"] or BLOCK_FWD["STAGES"]), NC=1, CL=T, LBW=1)
+        r, nw = int(cfg["segment_steps"] or BLOCK_FWD["R"]), int(cfg["segments"] or BLOCK_FWD["NW"])
+        bd, warps = int(cfg["block_d"] or BLOCK_FWD["BD"]), int(cfg["num_warps"] or BLOCK_FWD["num_warps"])
+        if any(v < 1 or v & (v - 1) for v in (r, nw, bd, warps)) or bd > 256 or nw * bd < 256 * warps:
+            raise ValueError(
+                f"tuning: the block forward needs powers of two with block_d <= 256 and segments * block_d >= "
+                f"256 * num_warps (got segment_steps={r}, segments={nw}, block_d={bd}, num_warps={warps}): with "
+                "8 channels per access, a warp's lanes must all fit on (segment, channel) pairs, or Triton spreads "
+                "a segment's steps over lanes or warps, which is slow and gave wrong results on an H200 "
+                "(Triton 3.6, 2026-11-21)")
+        return dict(mode=mode, R=r, NW=nw, BD=bd, num_warps=warps, STAGES=int(cfg["stages"] or BLOCK_FWD["STAGES"]),
+                    NC=1, CL=T, LBW=1)
     if mode == "chunklb":  # wider programs (CHUNKLB_BLOCK)
         bd = cfg["block_d"] or CHUNKLB_BLOCK[0]
         num_warps = cfg["num_warps"] or CHUNKLB_BLOCK[1]

@@ -96,10 +96,10 @@ def tuning(**cfg):
 # predecessor's map (no chunk but the first publishes its state); the sequential kernel over several
 # tiles with prefetch; the two-pass chunked kernels with the state added after each tile's scan;
 # the streaming kernels (real scans: 16-channel programs, a 3-deep software pipeline over 8-step
-# tiles) and their 64-channel variant; the block forward of the real scans (16-step blocks of 4
-# segments of 4 steps, 32-channel programs; its backward takes two passes).
+# tiles) and their 64-channel variant; the block forward of the real scans (32-step blocks of 8
+# segments of 4 steps, 32-channel programs of one warp; its backward takes two passes).
 CONFIGS = {
-    "block": dict(mode="block", segment_steps=4, segments=4, block_d=32),
+    "block": dict(mode="block", segment_steps=4, segments=8, block_d=32, num_warps=1),
     "stream": dict(mode="stream", block_t=8, stages=3),
     "stream_wide": dict(mode="stream", block_t=4, block_d=64),
     "default": {},
@@ -366,12 +366,17 @@ def test_block_plan():
     assert K._plan(B, 100, D, True, dev)["mode"] != "block"  # complex
     if B * 3 - 1 < K.BLOCK_MIN_COLUMNS_PER_SM * sms:
         assert K._plan(B, 100, D - 64, False, dev)["mode"] != "block"  # too few columns
-    with tuning(mode="block", segment_steps=2, segments=4, block_d=32, stages=2):
+    with tuning(mode="block", segment_steps=2, segments=8, block_d=32, stages=2, num_warps=1):
         plan = K._plan(1, 100, 48, False, dev)
-        assert (plan["R"], plan["NW"], plan["BD"], plan["STAGES"]) == (2, 4, 32, 2)
+        assert (plan["R"], plan["NW"], plan["BD"], plan["STAGES"], plan["num_warps"]) == (2, 8, 32, 2, 1)
         assert K._plan(1, 100, 48, False, dev, False, True)["mode"] == "twopass"
         with pytest.raises(ValueError, match="real scans"):
             K._plan(1, 100, 48, True, dev)
+    # a warp's lanes must fit on (segment, channel) pairs at 8 channels per access
+    for bad in (dict(segments=4, block_d=32, num_warps=1), dict(segments=8, block_d=64, num_warps=4),
+                dict(segments=6), dict(block_d=512, segments=16)):
+        with tuning(mode="block", **bad), pytest.raises(ValueError, match="segments \\* block_d"):
+            K._plan(1, 100, 48, False, dev)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -404,12 +409,12 @@ def test_twopass_chunks_plan():
     real forward's default) for CHUNKLB_PROGRAMS_PER_SM, and its backward takes two passes."""
     dev = torch.device(DEVICE)
     sms = K._sm_count(dev)
-    B, T, D = 1, 100000, 192  # 6 columns of 32 channels (3 of 64: too few for the block forward)
+    B, T, D = 1, 100000, 64  # 2 columns of 32 channels (1 of 64: too few for the block forward)
     for is_complex, fused, backward in [(False, False, True), (False, True, False), (True, False, True)]:
         plan = K._plan(B, T, D, is_complex, dev, fused, backward)
         assert plan["mode"] == "twopass"
         per_sm = K.TWOPASS_PROGRAMS_PER_SM[is_complex]
-        assert plan["NC"] == min(-(-per_sm * sms // 6), 32)
+        assert plan["NC"] == min(-(-per_sm * sms // 2), 32)
     assert K.TWOPASS_PROGRAMS_PER_SM[False] > K.TWOPASS_PROGRAMS_PER_SM[True]
     # the fused complex backward: look-back for at most half as many columns as SMs, two passes above
     cols = sms // 2
@@ -569,8 +574,9 @@ def test_gpu_stream_against_reference(config, dtype):
 
 
 @needs_cuda
-@pytest.mark.parametrize("config", [dict(), dict(segments=8, segment_steps=8), dict(stages=1), dict(stages=4),
-                                    dict(block_d=32, segments=16, segment_steps=4, num_warps=2)])
+@pytest.mark.parametrize("config", [dict(), dict(segments=8, segment_steps=8, num_warps=2), dict(stages=1),
+                                    dict(stages=4), dict(block_d=32, segments=16, segment_steps=4, num_warps=2),
+                                    dict(block_d=128, segments=8, segment_steps=4)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_block_against_reference(config, dtype):
     """The block forward at a size where it is the default plan of the plain real forward (128

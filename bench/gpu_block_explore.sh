@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Session 11 (issue 3): the block forward on the GPU machine in one call: its GPU tests (split over
+# processes), a layout diagnosis of the exploration kernel, then forward timings of real_scan and
+# hgru_fused under several tuning dicts (bench/explore_scan_block.py --library).
+#   OUT=/some/dir bash bench/gpu_block_explore.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. bench/split_pytest.sh
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
+split_pytest block_ids "${TEST_PROCS:-8}" "${TESTS_S:-200}" "$OUT/gpu_tests.log" \
+  tests/kernels/test_hgru_triton.py -k "block or one_million or 64bit"
+grep -h "passed\|failed\|FAILED\|== " "$OUT/gpu_tests.log" | tail -20
+echo "tests done at $(el)s"
+timeout 120 python3 bench/explore_scan_block.py --out "$OUT/diag" --shapes 8x2048x1024 --configs \
+  '[{"R":8,"NW":8,"BD":64,"warps":4,"vec":8,"shift":0},{"R":8,"NW":8,"BD":64,"warps":4,"vec":8,"shift":1},
+    {"R":4,"NW":4,"BD":32,"warps":4,"vec":8,"shift":0},{"R":4,"NW":4,"BD":32,"warps":4,"vec":8,"shift":1},
+    {"R":8,"NW":16,"BD":64,"warps":4,"vec":8,"shift":1}]' 2>&1 | grep "^|"
+echo "diag done at $(el)s"
+timeout "${LIB_S:-300}" python3 bench/explore_scan_block.py --out "$OUT/lib" \
+  --shapes "${SHAPES:-8x2048x1024,8x4096x1024,32x512x1536,1x8192x2048,2x16384x1024,4x2048x1024,16x2048x1024}" \
+  --library '[{}, {"mode":"block"}, {"mode":"block","stages":4},
+              {"mode":"block","block_d":32,"segments":16,"segment_steps":8,"num_warps":2},
+              {"mode":"block","block_d":32,"segments":32,"segment_steps":4,"num_warps":4},
+              {"mode":"block","block_d":16,"segments":64,"segment_steps":4,"num_warps":4},
+              {"mode":"block","block_d":128,"segments":8,"segment_steps":8,"num_warps":4}]' 2>&1 | grep "^|"
+echo "all done at $(el)s"
