@@ -466,7 +466,7 @@ def metadata():
         except Exception:  # noqa: BLE001
             meta[key] = None
     try:
-        meta["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        meta["commit"] = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True, text=True,
                                         cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
     except Exception:  # noqa: BLE001
         meta["commit"] = None
