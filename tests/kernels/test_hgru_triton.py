@@ -379,6 +379,22 @@ def test_block_plan():
             K._plan(1, 100, 48, False, dev)
 
 
+def _check_both_directions(x, a, h0, dtype):
+    """real_scan forwards and in reverse against the float64 reference."""
+    for reverse in (False, True):
+        _check(lambda x, a, h0: K.real_scan(x, a, h0, reverse),
+               lambda x, a, h0: reference.real_scan_reference(x, a, h0, reverse),
+               [x, a, h0], ["x", "a", "initial_state"], dtype)
+
+
+def _check_fused_real(B, T, D, h0, dtype):
+    """hgru_fused (real, reverse, a per-channel lower bound) on random inputs against the reference."""
+    f, inp = _rand(B, T, D, dtype=dtype), _rand(B, T, D, dtype=dtype)
+    lb = (torch.rand(D, device=DEVICE) * 0.9).requires_grad_(True)
+    _check(lambda *t: K.hgru_fused(*t, True), lambda *t: reference.hgru_reference(*t, True),
+           [f, inp, None, lb, h0], ["forget_logits", "inputs", "theta", "lower_bound", "initial_state"], dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_block_vector_access(dtype):
     """The block forward on views of a projection: rows at a multiple of 8 channels take 8 per access
@@ -393,10 +409,7 @@ def test_block_vector_access(dtype):
         a = _decay(B, T, D, dtype=dtype)
         h0 = _rand(B, D, dtype=dtype)
         with tuning(**CONFIGS["block"]):
-            for reverse in (False, True):
-                _check(lambda x, a, h0: K.real_scan(x, a, h0, reverse),
-                       lambda x, a, h0: reference.real_scan_reference(x, a, h0, reverse),
-                       [x, a, h0], ["x", "a", "initial_state"], dtype)
+            _check_both_directions(x, a, h0, dtype)
             f = proj[..., D + offset: 2 * D + offset].detach().requires_grad_(True)
             _check(lambda f, x, h0: K.hgru_fused(f, x, None, 0.25, h0),
                    lambda f, x, h0: reference.hgru_reference(f, x, None, 0.25, h0),
@@ -470,10 +483,7 @@ def test_stream_bf16_views():
         a = _decay(B, T, D, dtype=dt)
         h0 = _rand(B, D, dtype=dt)
         with tuning(**CONFIGS["stream"]):
-            for reverse in (False, True):
-                _check(lambda x, a, h0: K.real_scan(x, a, h0, reverse),
-                       lambda x, a, h0: reference.real_scan_reference(x, a, h0, reverse),
-                       [x, a, h0], ["x", "a", "initial_state"], dt)
+            _check_both_directions(x, a, h0, dt)
 
 
 def test_dispatch_uses_the_kernel():
@@ -566,11 +576,7 @@ def test_gpu_stream_against_reference(config, dtype):
         h0 = _rand(B, D, dtype=dtype)
         _check(lambda x, a, h0: K.real_scan(x, a, h0), lambda x, a, h0: reference.real_scan_reference(x, a, h0),
                [x, a, h0], ["x", "a", "initial_state"], dtype)
-        f, inp = _rand(B, T, D, dtype=dtype), _rand(B, T, D, dtype=dtype)
-        lb = (torch.rand(D, device=DEVICE) * 0.9).requires_grad_(True)
-        _check(lambda *t: K.hgru_fused(*t, True), lambda *t: reference.hgru_reference(*t, True),
-               [f, inp, None, lb, h0], ["forget_logits", "inputs", "theta", "lower_bound", "initial_state"],
-               dtype)
+        _check_fused_real(B, T, D, h0, dtype)
 
 
 @needs_cuda
@@ -588,15 +594,8 @@ def test_gpu_block_against_reference(config, dtype):
     with tuning(**dict(config, mode="block")):
         x, a = _rand(B, T, D, dtype=dtype), _decay(B, T, D, dtype=dtype)
         h0 = _rand(B, D, dtype=dtype)
-        for reverse in (False, True):
-            _check(lambda x, a, h0: K.real_scan(x, a, h0, reverse),
-                   lambda x, a, h0: reference.real_scan_reference(x, a, h0, reverse),
-                   [x, a, h0], ["x", "a", "initial_state"], dtype)
-        f, inp = _rand(B, T, D, dtype=dtype), _rand(B, T, D, dtype=dtype)
-        lb = (torch.rand(D, device=DEVICE) * 0.9).requires_grad_(True)
-        _check(lambda *t: K.hgru_fused(*t, True), lambda *t: reference.hgru_reference(*t, True),
-               [f, inp, None, lb, h0], ["forget_logits", "inputs", "theta", "lower_bound", "initial_state"],
-               dtype)
+        _check_both_directions(x, a, h0, dtype)
+        _check_fused_real(B, T, D, h0, dtype)
 
 
 def _tail_check(B, T, D, dtype, tail, reverse=False):
