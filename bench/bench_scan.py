@@ -22,7 +22,6 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import subprocess
 import sys
 import time
 import traceback
@@ -32,6 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import graph_timing  # noqa: E402
+import provenance  # noqa: E402
 
 SHAPES = [(8, 2048, 1024), (8, 4096, 1024), (1, 8192, 2048), (32, 512, 1536), (2, 16384, 1024)]
 DTYPE = torch.bfloat16
@@ -465,11 +465,7 @@ def metadata():
             meta[key] = __import__(mod).__version__
         except Exception:  # noqa: BLE001
             meta[key] = None
-    try:
-        meta["commit"] = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True, text=True,
-                                        cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
-    except Exception:  # noqa: BLE001
-        meta["commit"] = None
+    meta["commit"] = provenance.git_version()
     return meta
 
 

@@ -47,6 +47,8 @@ import traceback
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import provenance  # noqa: E402  (bench/provenance.py)
 
 VOCAB = 50264
 MODELS = ("hgrn_lm_base", "hgrn2_lm_base", "transformer_lm", "fla_hgrn", "fla_hgrn2")
@@ -119,14 +121,7 @@ def environment(torch, device):
                    cuda=torch.version.cuda)
     else:
         env.update(gpu=None, cpu=platform.processor() or platform.machine(), threads=torch.get_num_threads())
-    try:
-        commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        env["git"] = (commit + ("+dirty" if dirty else "")) or None
-    except Exception:
-        env["git"] = None
+    env["git"] = provenance.git_version(REPO)
     return env
 
 

@@ -11,90 +11,47 @@ in flight (the software pipeline stages them in shared memory), reads every inpu
 inter-CTA dependency at all.
 
 Times, in one run on the GPU: the floor (bench_scan's elementwise kernel), ``real_scan``'s default
-forward, and the block kernel over a grid of (R, NW, BD, warps, stages, chunks). Every result is
-checked against ``real_scan`` before it is timed.
+forward, and the block kernel (``hgru_triton._hgru_block_fwd_kernel``, launched directly, so that
+launches ``_plan`` refuses can be tried too) over a grid of (R, NW, BD, warps, stages, vec). Every
+result is checked against ``real_scan`` before it is timed. ``--library`` times ``real_scan`` and
+``hgru_fused`` forwards under ``tuning`` dicts instead.
 
-    python3 bench/explore_scan_block.py --out DIR [--shapes 8x2048x1024,...] [--configs JSON]
+(Session 11's first sweep and layout diagnosis ran this script's own copy of the kernel, which could
+also shift the segment states by a masked sum instead of ``tl.gather``: the results in
+``results/explore_scan_block*_s11.md`` name that ``shift`` option. The copy was dropped once the
+kernel was in the library.)
+
+    python3 bench/explore_scan_block.py --out DIR [--shapes 8x2048x1024,...] [--configs JSON | --library JSON]
 """
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import sys
 
 import torch
 import triton
-import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from hgrn_fairseq.kernels.hgru_triton import _combine_real  # noqa: E402
-
-
-@triton.jit
-def _last_of(v, seg, NW: tl.constexpr):
-    """Row NW - 1 of a [NW, BD] tensor, as [BD]."""
-    return tl.sum(tl.where(seg == NW - 1, v, 0.0), axis=0)
-
-
-@triton.jit(do_not_specialize=["T", "D", "bd_rt"])
-def block_fwd(X, A, H, HT, T, D, bd_rt, R: tl.constexpr, NW: tl.constexpr, BD: tl.constexpr,
-              STAGES: tl.constexpr, VEC: tl.constexpr, SHIFT: tl.constexpr):
-    """h_t = a_t h_{t-1} + x_t over [B, T, D] (contiguous), one program per (batch, BD channels)."""
-    pid = tl.program_id(0)
-    ndb = tl.cdiv(D, BD)
-    b = (pid // ndb).to(tl.int64)
-    d0 = tl.multiple_of((pid % ndb) * bd_rt, VEC)
-    ch = d0 + tl.arange(0, BD)
-    w = tl.arange(0, NW)[:, None, None]
-    r = tl.arange(0, R)[None, :, None]
-    seg = tl.arange(0, NW)[:, None]  # [NW, 1]: segment index of the reduced maps
-    cc = ch[None, None, :]
-    rel = w * R + r  # [NW, R, 1]: step of each tile row within the block
-    # rows start at multiples of VEC elements (D % VEC == 0, checked by the launcher), written so
-    # that Triton sees it (and no more: VEC channels per access)
-    DV = D // VEC
-    base = b * T * DV * VEC
-    h = tl.zeros([BD], tl.float32)
-    for t0 in tl.range(0, T, R * NW, num_stages=STAGES):
-        t = t0 + rel
-        m = (t < T) & (cc < DV * VEC)
-        off = base + (t.to(tl.int64) * DV) * VEC + cc
-        x = tl.load(X + off, mask=m, other=0.0).to(tl.float32)
-        a = tl.load(A + off, mask=m, other=1.0).to(tl.float32)
-        # each segment's map h -> P h + S (in-thread along r)
-        P, S = tl.reduce((a, x), 1, _combine_real)  # [NW, BD]
-        # state leaving each segment, given the state h entering the block
-        Pi, Si = tl.associative_scan((P, S), 0, _combine_real)
-        leave = Si + Pi * h[None, :]
-        # state entering each segment: the previous segment's leaving state (h for the first)
-        if SHIFT == 0:
-            idx = tl.maximum(seg - 1, 0) + tl.zeros([NW, BD], tl.int32)
-            enter = tl.gather(leave, idx, 0)
-        else:
-            enter = tl.sum(tl.where((seg[:, None, :] - 1) == seg[None, :, :], leave[None, :, :], 0.0), axis=1)
-        enter = tl.where(seg == 0, h[None, :], enter)
-        # fold the entering state into each segment's first step and scan in-thread
-        xf = x + tl.where(r == 0, a * enter[:, None, :], 0.0)
-        p, z = tl.associative_scan((a, xf), 1, _combine_real)
-        tl.store(H + off, z.to(H.dtype.element_ty), mask=m)
-        h = _last_of(leave, seg, NW)
-    tl.store(HT + b * D + ch, h.to(HT.dtype.element_ty), mask=ch < D)
+from hgrn_fairseq.kernels import hgru_triton as K  # noqa: E402
 
 
 def launch_block(x, a, cfg, h=None, ht=None):
+    """The block forward of contiguous [B, T, D] x and a, launched with ``cfg`` (R, NW, BD, warps,
+    stages, vec) as given."""
     B, T, D = x.shape
-    if D % cfg.get("vec", 8) or False:
-        raise ValueError(f"D = {D} is not a multiple of vec = {cfg.get('vec', 8)}")
-    R, NW, BD = cfg["R"], cfg["NW"], cfg["BD"]
+    vec = cfg.get("vec", 8)
+    if D % vec:
+        raise ValueError(f"D = {D} is not a multiple of vec = {vec}")
     h = torch.empty_like(x) if h is None else h
     ht = torch.empty(B, D, dtype=x.dtype, device=x.device) if ht is None else ht
-    grid = (B * triton.cdiv(D, BD),)
-    block_fwd[grid](x, a, h, ht, T, D, BD, R=R, NW=NW, BD=BD, STAGES=cfg.get("stages", 2),
-                    VEC=cfg.get("vec", 8), SHIFT=cfg.get("shift", 0), num_warps=cfg.get("warps", 4))
+    K._hgru_block_fwd_kernel[(B * triton.cdiv(D, cfg["BD"]),)](
+        x, T * D, D, a, T * D, D, a, 0.0, a, 0, 0, h, ht, T, D, FUSED=False, REVERSE=False, HAS_H0=False,
+        GAMMA_MODE=0, R=cfg["R"], NW=cfg["NW"], BD=cfg["BD"], STAGES=cfg.get("stages", 2), VEC=vec,
+        num_warps=cfg.get("warps", 4))
     return h, ht
 
 
@@ -126,7 +83,6 @@ def main():
     args = ap.parse_args()
     import graph_timing
     from bench_scan import floor_op
-    from hgrn_fairseq.kernels import hgru_triton as K
 
     os.makedirs(args.out, exist_ok=True)
     configs = json.loads(args.configs) if args.configs else DEFAULT_CONFIGS
@@ -154,22 +110,18 @@ def main():
             f = torch.randn(B, T, D, device="cuda", generator=g).to(torch.bfloat16)
             lb = torch.rand(D, device="cuda", generator=g) * 0.9
             for tun in json.loads(args.library):
-                saved = dict(K.tuning)
-                K.tuning.update(tun)
                 try:
-                    for name, fn in (("real_scan", lambda: K.real_scan(x, a)),
-                                     ("hgru_fused", lambda: K.hgru_fused(f, x, None, lb))):
-                        mode = K._plan(B, T, D, False, x.device, name == "hgru_fused")["mode"]
-                        ms = graph_timing.gpu_time(fn)
-                        lines.append(f"| {(B, T, D)} | {name} {json.dumps(tun)} ({mode}) | {ms:.4f} | {ms / fl:.2f} |")
-                        rows.append(dict(shape=[B, T, D], op=name, tuning=tun, mode=mode, ms=ms))
-                        say(lines[-1])
+                    with K.tuned(**tun):
+                        for name, fn in (("real_scan", lambda: K.real_scan(x, a)),
+                                         ("hgru_fused", lambda: K.hgru_fused(f, x, None, lb))):
+                            mode = K._plan(B, T, D, False, x.device, name == "hgru_fused")["mode"]
+                            ms = graph_timing.gpu_time(fn)
+                            lines.append(f"| {(B, T, D)} | {name} {json.dumps(tun)} ({mode}) | {ms:.4f} | {ms / fl:.2f} |")
+                            rows.append(dict(shape=[B, T, D], op=name, tuning=tun, mode=mode, ms=ms))
+                            say(lines[-1])
                 except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
                     lines.append(f"| {(B, T, D)} | {json.dumps(tun)} | {type(e).__name__}: {str(e)[:80]} | |")
                     say(lines[-1])
-                finally:
-                    K.tuning.clear()
-                    K.tuning.update(saved)
             continue
         h = torch.empty_like(x)
         ht = torch.empty(B, D, dtype=x.dtype, device=x.device)

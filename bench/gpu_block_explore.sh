@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 11 (issue 3): the block forward on the GPU machine in one call: its GPU tests (split over
-# processes), a layout diagnosis of the exploration kernel, then forward timings of real_scan and
+# processes), launches of the block kernel that _plan refuses (layout check), then forward timings of real_scan and
 # hgru_fused under several tuning dicts (bench/explore_scan_block.py --library).
 #   OUT=/some/dir bash bench/gpu_block_explore.sh
 set -uo pipefail
@@ -11,10 +11,10 @@ split_pytest block_ids "${TEST_PROCS:-8}" "${TESTS_S:-200}" "$OUT/gpu_tests.log"
   tests/kernels/test_hgru_triton.py -k "block or one_million or 64bit"
 grep -h "passed\|failed\|FAILED\|== " "$OUT/gpu_tests.log" | tail -20
 echo "tests done at $(el)s"
+# (launches _plan refuses: a segment's steps spread over lanes or warps; session 11 saw wrong outputs)
 timeout 120 python3 bench/explore_scan_block.py --out "$OUT/diag" --shapes 8x2048x1024 --configs \
-  '[{"R":8,"NW":8,"BD":64,"warps":4,"vec":8,"shift":0},{"R":8,"NW":8,"BD":64,"warps":4,"vec":8,"shift":1},
-    {"R":4,"NW":4,"BD":32,"warps":4,"vec":8,"shift":0},{"R":4,"NW":4,"BD":32,"warps":4,"vec":8,"shift":1},
-    {"R":8,"NW":16,"BD":64,"warps":4,"vec":8,"shift":1}]' 2>&1 | grep "^|"
+  '[{"R":8,"NW":8,"BD":64,"warps":4,"vec":8},{"R":4,"NW":4,"BD":32,"warps":4,"vec":8},
+    {"R":8,"NW":16,"BD":64,"warps":4,"vec":8}]' 2>&1 | grep "^|"
 echo "diag done at $(el)s"
 timeout "${LIB_S:-300}" python3 bench/explore_scan_block.py --out "$OUT/lib" \
   --shapes "${SHAPES:-8x2048x1024,8x4096x1024,32x512x1536,1x8192x2048,2x16384x1024,4x2048x1024,16x2048x1024}" \

@@ -353,14 +353,19 @@ def _chunk_fwd(q, v, g, h0, reverse, store_a, lowp):
     A = q.new_empty(BH, NT, CHUNK, CHUNK, dtype=dt if lowp else torch.float32) if store_a else None
     split = min(K, V) >= SPLIT_MIN_HEAD
     redo, cap = _redo_list(q, BH * NT if split else 0)  # (one launch: an empty list, room for none)
-    kw = dict(K=K, V=V, BT=CHUNK, BC=BLOCK, BV=_pad(V), SAFE=SAFE_LOG_DECAY, CSAFE=CHUNK_SAFE_LOG_DECAY,
-              REVERSE=reverse, STORE_A=store_a, EMU=emu, LOWP=lowp)
+    kw = dict(_intra_chunk_args(K, V, reverse, emu, lowp), STORE_A=store_a)
     _fwd_output[(NT, BH)](q, v, g, h, o, A, redo, T, H, NT, cap, **kw, FAST_ONLY=split, REDO=False)
     if split:
         hgrn2_fwd_output_kernel[(_redo_programs(q, BH * NT),)](
             q, v, g, h, o, A, redo, T, H, NT, cap, **kw, FAST_ONLY=False, REDO=True, PREFETCH=False,
             **_REDO_CONFIG)
     return o, ht, h, A, redo
+
+
+def _intra_chunk_args(K: int, V: int, reverse: bool, emu: bool, lowp: bool) -> dict:
+    """The constexpr arguments the output and dq/dg kernels share (their launches and REDO launches)."""
+    return dict(K=K, V=V, BT=CHUNK, BC=BLOCK, BV=_pad(V), SAFE=SAFE_LOG_DECAY, CSAFE=CHUNK_SAFE_LOG_DECAY,
+                REVERSE=reverse, EMU=emu, LOWP=lowp)
 
 
 def _redo_list(x: Tensor, chunks: int) -> Tuple[Tensor, int]:
@@ -394,8 +399,7 @@ def _chunk_bwd(q, v, g, h0, h, A, redo, do, dht, reverse, need_dh0, lowp):
     dg = torch.empty_like(g)
     cap = redo.numel() - 1
     split = cap > 0
-    kw = dict(K=K, V=V, BT=CHUNK, BC=BLOCK, BV=_pad(V), SAFE=SAFE_LOG_DECAY, CSAFE=CHUNK_SAFE_LOG_DECAY,
-              REVERSE=reverse, EMU=emu, LOWP=lowp)
+    kw = _intra_chunk_args(K, V, reverse, emu, lowp)
     _bwd_dqdg[lambda m: (triton.cdiv(K, m["BK"]), NT, BH)](
         q, v, g, h, do, dh, dA, dq, dg, redo, T, H, NT, cap, **kw, FAST_ONLY=split, REDO=False)
     if split:

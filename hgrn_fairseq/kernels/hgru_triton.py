@@ -60,6 +60,7 @@ reduced with one ``torch.sum``.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import os
@@ -104,6 +105,19 @@ tuning = {
     "segment_steps": None,  # "block": R, consecutive steps a thread scans
     "segments": None,  # "block": NW, segments per block (a block is R * NW steps)
 }
+
+
+@contextlib.contextmanager
+def tuned(**cfg):
+    """``tuning`` updated with ``cfg`` inside the ``with`` block and restored after it (the tests and
+    benches force launch parameters this way)."""
+    saved = dict(tuning)
+    tuning.update(cfg)
+    try:
+        yield
+    finally:
+        tuning.clear()
+        tuning.update(saved)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1046,12 +1060,6 @@ def _hgru_stream_bwd_kernel(
 # across the CTA. The software pipeline keeps STAGES - 1 blocks of loads in flight (staged in shared
 # memory), every input is read once, and no program waits for another.
 # ----------------------------------------------------------------------------------------------
-@triton.jit
-def _segment_row(v, seg, s: tl.constexpr):
-    """Row ``s`` of a [NW, BD] tensor of segment values, as [BD]."""
-    return tl.sum(tl.where(seg == s, v, 0.0), axis=0)
-
-
 @triton.jit(do_not_specialize=["sxb", "sxt", "sab", "sat", "s0b", "s0d", "T", "D"])
 def _hgru_block_fwd_kernel(
     X, sxb, sxt, A, sab, sat, GAMMA, gamma_val, H0, s0b, s0d, H, HT, T, D,
@@ -1068,7 +1076,8 @@ def _hgru_block_fwd_kernel(
     d = (pid % ndb) * BD + tl.arange(0, BD)
     DV = VEC * (D // VEC)  # == D
     dm = d < DV
-    seg = tl.arange(0, NW)[:, None]  # [NW, 1]
+    segs = tl.arange(0, NW)
+    seg = segs[:, None]  # [NW, 1]
     rr = tl.arange(0, R)[None, :, None]  # [1, R, 1]
     rel = seg[:, :, None] * R + rr  # [NW, R, 1]: scan step within the block
     cc = d[None, None, :]
@@ -1107,7 +1116,7 @@ def _hgru_block_fwd_kernel(
         xv += tl.where(rr == 0, lam * enter[:, None, :], 0.0)
         p, z = tl.associative_scan((lam, xv), 1, _combine_real)
         tl.store(hb + t * DV + cc, z.to(H.dtype.element_ty), mask=m)
-        h = _segment_row(leave, seg, NW - 1)
+        h = _extract_row(leave, segs, NW - 1)
     tl.store(HT + b * D + d, h.to(HT.dtype.element_ty), mask=dm)
 
 

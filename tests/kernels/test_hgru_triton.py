@@ -15,7 +15,6 @@ largest magnitude of the reference tensor):
 """
 from __future__ import annotations
 
-import contextlib
 import os
 
 import pytest
@@ -78,16 +77,8 @@ if K.INTERPRETED:
     _speed_up_interpreter_scan()
 
 
-@contextlib.contextmanager
-def tuning(**cfg):
-    """Force launch parameters (small tiles, time chunks) so that small shapes exercise every path."""
-    saved = dict(K.tuning)
-    K.tuning.update(cfg)
-    try:
-        yield
-    finally:
-        K.tuning.clear()
-        K.tuning.update(saved)
+# Force launch parameters (small tiles, time chunks) so that small shapes exercise every path.
+tuning = K.tuned
 
 
 # Launch configurations, so that small shapes exercise every path: the default plan (on CPU the
