@@ -21,13 +21,24 @@ The fixes are narrow and idempotent; ``install()`` runs when the plugin is impor
    in bfloat16 on the device fairseq would otherwise use, as ``fairseq-hydra-train`` already does
    with ``common.bf16: true``. ``scripts/fairseq_train.py`` does the same at parse time for runs that
    do not load the plugin first.
+4. fairseq adds a model's, task's and criterion's options to the parser only after a first parse, and
+   that first parse handles ``--help``: ``fairseq-train --arch hgrn_lm --help`` printed no model option.
+   We wrap ``fairseq.options.parse_args_and_arch`` (looked up at call time by every fairseq command,
+   after ``--user-dir`` imported this plugin): with ``-h``/``--help`` it builds the whole parser first,
+   then prints the help with each option's default as the chosen arch sets it, and exits.
+5. Checkpoints of ``hgrn_lm`` written before its boolean options were renamed (no option may default to
+   True: see ``models/hgrn_lm.py``) are translated when fairseq loads them, so they build the same model.
 """
+import argparse
 import functools
+import logging
 import sys
 import types
 
 import numpy as np
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 class _TorchForFairseqCheckpoints:
@@ -50,6 +61,8 @@ def install() -> None:
     if not hasattr(np, "compat"):
         np.compat = types.SimpleNamespace(long=int)
     install_bf16_fix()
+    install_help_fix()
+    install_legacy_config_upgrade()
 
 
 _CLI_MODULES = ("fairseq_cli.train", "fairseq_cli.eval_lm", "fairseq_cli.generate", "fairseq_cli.interactive",
@@ -77,3 +90,114 @@ def install_bf16_fix() -> None:
         convert = getattr(module, "convert_namespace_to_omegaconf", None)
         if convert is not None and not getattr(convert, "_hgrn_bf16_fix", False):
             module.convert_namespace_to_omegaconf = _bf16_means_bf16(convert)
+
+
+# -- 4. --help lists every option of the chosen arch, task and criterion -----------------------------
+_HELP_FLAGS = ("-h", "--help")
+
+
+def _help_after_full_parse(parse_args_and_arch):
+    @functools.wraps(parse_args_and_arch)
+    def wrapped(parser, input_args=None, parse_known=False, suppress_defaults=False, modify_parser=None):
+        argv = list(sys.argv[1:] if input_args is None else input_args)
+        if not any(a in _HELP_FLAGS for a in argv):
+            return parse_args_and_arch(parser, input_args, parse_known, suppress_defaults, modify_parser)
+        stripped = [a for a in argv if a not in _HELP_FLAGS]
+        # Required arguments (e.g. the task's data directory, added during the parse) must not stop a
+        # parse that only builds the help: every parse of this parser runs with them relaxed.
+        relaxed = []
+        parse_known_args = parser.parse_known_args
+
+        def parse_relaxed(*a, **k):
+            for action in parser._actions:
+                if action.required:
+                    relaxed.append(action)
+                    action.required = False
+            return parse_known_args(*a, **k)
+
+        parser.parse_known_args = parse_relaxed
+        try:
+            args, _ = parse_args_and_arch(parser, stripped, True, False, modify_parser)
+        finally:
+            del parser.parse_known_args
+            for action in relaxed:
+                action.required = True
+        show_defaults(parser, args)
+        parser.print_help()
+        sys.exit(0)
+
+    wrapped._hgrn_help_fix = True
+    return wrapped
+
+
+def show_defaults(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Append ``(default: X)`` to each option's help, X as ``args`` holds it after the arch function
+    ran (so ``--arch hgrn2_lm_base --help`` shows ``--token-mixer``'s default as hgru2)."""
+    for action in parser._actions:
+        if action.help in (None, argparse.SUPPRESS) or not action.option_strings or action.dest == "help":
+            continue
+        if "(default:" in action.help:
+            continue
+        value = getattr(args, action.dest, action.default)
+        if value is argparse.SUPPRESS:
+            continue
+        action.help = f"{action.help} (default: {value})".replace("%", "%%")
+
+
+def install_help_fix() -> None:
+    from fairseq import options
+
+    if not getattr(options.parse_args_and_arch, "_hgrn_help_fix", False):
+        options.parse_args_and_arch = _help_after_full_parse(options.parse_args_and_arch)
+
+
+# -- 5. old hgrn_lm checkpoints ------------------------------------------------------------------------
+def _is_hgrn_lm(model_cfg) -> bool:
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+
+    from .models.hgrn_lm import HgrnLanguageModel
+
+    for key in ("_name", "arch"):
+        name = model_cfg.get(key) if hasattr(model_cfg, "get") else getattr(model_cfg, key, None)
+        if name is not None and (ARCH_MODEL_REGISTRY.get(name) or MODEL_REGISTRY.get(name)) is HgrnLanguageModel:
+            return True
+    return False
+
+
+def upgrade_legacy_model_config(state: dict) -> dict:
+    """Translate the model config of an ``hgrn_lm`` checkpoint from before the boolean renames."""
+    from omegaconf import DictConfig, open_dict
+
+    from .models.hgrn_lm import upgrade_legacy_config
+
+    cfg = state.get("cfg")
+    model = cfg.get("model") if cfg is not None else None
+    if model is None or not _is_hgrn_lm(model):
+        return state
+    if isinstance(model, DictConfig):
+        with open_dict(model):
+            upgraded = upgrade_legacy_config(model)
+    else:  # an argparse Namespace (checkpoints of argparse-era configs)
+        upgraded = upgrade_legacy_config(vars(model))
+    if upgraded:
+        new = ("no_lower_bound", "gate_before_norm", "no_glu_bias", "untie_embeddings")
+        get = model.get if isinstance(model, DictConfig) else vars(model).get
+        logger.info("hgrn_lm checkpoint from before the boolean option renames, read as: %s",
+                    ", ".join(f"{name}={get(name)}" for name in new))
+    return state
+
+
+def _upgrade_then_translate(upgrade):
+    @functools.wraps(upgrade)
+    def wrapped(state):
+        return upgrade_legacy_model_config(upgrade(state))
+
+    wrapped._hgrn_legacy_upgrade = True
+    return wrapped
+
+
+def install_legacy_config_upgrade() -> None:
+    from fairseq import checkpoint_utils
+
+    if not getattr(checkpoint_utils._upgrade_state_dict, "_hgrn_legacy_upgrade", False):
+        checkpoint_utils._upgrade_state_dict = _upgrade_then_translate(checkpoint_utils._upgrade_state_dict)

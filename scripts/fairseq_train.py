@@ -36,7 +36,27 @@ def _bf16_without_tpu(parse_args_and_arch):
     return parse
 
 
+MATMUL_PRECISIONS = {"fp32": "highest", "tf32": "high"}
+
+
+def set_matmul_precision() -> None:
+    """``HGRN_MATMUL_PRECISION=tf32`` (what ``scripts/train_wt103.sh`` sets for ``PRECISION=tf32``): fp32
+    matrix products on CUDA take TensorFloat-32 (``torch.set_float32_matmul_precision("high")``)."""
+    import os
+
+    name = os.environ.get("HGRN_MATMUL_PRECISION", "fp32")
+    if name not in MATMUL_PRECISIONS:
+        sys.exit(f"fairseq_train.py: HGRN_MATMUL_PRECISION={name!r} is not one of {sorted(MATMUL_PRECISIONS)}")
+    import torch
+
+    torch.set_float32_matmul_precision(MATMUL_PRECISIONS[name])
+    torch.backends.cudnn.allow_tf32 = name == "tf32"
+    if name != "fp32":
+        print(f"fairseq_train.py: fp32 matrix products in {name} (HGRN_MATMUL_PRECISION)", file=sys.stderr)
+
+
 def main() -> None:
+    set_matmul_precision()
     from fairseq import options
     from fairseq_cli import train
 

@@ -87,8 +87,8 @@ fi
 train() {  # $1: recipe
   local m=$1 dir=$WORKDIR/checkpoints/$1
   mkdir -p "$dir"
-  SAVE_DIR=$dir LOG_DIR=$dir NUM_GPUS=${NUM_GPUS:-1} BATCH_PER_GPU=$BATCH bash "$REPO/scripts/train_wt103.sh" "$m" "$DATA" \
-    --update-freq 1 --max-update "$MAX_UPDATE" --warmup-updates "$WARMUP" --bf16 \
+  SAVE_DIR=$dir LOG_DIR=$dir NUM_GPUS=${NUM_GPUS:-1} BATCH_PER_GPU=$BATCH PRECISION=bf16 bash "$REPO/scripts/train_wt103.sh" "$m" "$DATA" \
+    --update-freq 1 --max-update "$MAX_UPDATE" --warmup-updates "$WARMUP" \
     --stop-time-hours "$("$PYTHON" -c "print($TRAIN_MINUTES / 60)")" --save-interval-updates 0 \
     --save-interval 1000 --validate-interval-updates 500 --log-interval 100 --seed 1 --num-workers 2 \
     > "$dir/stdout.log" 2>&1

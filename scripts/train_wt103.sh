@@ -42,6 +42,11 @@
 #   LOG_DIR         train.log, command.txt and tensorboard/ (default SAVE_DIR/logs)
 #   PYTHON          interpreter (default python3)
 #   CUDA_GRAPHS     1 (default): the HGRN recipes train with --cuda-graphs; 0: eagerly
+#   PRECISION       fp32 | tf32 | bf16 (default: the paper's: fp32 for hgrn_lm_base and the
+#                   Transformer, bf16 for hgrn2_lm_base). tf32: fp32 weights and activations with
+#                   TensorFloat-32 matrix products on CUDA; bf16: fairseq's --bf16. The precision is
+#                   printed and written at the top of train.log. fairseq-train on an H200, 128 x 512
+#                   tokens per update (README, Speed): hgrn_lm_base fp32 149K tokens/s, bf16 771K.
 #
 # Multi-GPU: one process per GPU through torchrun (python -m torch.distributed.run --standalone), which
 # fairseq's distributed training picks up from the environment (env:// rendezvous, no fairseq spawn).
@@ -176,7 +181,7 @@ case "$RECIPE" in
             "${GRAPHS[@]}")
         ;;
     hgrn2_lm_base)
-        RECIPE_ARGS=(--arch hgrn2_lm_base --warmup-updates 4000 --weight-decay 0.1 --clip-norm 1.0 --max-update 50000 --bf16
+        RECIPE_ARGS=(--arch hgrn2_lm_base --warmup-updates 4000 --weight-decay 0.1 --clip-norm 1.0 --max-update 50000
             "${GRAPHS[@]}")
         ;;
     transformer_lm_wt103_small)
@@ -185,6 +190,26 @@ case "$RECIPE" in
             --warmup-updates 8000 --weight-decay 0.01 --clip-norm 0.0 --max-update 100000)
         ;;
 esac
+case "$RECIPE" in
+    hgrn2_lm_base) PAPER_PRECISION=bf16 ;;
+    *) PAPER_PRECISION=fp32 ;;
+esac
+PRECISION=${PRECISION:-$PAPER_PRECISION}
+case "$PRECISION" in
+    fp32) PRECISION_ARGS=() ;;
+    tf32) PRECISION_ARGS=(); export HGRN_MATMUL_PRECISION=tf32 ;;
+    bf16) PRECISION_ARGS=(--bf16) ;;
+    *) die "PRECISION='$PRECISION' is not one of fp32, tf32, bf16 (default for $RECIPE: $PAPER_PRECISION, the paper's)" ;;
+esac
+if has_extra --bf16 || has_extra --fp16 || has_extra --memory-efficient-bf16 || has_extra --memory-efficient-fp16; then
+    die "pass the precision as PRECISION=fp32|tf32|bf16, not as an extra fairseq flag (--bf16/--fp16)"
+fi
+if [ "$PRECISION" = "$PAPER_PRECISION" ]; then
+    PRECISION_NOTE="$PRECISION (the paper's)"
+else
+    PRECISION_NOTE="$PRECISION (the paper trained $RECIPE in $PAPER_PRECISION)"
+fi
+RECIPE_ARGS+=(${PRECISION_ARGS[@]+"${PRECISION_ARGS[@]}"})
 
 SAVE_DIR=$(absolute "${SAVE_DIR:-$REPO/checkpoints/wt103/$RECIPE}")
 LOG_DIR=$(absolute "${LOG_DIR:-$SAVE_DIR/logs}")
@@ -204,8 +229,10 @@ fi
 CMD=("${LAUNCH[@]}" "$DATA_DIR" "${COMMON[@]}" "${RECIPE_ARGS[@]}" "${RUN_ARGS[@]}" ${EXTRA[@]+"${EXTRA[@]}"})
 
 note "recipe $RECIPE on $NPROC $DEVICE process(es): $BATCH_PER_GPU sequences x $TOKENS_PER_SAMPLE tokens per process, update-freq $UPDATE_FREQ ($SEQS_PER_UPDATE sequences per update)"
+note "precision: $PRECISION_NOTE"
 note "checkpoints: $SAVE_DIR (rerun to resume from checkpoint_last.pt); logs: $LOG_DIR"
 if [ "$DRY_RUN" -eq 1 ]; then
+    if [ "$PRECISION" = tf32 ]; then printf 'HGRN_MATMUL_PRECISION=tf32 '; fi
     printf '%q ' "${CMD[@]}"
     echo
     exit 0
@@ -217,7 +244,9 @@ fi
 mkdir -p "$SAVE_DIR" "$LOG_DIR"
 {
     printf '# %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    if [ "$PRECISION" = tf32 ]; then printf 'HGRN_MATMUL_PRECISION=tf32 '; fi
     printf '%q ' "${CMD[@]}"
     echo
 } >>"$LOG_DIR/command.txt"
+echo "train_wt103.sh $(date -u +%Y-%m-%dT%H:%M:%SZ): recipe $RECIPE, precision: $PRECISION_NOTE" >>"$LOG_DIR/train.log"
 exec "${CMD[@]}"

@@ -43,7 +43,7 @@ class HgrnLanguageModelConfig(FairseqDataclass):
     glu_activation: ChoiceEnum(list(ACTIVATIONS)) = field(
         default="none", metadata={"help": "GLU activation; 'none' is the bilinear GLU of the WikiText LM"}
     )
-    glu_bias: bool = field(default=True, metadata={"help": "biases in the GLU projections"})
+    no_glu_bias: bool = field(default=False, metadata={"help": "no biases in the GLU projections"})
     token_mixer: ChoiceEnum(list(TOKEN_MIXERS)) = field(
         default="hgru",
         metadata={"help": "hgru: complex HGRN1; hgru_real: real HGRN1; hgru2: HGRN2 (state expansion)"},
@@ -52,15 +52,22 @@ class HgrnLanguageModelConfig(FairseqDataclass):
         default=None, metadata={"help": "hgru_real only: state width (default d; 2*d for the '2d state' row)"}
     )
     expand_ratio: int = field(default=128, metadata={"help": "hgru2 only: head (expand) dimension"})
-    use_lower_bound: bool = field(
-        default=True, metadata={"help": "layer-wise lower bounds on the forget gate (off: the paper's ablation)"}
+    no_lower_bound: bool = field(
+        default=False,
+        metadata={"help": "no layer-wise lower bounds on the forget gate (the paper's ablation)"},
     )
-    norm_before_gate: bool = field(
-        default=True,
-        metadata={"help": "HGRU output: LN then gate (released code); false: gate then LN (paper's equation)"},
+    gate_before_norm: bool = field(
+        default=False,
+        metadata={"help": "HGRU output LN(h * SiLU(g)), the paper's equation (default: LN(h) * SiLU(g), the "
+                  "released code)"},
     )
     share_decoder_input_output_embed: bool = field(
-        default=True, metadata={"help": "tie the input and output embeddings"}
+        default=False,
+        metadata={"help": "fairseq's flag: tie the input and output embeddings. hgrn_lm ties them by default; "
+                  "the flag is accepted so fairseq command lines keep their meaning"},
+    )
+    untie_embeddings: bool = field(
+        default=False, metadata={"help": "a separate output projection instead of the tied input embedding"}
     )
     no_scale_embedding: bool = field(default=False, metadata={"help": "do not scale embeddings by sqrt(d)"})
     kernel_backend: ChoiceEnum(list(BACKENDS)) = field(
@@ -77,6 +84,35 @@ class HgrnLanguageModelConfig(FairseqDataclass):
                   "two CUDA graphs, one capture per batch shape (up to 4; more run eagerly): the host "
                   "issues 2 launches instead of hundreds. Evaluation, decoding and CPU run eagerly"},
     )
+
+
+# Boolean options renamed so that no flag defaults to True (fairseq turns such a field into a flag that
+# switches it *off*): old name -> new name; the new option is the old one negated. Checkpoints written
+# before the rename are translated when fairseq loads them (fairseq_compat.upgrade_legacy_model_config).
+LEGACY_NEGATED_OPTIONS = {
+    "use_lower_bound": "no_lower_bound",
+    "norm_before_gate": "gate_before_norm",
+    "glu_bias": "no_glu_bias",
+}
+
+
+def upgrade_legacy_config(cfg) -> bool:
+    """Translate a model config written before the boolean renames, in place (a dict or an open
+    DictConfig). Returns whether it was a legacy config.
+
+    Before the rename ``share_decoder_input_output_embed`` defaulted to True and meant "tie"; False
+    (the old ``--share-decoder-input-output-embed`` flag, which *untied*) becomes ``untie_embeddings``.
+    """
+    if not any(old in cfg for old in LEGACY_NEGATED_OPTIONS):
+        return False
+    for old, new in LEGACY_NEGATED_OPTIONS.items():
+        if old in cfg:
+            cfg[new] = not bool(cfg[old])
+            del cfg[old]
+    tied = cfg.get("share_decoder_input_output_embed", True)
+    cfg["untie_embeddings"] = not bool(tied)
+    cfg["share_decoder_input_output_embed"] = False
+    return True
 
 
 def validate_config(cfg) -> None:
@@ -98,6 +134,11 @@ def validate_config(cfg) -> None:
         if (value is None and name != "state_dim") or not ok(value):
             flag = "--" + name.replace("_", "-")
             raise ValueError(f"hgrn_lm: {flag}={value} is invalid: {fix}")
+    if get("untie_embeddings") and get("share_decoder_input_output_embed"):
+        raise ValueError(
+            "hgrn_lm: --untie-embeddings and --share-decoder-input-output-embed contradict each other: "
+            "pass one of them (embeddings are tied by default)"
+        )
     if get("token_mixer") == "hgru2" and get("decoder_embed_dim") % get("expand_ratio") != 0:
         raise ValueError(
             f"hgrn_lm: --expand-ratio={get('expand_ratio')} does not divide "
@@ -137,24 +178,24 @@ class HgrnDecoder(TransientAttrs, FairseqIncrementalDecoder):
                     state_dim=cfg.state_dim,
                     expand_ratio=cfg.expand_ratio,
                     variant="lm",
-                    norm_before_gate=cfg.norm_before_gate,
+                    norm_before_gate=not cfg.gate_before_norm,
                     backend=cfg.kernel_backend,
                 ),
                 d,
                 cfg.glu_dim,
                 glu_activation=cfg.glu_activation,
-                glu_bias=cfg.glu_bias,
+                glu_bias=not cfg.no_glu_bias,
                 dropout=cfg.dropout,
                 compile="train" if getattr(cfg, "compile_blocks", False) else "none",
             )
             for _ in range(cfg.decoder_layers)
         )
         self.lower_bounds = LayerLowerBounds(
-            cfg.decoder_layers, self.layers[0].mixer.gate_dim, enabled=cfg.use_lower_bound
+            cfg.decoder_layers, self.layers[0].mixer.gate_dim, enabled=not cfg.no_lower_bound
         )
         self.final_norm = nn.LayerNorm(d)
         self.cuda_graphs = bool(getattr(cfg, "cuda_graphs", False))
-        if cfg.share_decoder_input_output_embed:
+        if not cfg.untie_embeddings:
             self.output_projection = None
         else:
             self.output_projection = nn.Linear(d, len(dictionary), bias=False)
@@ -286,13 +327,14 @@ def hgrn_lm_default(args):
         decoder_layers=6,
         glu_dim=1024,
         glu_activation="none",
-        glu_bias=True,
+        no_glu_bias=False,
         token_mixer="hgru",
         state_dim=None,
         expand_ratio=128,
-        use_lower_bound=True,
-        norm_before_gate=True,
-        share_decoder_input_output_embed=True,
+        no_lower_bound=False,
+        gate_before_norm=False,
+        share_decoder_input_output_embed=False,
+        untie_embeddings=False,
         no_scale_embedding=False,
         kernel_backend="auto",
         compile_blocks=False,

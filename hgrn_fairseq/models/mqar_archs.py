@@ -50,7 +50,7 @@ def _mqar_common(args):
 @register_model_architecture("hgrn_lm", "hgrn1_mqar")
 def hgrn1_mqar(args):
     _mqar_common(args)
-    _set_defaults(args, token_mixer="hgru", use_lower_bound=True)
+    _set_defaults(args, token_mixer="hgru", no_lower_bound=False)
     hgrn_lm_default(args)
 
 
@@ -58,5 +58,5 @@ def hgrn1_mqar(args):
 def hgrn2_mqar(args):
     _mqar_common(args)
     d = safe_getattr(args, "decoder_embed_dim")
-    _set_defaults(args, token_mixer="hgru2", use_lower_bound=False, expand_ratio=min(d, 128))
+    _set_defaults(args, token_mixer="hgru2", no_lower_bound=True, expand_ratio=min(d, 128))
     hgrn_lm_default(args)

@@ -48,7 +48,7 @@ def build(name, extra=()):
     argv = ["/unused-data-dir", "--task", "language_modeling", *MODELS[name], *extra]
     args = options.parse_args_and_arch(options.get_training_parser(), argv)
     if name == "hgrn_lm_tiny_untied":
-        args.share_decoder_input_output_embed = False
+        args.untie_embeddings = True
     task = types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
     torch.manual_seed(0)
     model = build_model(convert_namespace_to_omegaconf(args).model, task)

@@ -71,7 +71,7 @@ def test_parameter_count_by_hand_for_other_widths():
     expected = V * d + L * (hgru + 2 * 2 * d + glu) + 2 * d + L * d
     assert num_params(model) == expected
     no_lb = build("hgrn_lm_tiny", gpt2_sized_dictionary(V), decoder_embed_dim=d, decoder_layers=L, glu_dim=g,
-                  use_lower_bound=False)
+                  no_lower_bound=True)
     assert num_params(no_lb) == expected - L * d
 
 

@@ -132,6 +132,42 @@ def test_cuda_graphs_on_for_hgrn_recipes_unless_switched_off(recipe, data):
     assert proc.returncode != 0 and "CUDA_GRAPHS='yes' is not 0 or 1" in proc.stderr
 
 
+@pytest.mark.parametrize("recipe, paper", [("hgrn_lm_base", "fp32"), ("hgrn2_lm_base", "bf16"),
+                                           ("transformer_lm_wt103_small", "fp32")])
+def test_precision_switch(recipe, paper, data):
+    for precision in ("fp32", "tf32", "bf16"):
+        proc = run_script("--dry-run", recipe, data, env={"NUM_GPUS": "1", "PRECISION": precision})
+        assert proc.returncode == 0, proc.stderr
+        argv = shlex.split(proc.stdout)
+        assert ("--bf16" in argv) == (precision == "bf16") and "--fp16" not in argv
+        assert (argv[0] == "HGRN_MATMUL_PRECISION=tf32") == (precision == "tf32")
+        expected = f"precision: {precision} (the paper's)" if precision == paper else \
+            f"precision: {precision} (the paper trained {recipe} in {paper})"
+        assert expected in proc.stderr
+    argv, log = dry_run(recipe, data, env={"NUM_GPUS": "1"})  # default: the paper's
+    assert ("--bf16" in argv) == (paper == "bf16") and f"precision: {paper} (the paper's)" in log
+    proc = run_script("--dry-run", recipe, data, env={"NUM_GPUS": "1", "PRECISION": "fp16"})
+    assert proc.returncode != 0 and "PRECISION='fp16' is not one of fp32, tf32, bf16" in proc.stderr
+    proc = run_script("--dry-run", recipe, data, "--bf16", env={"NUM_GPUS": "1"})
+    assert proc.returncode != 0 and "pass the precision as PRECISION=" in proc.stderr
+
+
+def test_tf32_matmul_precision_is_set(monkeypatch):
+    monkeypatch.setenv("HGRN_MATMUL_PRECISION", "tf32")
+    before = torch.get_float32_matmul_precision()
+    try:
+        fairseq_train.set_matmul_precision()
+        assert torch.get_float32_matmul_precision() == "high"
+        monkeypatch.setenv("HGRN_MATMUL_PRECISION", "fp32")
+        fairseq_train.set_matmul_precision()
+        assert torch.get_float32_matmul_precision() == "highest"
+        monkeypatch.setenv("HGRN_MATMUL_PRECISION", "fp16")
+        with pytest.raises(SystemExit, match="is not one of"):
+            fairseq_train.set_matmul_precision()
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
 def test_cpu_and_overrides(data):
     argv, log = dry_run("hgrn_lm_base", data, "--cpu", "--max-update", "7", "--batch-size", "4",
                         env={"NUM_GPUS": "4"})

@@ -201,11 +201,11 @@ def arch_args(arch, **overrides):
 
 def test_mqar_arch_defaults():
     a = arch_args("hgrn1_mqar", decoder_embed_dim=256)
-    assert (a.decoder_layers, a.glu_dim, a.token_mixer, a.use_lower_bound, a.dropout) == (2, 0, "hgru", True, 0.0)
+    assert (a.decoder_layers, a.glu_dim, a.token_mixer, a.no_lower_bound, a.dropout) == (2, 0, "hgru", False, 0.0)
     assert a.decoder_embed_dim == 256
     for d, e in [(64, 64), (128, 128), (256, 128), (512, 128)]:
         a = arch_args("hgrn2_mqar", decoder_embed_dim=d)
-        assert (a.decoder_layers, a.glu_dim, a.token_mixer, a.use_lower_bound) == (2, 0, "hgru2", False)
+        assert (a.decoder_layers, a.glu_dim, a.token_mixer, a.no_lower_bound) == (2, 0, "hgru2", True)
         assert a.expand_ratio == e and a.dropout == 0.0
     assert arch_args("hgrn2_mqar", decoder_embed_dim=256, expand_ratio=16).expand_ratio == 16
     assert arch_args("hgrn2_mqar").decoder_embed_dim == 128
