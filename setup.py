@@ -16,9 +16,14 @@ setup(
         "hydra-core",
         "sentencepiece",
         "timm",
+        # plots, logs and progress are part of what the commands promise, not optional extras
+        "matplotlib",
+        "tensorboard",
+        "tqdm",
+        "Pillow",
     ],
     extras_require={
         "test": ["pytest", "numpy"],
-        "plot": ["matplotlib"],
+        "plot": [],  # kept so that `pip install .[plot]` still works; matplotlib is a dependency now
     },
 )

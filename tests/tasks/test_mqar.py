@@ -34,17 +34,6 @@ PLUGIN = os.path.dirname(os.path.abspath(hgrn_fairseq.__file__))
 REPO = os.path.dirname(PLUGIN)
 
 
-def hgru2_available():
-    try:
-        from hgrn_fairseq.modules.hgru2 import HGRU2  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-needs_hgru2 = pytest.mark.skipif(not hgru2_available(), reason="hgrn_fairseq.modules.hgru2 not there yet")
-
-
 # ----------------------------------------------------------------------------------------------
 # Generator
 
@@ -222,7 +211,6 @@ def test_hgrn1_mqar_model_has_no_mlp():
     assert all(layer.glu is None for layer in model.decoder.layers)
 
 
-@needs_hgru2
 def test_hgrn2_mqar_model_builds_with_one_head_up_to_128():
     task = small_task()
     model = build("hgrn2_mqar", task, decoder_embed_dim=64)
@@ -371,7 +359,6 @@ def test_fairseq_train_learns_mqar_with_hgrn1(training_runs):
     assert accs[-1] > 30, accs  # ... and ends far above it, above guessing among the context's values
 
 
-@needs_hgru2
 def test_fairseq_train_learns_mqar_with_hgrn2(training_runs):
     # hgrn2_mqar as the sweep runs it (one 64 x 64 head, no lower bound): ~30% after 378 updates
     # (~38% with a plain AdamW loop). At seq 256 / 16 pairs the same model sits on a plateau at
