@@ -56,32 +56,7 @@ save_autotune() { (cd /tmp/tc && find . -name '*.autotune.json' | tar czf "$OUT/
 
 need_fairseq=0
 case " $STAGES " in *" train "*|*" mqar "*|*" evidence "*|*" profile "*|*" flawarm "*) need_fairseq=1 ;; esac
-# fairseq-fixed into /tmp/site2 (console scripts in /tmp/site2/bin): the prebuilt wheel, else a wheel
-# built from the sdist. The other sdists of .whl/ (antlr4) are pure Python and install from source.
-# (The globs do not recurse: .whl/*.whl and .whl/*.tar.gz never match files in .whl/prebuilt/.)
-install_fairseq() {
-  local wheel sdist="" others=() f
-  wheel=$(ls "$R"/.whl/prebuilt/fairseq_fixed-*.whl 2>/dev/null | tail -1)
-  for f in "$R"/.whl/*.tar.gz; do
-    case ${f##*/} in fairseq_fixed-*) sdist=$f ;; *) others+=("$f") ;; esac
-  done
-  if [ -n "$wheel" ]; then
-    echo "fairseq: prebuilt ${wheel##*/}"
-  else
-    [ -n "$sdist" ] || { echo "fairseq: neither .whl/prebuilt/fairseq_fixed-*.whl nor .whl/fairseq_fixed-*.tar.gz"; return 1; }
-    rm -rf /tmp/fairseq_wheel
-    (cd /tmp && env -u CUDA_HOME MAX_JOBS=$(( $(nproc) < 32 ? $(nproc) : 32 )) python3 -m pip wheel -q --no-index \
-       --no-deps --no-build-isolation -w /tmp/fairseq_wheel "$sdist") || return
-    wheel=$(ls /tmp/fairseq_wheel/fairseq_fixed-*.whl) || return
-    echo "fairseq: built ${wheel##*/} at $(el)s"
-    if [ "${SAVE_FAIRSEQ_WHEEL:-0}" = 1 ]; then  # ~22 MB, over the 16 MiB a file of $OUT may have: in parts
-      split -b 15M -d "$wheel" "$OUT/${wheel##*/}.part" \
-        && echo "fairseq: wheel saved as \$OUT/${wheel##*/}.part*; cat them into .whl/prebuilt/${wheel##*/}"
-    fi
-  fi
-  (cd /tmp && python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site2 \
-     "$wheel" "${others[@]}")
-}
+. bench/gpu_fairseq.sh  # install_fairseq
 if [ $need_fairseq = 1 ] && [ ! -d /tmp/site2/fairseq ]; then
   (install_fairseq > /tmp/fairseq_build.log 2>&1; echo "fairseq install rc=$? at $(el)s" >> /tmp/fairseq_build.log) &
   BUILD_PID=$!
