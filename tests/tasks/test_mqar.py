@@ -325,8 +325,6 @@ def training_runs(tmp_path_factory):
     env = dict(os.environ, OMP_NUM_THREADS="1")  # two processes on few cores: threads only contend
     procs = {}
     for arch, kwargs in RUNS.items():
-        if arch == "hgrn2_mqar" and not hgru2_available():
-            continue
         cmd = train_command(arch, tmp_path_factory.mktemp(arch), **kwargs)
         procs[arch] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                        env=env, cwd=REPO)
