@@ -23,7 +23,7 @@ setup(
         "Pillow",
     ],
     extras_require={
-        "test": ["pytest", "numpy"],
+        "test": ["pytest", "pytest-xdist", "numpy"],
         "plot": [],  # kept so that `pip install .[plot]` still works; matplotlib is a dependency now
     },
 )

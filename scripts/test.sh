@@ -2,6 +2,8 @@
 # Install the package and what the tests need into the current Python environment, then run the
 # test suite. CPU only: Triton kernels run through TRITON_INTERPRET=1 (tests/conftest.py sets it
 # when there is no GPU). Extra arguments go to pytest, e.g. `bash scripts/test.sh -k hgru -x`.
+# The tests run in TEST_WORKERS processes (pytest-xdist; default 2, one per core of the CI machine),
+# a test file per process (module fixtures are built once); TEST_WORKERS=0 runs them in this process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -10,4 +12,8 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 echo "== installing hgrn_fairseq[test] into $($PYTHON -c 'import sys; print(sys.prefix)')"
 $PYTHON -m pip install --quiet --progress-bar off -e ".[test]"
 echo "== running the tests"
-exec $PYTHON -m pytest -q --durations=15 "$@"
+WORKERS=${TEST_WORKERS:-2}
+case "$WORKERS" in '' | *[!0-9]*) echo "test.sh: TEST_WORKERS='$WORKERS' is not a number (0: no worker processes)" >&2; exit 2 ;; esac
+PARALLEL=()
+if [ "$WORKERS" -gt 0 ]; then PARALLEL=(-n "$WORKERS" --dist loadfile); fi
+exec $PYTHON -m pytest -q --durations=15 ${PARALLEL[@]+"${PARALLEL[@]}"} "$@"
