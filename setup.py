@@ -24,6 +24,8 @@ setup(
     ],
     extras_require={
         "test": ["pytest", "pytest-xdist", "numpy"],
+        # zero-shot evaluation (hgrn_fairseq.evaluation.lm_eval); the test command installs it
+        "eval": ["lm_eval==0.4.13"],
         "plot": [],  # kept so that `pip install .[plot]` still works; matplotlib is a dependency now
     },
 )

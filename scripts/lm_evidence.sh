@@ -81,7 +81,7 @@ else
     --validpref "$WORKDIR/spm/valid.bpe" --testpref "$WORKDIR/spm/test.bpe" --destdir "$DATA" \
     --workers "$NPROC" 2>&1 | grep -E "tokens|Wrote" || true
   [[ -f "$DATA/test.idx" ]] || die "fairseq-preprocess did not write $DATA/test.idx"
-  cp "$WORKDIR/spm/TOKENIZER_INFO.json" "$DATA/"
+  cp "$WORKDIR/spm/TOKENIZER_INFO.json" "$WORKDIR/spm/spm.model" "$DATA/"  # (spm.model: for text in, e.g. zero-shot)
 fi
 
 train() {  # $1: recipe

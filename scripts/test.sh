@@ -9,8 +9,8 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 # Tiny models on a small CPU run faster on one thread per process (and tests start subprocesses).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-echo "== installing hgrn_fairseq[test] into $($PYTHON -c 'import sys; print(sys.prefix)')"
-$PYTHON -m pip install --quiet --progress-bar off -e ".[test]"
+echo "== installing hgrn_fairseq[test,eval] into $($PYTHON -c 'import sys; print(sys.prefix)')"
+$PYTHON -m pip install --quiet --progress-bar off -e ".[test,eval]"
 echo "== running the tests"
 WORKERS=${TEST_WORKERS:-2}
 case "$WORKERS" in '' | *[!0-9]*) echo "test.sh: TEST_WORKERS='$WORKERS' is not a number (0: no worker processes)" >&2; exit 2 ;; esac

@@ -230,13 +230,14 @@ def load_checkpoint_for_eval(
     data: Optional[str] = None,
     max_length: Optional[int] = None,
     lift_max_positions: bool = True,
-    split: str = "test",
+    split: Optional[str] = "test",
     device: Optional[str] = None,
     dtype: str = "fp32",
     user_dirs: Sequence[str] = (),
 ) -> LoadedModel:
     """Load ``checkpoint`` (any fairseq LM: ``hgrn_lm*``, ``transformer_lm``...) for evaluation on
-    ``data`` (default: the data directory recorded in the checkpoint)."""
+    ``data`` (default: the data directory recorded in the checkpoint). ``split=None``: only the
+    dictionary is needed (text from elsewhere, e.g. the lm-evaluation-harness model)."""
     import torch
 
     _register_plugins(user_dirs)
@@ -263,7 +264,7 @@ def load_checkpoint_for_eval(
             f"data directory {data_dir!r} not found: pass the fairseq-preprocess output the model was "
             f"trained on (data_prep/ writes it)"
         )
-    for needed in ("dict.txt", f"{split}.bin", f"{split}.idx"):
+    for needed in ("dict.txt",) + ((f"{split}.bin", f"{split}.idx") if split else ()):
         if not os.path.isfile(os.path.join(data_dir, needed)):
             raise ExtrapolationError(
                 f"{os.path.join(data_dir, needed)} is missing: binarise the {split} split with "
