@@ -2,8 +2,8 @@
 # GPU evidence for the zero-shot evaluation (hgrn_fairseq/evaluation/lm_eval.py), run by
 # bench/gpu_session.sh (stage lm_eval) with fairseq on the PYTHONPATH and lm_eval in .whl/lm_eval_site:
 #   1. scripts/lm_evidence.sh trains hgrn_lm_base and the Transformer on its offline corpus (short budget);
-#   2. a local multiple-choice task from the corpus's held-out split: a document's first 24 words, and its
-#      true next 8 words against the next 8 words of 3 other documents (chance 25%);
+#   2. a local multiple-choice task from the corpus's held-out split cut into 32-word windows: a window's first
+#      24 words, and its true last 8 words against the last 8 words of 3 other windows (chance 25%);
 #   3. python -m hgrn_fairseq.evaluation.lm_eval on that task, on CUDA, fp32 and bf16, per model.
 # Environment: ZS_MAX_UPDATE [800] ZS_TRAIN_MINUTES [2] ZS_DOCS [400] ZS_MODELS [hgrn_lm_base,transformer_lm_wt103_small]
 set -uo pipefail
@@ -23,7 +23,8 @@ echo "lm_evidence rc=$?"; tail -15 "$OUT/lm_evidence.log"
 python3 - "$W/corpus/test.txt" "$W/tasks" "${ZS_DOCS:-400}" <<'PY'
 import json, os, random, sys
 src, out, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-docs = [l.split() for l in open(src, encoding="utf-8", errors="replace") if len(l.split()) >= 40]
+words = open(src, encoding="utf-8", errors="replace").read().split()
+docs = [words[i:i + 32] for i in range(0, len(words) - 32, 32)]  # consecutive 32-word windows of the split
 rng = random.Random(0)
 rng.shuffle(docs)
 docs = docs[:n]

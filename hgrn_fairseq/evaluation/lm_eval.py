@@ -391,8 +391,9 @@ def load_tasks(names: Sequence[str], include_paths: Sequence[str]):
             tasks.update(get_task_dict([name], manager))
         except Exception as e:  # noqa: BLE001 - datasets raises many kinds; the message names the task
             offline = os.environ.get("HF_DATASETS_OFFLINE") == "1"
+            first_line = (str(e).splitlines() or [""])[0][:200]
             raise ZeroShotError(
-                f"task {name}: its data could not be loaded ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+                f"task {name}: its data could not be loaded ({type(e).__name__}: {first_line})"
                 + (": it is not in the local Hugging Face cache and this run is offline; load it once on a "
                    "machine with network (python -c \"import lm_eval.tasks as t; t.get_task_dict(['" + name
                    + "'])\") and copy ~/.cache/huggingface here, or define the task from local JSONL files "
