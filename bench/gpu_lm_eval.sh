@@ -28,29 +28,15 @@ docs = [words[i:i + 32] for i in range(0, len(words) - 32, 32)]  # consecutive 3
 rng = random.Random(0)
 rng.shuffle(docs)
 docs = docs[:n]
-os.makedirs(out, exist_ok=True)
-with open(os.path.join(out, "heldout_continuation.jsonl"), "w") as f:
-    for i, d in enumerate(docs):
-        others = rng.sample([j for j in range(len(docs)) if j != i], 3)
-        choices = [" " + " ".join(d[24:32])] + [" " + " ".join(docs[j][24:32]) for j in others]
-        label = rng.randrange(4)
-        choices[0], choices[label] = choices[label], choices[0]
-        f.write(json.dumps({"context": " ".join(d[:24]), "choices": choices, "label": label}) + "\n")
-with open(os.path.join(out, "heldout_continuation.yaml"), "w") as f:
-    f.write(f"""task: heldout_continuation
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {os.path.join(out, 'heldout_continuation.jsonl')}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{context}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{label}}}}"
-metric_list:
-  - metric: acc
-  - metric: acc_norm
-""")
+items = []
+for i, d in enumerate(docs):
+    others = rng.sample([j for j in range(len(docs)) if j != i], 3)
+    choices = [" " + " ".join(d[24:32])] + [" " + " ".join(docs[j][24:32]) for j in others]
+    label = rng.randrange(4)
+    choices[0], choices[label] = choices[label], choices[0]
+    items.append({"context": " ".join(d[:24]), "choices": choices, "label": label})
+from hgrn_fairseq.evaluation.lm_eval import write_local_multiple_choice_task
+write_local_multiple_choice_task(out, "heldout_continuation", items)
 print(f"local task: {len(docs)} documents of the held-out split")
 PY
 for m in $(echo "$MODELS" | tr ',' ' '); do

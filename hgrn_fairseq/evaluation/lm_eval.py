@@ -349,6 +349,42 @@ class HgrnFairseqLM(TemplateLM):
         return text[:cut]
 
 
+# ---- tasks from local files -------------------------------------------------------------------------
+LOCAL_MC_YAML = """task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {path}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{label}}}}"
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+"""
+
+
+def write_local_multiple_choice_task(folder: str, name: str, docs: Sequence[Dict]) -> str:
+    """A harness task from local data, no network: ``folder/name.jsonl`` (``docs``: dicts with
+    ``context``, ``choices`` and the right choice's index ``label``) and ``folder/name.yaml``. Returns
+    ``folder``, for ``--include-path`` / ``TaskManager(include_path=...)``."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.abspath(os.path.join(folder, f"{name}.jsonl"))
+    for i, doc in enumerate(docs):
+        missing = {"context", "choices", "label"} - set(doc)
+        if missing or not 0 <= int(doc["label"]) < len(doc["choices"]):
+            raise ZeroShotError(f"document {i} of task {name}: needs context, choices and a label indexing the "
+                                f"choices (missing: {sorted(missing)}, label {doc.get('label')})")
+    with open(path, "w", encoding="utf-8") as f:
+        for doc in docs:
+            f.write(json.dumps(doc) + "\n")
+    with open(os.path.join(folder, f"{name}.yaml"), "w", encoding="utf-8") as f:
+        f.write(LOCAL_MC_YAML.format(name=name, path=path))
+    return folder
+
+
 # ---- the command -----------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m hgrn_fairseq.evaluation.lm_eval",

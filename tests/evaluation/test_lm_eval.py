@@ -55,30 +55,8 @@ def full_forward_log_probs(model, ids):
     return lp.gather(-1, torch.tensor(ids)[:, None])[:, 0]
 
 
-MC_YAML = """task: local_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {path}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{context}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{label}}}}"
-metric_list:
-  - metric: acc
-"""
-
-
 def write_local_task(root, docs):
-    folder = root / "tasks"
-    folder.mkdir(exist_ok=True)
-    path = folder / "local_mc.jsonl"
-    with open(path, "w") as f:
-        for d in docs:
-            f.write(json.dumps(d) + "\n")
-    (folder / "local_mc.yaml").write_text(MC_YAML.format(path=path))
-    return str(folder)
+    return ours.write_local_multiple_choice_task(str(root / "tasks"), "local_mc", docs)
 
 
 def test_multiple_choice_accuracy_equals_direct_computation(trained, model, tmp_path):
@@ -202,6 +180,11 @@ def test_command_runs_offline_on_a_local_task_and_names_missing_data(trained, tm
     proc = subprocess.run(base + ["--tasks", "piqa"], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 2
     assert "task piqa: its data could not be loaded" in proc.stderr and "--include-path" in proc.stderr
+
+
+def test_local_task_writer_refuses_a_bad_label(tmp_path):
+    with pytest.raises(ours.ZeroShotError, match="document 0 of task t: needs context, choices and a label"):
+        ours.write_local_multiple_choice_task(str(tmp_path), "t", [{"context": "a", "choices": [" b"], "label": 3}])
 
 
 def test_install_hint_without_the_harness(monkeypatch, capsys):
