@@ -1,0 +1,171 @@
+"""LRU, MLGRU and BitLinear (SPEC 10) against float64 loops of their equations, written here
+independently of the modules (complex numbers as Python complex tensors, one step at a time)."""
+import math
+
+import pytest
+import torch
+
+from hgrn_fairseq.modules.bitlinear import BitLinear, int8_activations, ternary_weight
+from hgrn_fairseq.modules.lru import LRU, lru_parameter_groups
+from hgrn_fairseq.modules.mlgru import MLGRU
+
+B, T, D = 2, 9, 6
+
+
+def lru_loop(m: LRU, u, h0=None):
+    """x_k = lambda x_{k-1} + exp(gamma_log) (B u_k); y_k = Re(C x_k) + D u_k, in complex128."""
+    lam = torch.exp(-torch.exp(m.nu_log.double()) + 1j * torch.exp(m.theta_log.double()))
+    w = m.in_proj.weight.double().view(m.state_dim, 2, m.dim)
+    Bc = w[:, 0] + 1j * w[:, 1]  # [N, dim]
+    c = m.out_proj.weight.double().view(m.dim, m.state_dim, 2)
+    Cc = c[..., 0] - 1j * c[..., 1]  # out_proj columns are [Re C, -Im C]
+    x = torch.zeros(u.shape[0], m.state_dim, dtype=torch.complex128) if h0 is None else torch.complex(h0[..., 0], h0[..., 1])
+    ys = []
+    for k in range(u.shape[1]):
+        x = lam * x + torch.exp(m.gamma_log.double()) * (u[:, k].to(torch.complex128) @ Bc.T)
+        ys.append((x @ Cc.T).real + m.D.double() * u[:, k])
+    return torch.stack(ys, 1), torch.stack([x.real, x.imag], -1)
+
+
+def test_lru_equals_the_loop_outputs_state_and_gradients():
+    torch.manual_seed(0)
+    m = LRU(D, 5, r_min=0.5, r_max=0.95, max_phase=math.pi).double()
+    u = torch.randn(B, T, D, dtype=torch.float64, requires_grad=True)
+    h0 = torch.randn(B, 5, 2, dtype=torch.float64)
+    y, final = m(u, None, h0, True)
+    y_ref, final_ref = lru_loop(m, u, h0)
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(final, final_ref)
+    g = torch.randn_like(y)
+    params = [u, m.nu_log, m.theta_log, m.gamma_log, m.in_proj.weight, m.out_proj.weight, m.D]
+    grads = torch.autograd.grad((y * g).sum(), params)
+    grads_ref = torch.autograd.grad((y_ref * g).sum(), params)
+    for a, b in zip(grads, grads_ref):
+        torch.testing.assert_close(a, b)
+
+
+def test_lru_ring_initialisation():
+    torch.manual_seed(1)
+    m = LRU(16, 4096, r_min=0.9, r_max=0.999, max_phase=math.pi / 10)
+    magnitude, phase = m.magnitude_and_phase()
+    assert magnitude.min() >= 0.9 - 1e-5 and magnitude.max() <= 0.999 + 1e-5
+    assert phase.min() >= 0 and phase.max() <= math.pi / 10 + 1e-6
+    assert magnitude.max() - magnitude.min() > 0.05  # spread over the ring, not one value
+    torch.testing.assert_close(torch.exp(m.gamma_log), torch.sqrt(1 - magnitude**2), rtol=1e-4, atol=1e-6)
+    assert m.gamma_log.requires_grad
+    assert m.in_proj.weight.std().item() == pytest.approx((1 / 32) ** 0.5, rel=0.1)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(r_min=0.9, r_max=0.9), "need 0 <= r_min < r_max <= 1"),
+    (dict(r_min=0.5, r_max=1.5), "need 0 <= r_min < r_max <= 1"),
+    (dict(max_phase=0.0), "max_phase=0.0 must be in"),
+])
+def test_lru_bad_sizes(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LRU(4, 4, **kwargs)
+    with pytest.raises(ValueError, match="state_dim=0 must be >= 1"):
+        LRU(4, 0)
+
+
+def test_lru_refuses_a_lower_bound_and_groups_its_slow_parameters():
+    m = LRU(4, 3)
+    with pytest.raises(ValueError, match="no forget gate"):
+        m(torch.randn(1, 2, 4), torch.full((3,), 0.5))
+    slow, rest = lru_parameter_groups(torch.nn.Sequential(m))
+    assert {id(p) for p in slow} == {id(m.nu_log), id(m.theta_log), id(m.gamma_log), id(m.in_proj.weight)}
+    assert {id(p) for p in rest} == {id(m.out_proj.weight), id(m.D)}
+
+
+def mlgru_loop(m: MLGRU, x, gamma, h0):
+    lin = lambda layer, v: v @ layer.weight.double().T + layer.bias.double()  # noqa: E731 (plain linear)
+    h = h0.clone()
+    ys = []
+    for t in range(x.shape[1]):
+        f = gamma + (1 - gamma) * torch.sigmoid(lin(m.forget_proj, x[:, t]))
+        c = torch.nn.functional.silu(lin(m.input_proj, x[:, t]))
+        g = torch.sigmoid(lin(m.gate_proj, x[:, t]))
+        h = f * h + (1 - f) * c
+        ys.append(lin(m.out_proj, g * h))
+    return torch.stack(ys, 1), h
+
+
+def test_mlgru_equals_the_loop_outputs_state_and_gradients():
+    torch.manual_seed(2)
+    m = MLGRU(D, num_heads=2).double()
+    x = torch.randn(B, T, D, dtype=torch.float64, requires_grad=True)
+    gamma = torch.rand(D, dtype=torch.float64, requires_grad=True)
+    h0 = torch.randn(B, D, dtype=torch.float64)
+    y, final = m(x, gamma, h0, True)
+    y_ref, final_ref = mlgru_loop(m, x, gamma, h0)
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(final, final_ref)
+    g = torch.randn_like(y)
+    params = [x, gamma] + list(m.parameters())
+    for a, b in zip(torch.autograd.grad((y * g).sum(), params), torch.autograd.grad((y_ref * g).sum(), params)):
+        torch.testing.assert_close(a, b)
+
+
+def test_mlgru_ternary_switches():
+    assert [type(p).__name__ for p in (MLGRU(8, ternary=True).forget_proj, MLGRU(8, ternary=True).input_proj,
+                                       MLGRU(8, ternary=True).gate_proj, MLGRU(8, ternary=True).out_proj)] == \
+        ["BitLinear", "BitLinear", "Linear", "Linear"]
+    full = MLGRU(8, fully_mml=True)
+    assert all(isinstance(p, BitLinear) for p in (full.forget_proj, full.input_proj, full.gate_proj, full.out_proj))
+    lru = LRU(8, 4, ternary=True)
+    assert isinstance(lru.in_proj, BitLinear) and not isinstance(lru.out_proj, BitLinear)
+    assert isinstance(LRU(8, 4, fully_mml=True).out_proj, BitLinear)
+    with pytest.raises(ValueError, match="num_heads=3 must be >= 1 and divide dim=8"):
+        MLGRU(8, num_heads=3)
+
+
+def test_bitlinear_weights_are_ternary_and_gradients_straight_through():
+    torch.manual_seed(3)
+    layer = BitLinear(16, 8).double()
+    w = layer.weight.detach()
+    q = ternary_weight(w)
+    scale = w.abs().mean()
+    assert set((q / scale).round().unique().tolist()) <= {-1.0, 0.0, 1.0}
+    assert len(torch.unique(q)) == 3  # exactly three values per tensor
+    torch.testing.assert_close(q, ((w / scale).round().clamp(-1, 1)) * scale)
+    x = torch.randn(4, 5, 16, dtype=torch.float64)
+    a = int8_activations(x)
+    s = 127 / x.abs().amax(-1, keepdim=True)
+    torch.testing.assert_close(a, (x * s).round().clamp(-128, 127) / s)
+    assert ((a * s).round() - a * s).abs().max() < 1e-9  # integers on the 8-bit grid
+
+    # forward: RMSNorm, quantised activations and weights; backward: each quantiser's derivative is the
+    # identity (straight through), so dL/dW = g^T x_q, dL/db = sum g, dL/d(normed x) = g W_q
+    xr = x.clone().requires_grad_(True)
+    y = layer(xr)
+    normed = layer.norm(xr)
+    xq = int8_activations(normed.detach())
+    torch.testing.assert_close(y, xq @ q.T + layer.bias)
+    g = torch.randn_like(y)
+    got_x, got_w, got_b = torch.autograd.grad((y * g).sum(), [xr, layer.weight, layer.bias])
+    torch.testing.assert_close(got_w, g.reshape(-1, 8).T @ xq.reshape(-1, 16))
+    torch.testing.assert_close(got_b, g.reshape(-1, 8).sum(0))
+    want_x, = torch.autograd.grad(normed, xr, grad_outputs=g @ q)
+    torch.testing.assert_close(got_x, want_x)
+
+
+@pytest.mark.skipif(__import__("os").environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                    reason="runs the Triton scans through TRITON_INTERPRET=1 (tests/conftest.py sets it without a GPU)")
+@pytest.mark.parametrize("make", [lambda b: LRU(D, 5, r_min=0.4, backend=b), lambda b: MLGRU(D, backend=b),
+                                  lambda b: LRU(D, 5, causal=False, backend=b)])
+def test_triton_scans_match_the_reference(make):
+    torch.manual_seed(4)
+    ref = make("reference")
+    tri = make("triton")
+    tri.load_state_dict(ref.state_dict())
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    ref, tri = ref.to(device), tri.to(device)
+    x = torch.randn(B, T, D, device=device, requires_grad=True)
+    bound = None if isinstance(ref, LRU) else torch.rand(D, device=device)
+    y_ref = ref(x, bound)[0]
+    y_tri = tri(x, bound)[0]
+    torch.testing.assert_close(y_tri, y_ref, rtol=1e-4, atol=1e-5)
+    g = torch.randn_like(y_ref)
+    for a, b in zip(torch.autograd.grad((y_tri * g).sum(), [x] + list(tri.parameters())),
+                    torch.autograd.grad((y_ref * g).sum(), [x] + list(ref.parameters()))):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
