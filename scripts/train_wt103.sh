@@ -14,6 +14,9 @@
 #                               with the settings of the HGRN authors' LM script (train_alm.sh in
 #                               OpenNLPLab/HGRN): weight decay 0.01, no clipping, warmup 8000, fp32,
 #                               100k updates
+#   lru_lm_base, lru_mml_lm_base, mlgru_lm_base, mlgru_mml_lm_base
+#                               the baselines of SPEC 10 (hgrn_fairseq/models/baseline_archs.py) with
+#                               hgrn_lm_base's recipe (fp32, eager: no --cuda-graphs)
 # All: dropout 0.1, 512 tokens per sample (sample-break-mode none), 128 sequences (65,536 tokens) per
 # update whatever the number of GPUs, task hgrn_language_modeling, cross-entropy loss through
 # --criterion linear_cross_entropy (hgrn_fairseq/criterions/linear_cross_entropy.py): the same loss,
@@ -63,7 +66,7 @@ PYTHON=${PYTHON:-python3}
 SEQS_PER_UPDATE=128
 TOKENS_PER_SAMPLE=512
 GPT2_DICT_SIZE=50264
-RECIPES="hgrn_lm_base hgrn2_lm_base transformer_lm_wt103_small"
+RECIPES="hgrn_lm_base hgrn2_lm_base transformer_lm_wt103_small lru_lm_base lru_mml_lm_base mlgru_lm_base mlgru_mml_lm_base"
 
 die() {
     echo "train_wt103.sh: error: $*" >&2
@@ -183,6 +186,10 @@ case "$RECIPE" in
     hgrn2_lm_base)
         RECIPE_ARGS=(--arch hgrn2_lm_base --warmup-updates 4000 --weight-decay 0.1 --clip-norm 1.0 --max-update 50000
             "${GRAPHS[@]}")
+        ;;
+    lru_lm_base | lru_mml_lm_base | mlgru_lm_base | mlgru_mml_lm_base)
+        # the baselines (issue 22) with HGRN1's recipe; eager (CUDA graphs are not tested with their mixers)
+        RECIPE_ARGS=(--arch "$RECIPE" --warmup-updates 8000 --weight-decay 0.2 --clip-norm 0.0 --max-update 100000)
         ;;
     transformer_lm_wt103_small)
         RECIPE_ARGS=(--arch transformer_lm --decoder-layers 6 --decoder-embed-dim 512 --decoder-ffn-embed-dim 2048

@@ -175,7 +175,7 @@ def test_help_lists_the_arch_options(arch):
 
 def test_help_shows_the_archs_defaults():
     text = " ".join(help_text("--task", "language_modeling", "--arch", "hgrn2_lm_base").split())
-    assert "HGRN2 (state expansion) (default: hgru2)" in text  # set by the arch, not the dataclass
+    assert "MLGRU (Zhu et al. 2024) (default: hgru2)" in text  # set by the arch, not the dataclass
     assert "hgru2 only: head (expand) dimension (default: 128)" in text
     text = " ".join(help_text("--task", "language_modeling", "--arch", "hgrn_lm_tiny").split())
     assert "(default: hgru)" in text and "model width d (default: 64)" in text

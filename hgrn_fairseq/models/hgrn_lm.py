@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ..kernels import BACKENDS
 from ..modules import LayerLowerBounds
-from ..modules.block import TOKEN_MIXERS, HgrnBlock, build_token_mixer
+from ..modules.block import TERNARY_MIXERS, TOKEN_MIXERS, HgrnBlock, build_token_mixer
 from ..modules.cuda_graph import GraphedCallCache
 from ..modules.glu import ACTIVATIONS
 from ..modules.transient import TransientAttrs
@@ -46,10 +46,24 @@ class HgrnLanguageModelConfig(FairseqDataclass):
     no_glu_bias: bool = field(default=False, metadata={"help": "no biases in the GLU projections"})
     token_mixer: ChoiceEnum(list(TOKEN_MIXERS)) = field(
         default="hgru",
-        metadata={"help": "hgru: complex HGRN1; hgru_real: real HGRN1; hgru2: HGRN2 (state expansion)"},
+        metadata={"help": "hgru: complex HGRN1; hgru_real: real HGRN1; hgru2: HGRN2 (state expansion); "
+                  "lru: LRU (Orvieto et al. 2023); mlgru: MLGRU (Zhu et al. 2024)"},
     )
     state_dim: Optional[int] = field(
-        default=None, metadata={"help": "hgru_real only: state width (default d; 2*d for the '2d state' row)"}
+        default=None,
+        metadata={"help": "hgru_real: state width (default d; 2*d for the '2d state' row); lru: complex state "
+                  "channels N (default d)"},
+    )
+    lru_r_min: float = field(default=0.0, metadata={"help": "lru: smallest initial |lambda| (ring init)"})
+    lru_r_max: float = field(default=1.0, metadata={"help": "lru: largest initial |lambda| (ring init)"})
+    lru_max_phase: float = field(default=2 * math.pi, metadata={"help": "lru: largest initial arg(lambda)"})
+    ternary: bool = field(
+        default=False,
+        metadata={"help": "lru / mlgru: ternary BitLinear weights where the seed puts them (LRU-MML: B; "
+                  "GRU-MML: W_f and W_c)"},
+    )
+    fully_mml: bool = field(
+        default=False, metadata={"help": "lru / mlgru: every projection ternary (LRU: B, C and D; MLGRU: all four)"}
     )
     expand_ratio: int = field(default=128, metadata={"help": "hgru2 only: head (expand) dimension"})
     no_lower_bound: bool = field(
@@ -139,6 +153,14 @@ def validate_config(cfg) -> None:
             "hgrn_lm: --untie-embeddings and --share-decoder-input-output-embed contradict each other: "
             "pass one of them (embeddings are tied by default)"
         )
+    if get("token_mixer") not in TERNARY_MIXERS and (get("ternary") or get("fully_mml")):
+        raise ValueError(
+            f"hgrn_lm: --ternary / --fully-mml are for --token-mixer {' or '.join(TERNARY_MIXERS)}, not "
+            f"{get('token_mixer')}: drop them or choose one of those mixers"
+        )
+    if get("token_mixer") == "lru" and not get("no_lower_bound"):
+        raise ValueError("hgrn_lm: --token-mixer lru has no forget gate to bound: add --no-lower-bound "
+                         "(the lru_* archs set it)")
     if get("token_mixer") == "hgru2" and get("decoder_embed_dim") % get("expand_ratio") != 0:
         raise ValueError(
             f"hgrn_lm: --expand-ratio={get('expand_ratio')} does not divide "
@@ -180,6 +202,10 @@ class HgrnDecoder(TransientAttrs, FairseqIncrementalDecoder):
                     variant="lm",
                     norm_before_gate=not cfg.gate_before_norm,
                     backend=cfg.kernel_backend,
+                    ternary=bool(getattr(cfg, "ternary", False)),
+                    fully_mml=bool(getattr(cfg, "fully_mml", False)),
+                    lru_ring=(getattr(cfg, "lru_r_min", 0.0), getattr(cfg, "lru_r_max", 1.0),
+                              getattr(cfg, "lru_max_phase", 2 * math.pi)),
                 ),
                 d,
                 cfg.glu_dim,
@@ -330,6 +356,11 @@ def hgrn_lm_default(args):
         no_glu_bias=False,
         token_mixer="hgru",
         state_dim=None,
+        lru_r_min=0.0,
+        lru_r_max=1.0,
+        lru_max_phase=2 * math.pi,
+        ternary=False,
+        fully_mml=False,
         expand_ratio=128,
         no_lower_bound=False,
         gate_before_norm=False,

@@ -1,6 +1,7 @@
 """Pre-norm residual block (token mixer + GLU) shared by the LM, LRA and image models (SPEC 4)."""
 from __future__ import annotations
 
+import math
 import os
 from typing import Optional, Tuple, Union
 
@@ -13,7 +14,8 @@ from .transient import TransientAttrs
 
 Tensor = torch.Tensor
 
-TOKEN_MIXERS = ("hgru", "hgru_real", "hgru2")
+TOKEN_MIXERS = ("hgru", "hgru_real", "hgru2", "lru", "mlgru")
+TERNARY_MIXERS = ("lru", "mlgru")  # the mixers with BitLinear switches
 
 
 def build_token_mixer(
@@ -26,9 +28,27 @@ def build_token_mixer(
     variant: str = "lm",
     norm_before_gate: bool = True,
     backend: str = "auto",
+    ternary: bool = False,
+    fully_mml: bool = False,
+    lru_ring: Tuple[float, float, float] = (0.0, 1.0, 2 * math.pi),
 ) -> nn.Module:
     """``hgru``: complex HGRN1; ``hgru_real``: real HGRN1 (``state_dim`` = dim or 2*dim);
-    ``hgru2``: HGRN2 with heads of size ``expand_ratio``."""
+    ``hgru2``: HGRN2 with heads of size ``expand_ratio``; ``lru``: LRU with ``state_dim`` complex
+    channels and ``lru_ring`` = (r_min, r_max, max_phase); ``mlgru``: MLGRU. ``ternary`` / ``fully_mml``:
+    their BitLinear switches (an error for the other mixers)."""
+    if (ternary or fully_mml) and kind not in TERNARY_MIXERS:
+        raise ValueError(f"token mixer {kind!r} has no ternary (BitLinear) weights: the switches are for "
+                         f"{', '.join(TERNARY_MIXERS)}")
+    if kind == "lru":
+        from .lru import LRU
+
+        r_min, r_max, max_phase = lru_ring
+        return LRU(dim, state_dim or dim, r_min=r_min, r_max=r_max, max_phase=max_phase, ternary=ternary,
+                   fully_mml=fully_mml, causal=causal, backend=backend)
+    if kind == "mlgru":
+        from .mlgru import MLGRU
+
+        return MLGRU(dim, ternary=ternary, fully_mml=fully_mml, causal=causal, backend=backend)
     if kind == "hgru":
         return HGRU(dim, complex=True, causal=causal, norm_before_gate=norm_before_gate, backend=backend)
     if kind == "hgru_real":

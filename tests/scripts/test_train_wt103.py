@@ -21,6 +21,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SCRIPT = os.path.join(REPO, "scripts", "train_wt103.sh")
 CONFIGS = os.path.join(REPO, "configs", "wt103")
 RECIPES = ("hgrn_lm_base", "hgrn2_lm_base", "transformer_lm_wt103_small")
+BASELINES = ("lru_lm_base", "lru_mml_lm_base", "mlgru_lm_base", "mlgru_mml_lm_base")  # issue 22, HGRN1's recipe
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import fairseq_train  # noqa: E402  (scripts/fairseq_train.py)
 
@@ -312,12 +313,22 @@ def shell_config(recipe, data):
 
 
 def test_every_recipe_has_a_config():
-    assert sorted(f[:-5] for f in os.listdir(CONFIGS) if f.endswith(".yaml")) == sorted(RECIPES)
+    assert sorted(f[:-5] for f in os.listdir(CONFIGS) if f.endswith(".yaml")) == sorted(RECIPES + BASELINES)
     script = open(SCRIPT).read()
-    assert f'RECIPES="{" ".join(RECIPES)}"' in script
+    assert f'RECIPES="{" ".join(RECIPES + BASELINES)}"' in script
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", BASELINES)
+def test_baseline_recipes_are_hgrn1s(recipe, data):
+    argv, log = dry_run(recipe, data, env={"NUM_GPUS": "1"})
+    got = flags(argv)
+    for flag, value in {**COMMON, **EXPECTED["hgrn_lm_base"], "--arch": recipe}.items():
+        if flag != "--cuda-graphs":
+            assert got.get(flag) == value, (flag, got.get(flag))
+    assert "--cuda-graphs" not in got and "--bf16" not in got and "precision: fp32 (the paper's)" in log
+
+
+@pytest.mark.parametrize("recipe", RECIPES + BASELINES)
 def test_hydra_config_equals_shell_recipe(recipe, data):
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 
