@@ -58,6 +58,9 @@ OURS = ("hgrn_lm_base", "hgrn2_lm_base")
 # CUDA graphs)
 VARIANT_FLAGS = {"+compile": "--compile-blocks", "+graphs": "--cuda-graphs"}
 VARIANTS = tuple(f"{m}{suffix}" for suffix in VARIANT_FLAGS for m in OURS)
+# the baselines' archs of hgrn_lm (issue 22; hgrn_fairseq/models/baseline_archs.py): measured when asked for
+BASELINES = {"lru_lm_base": "lru_lm_tiny", "lru_mml_lm_base": "lru_lm_tiny", "mlgru_lm_base": "mlgru_lm_tiny",
+             "mlgru_mml_lm_base": "mlgru_lm_tiny"}
 # loss of the fairseq models: fairseq's cross_entropy criterion, or our linear_cross_entropy criterion
 LOSSES = ("fairseq", "fused")
 SHAPES = ((16, 512), (4, 2048), (1, 8192))
@@ -148,7 +151,9 @@ def fairseq_model_flags(name, tiny, kernel_backend):
     for suffix, flag in VARIANT_FLAGS.items():
         if name.endswith(suffix):
             name, flags = name[: -len(suffix)], [flag]
-    arch = {"hgrn_lm_base": "hgrn_lm_tiny", "hgrn2_lm_base": "hgrn2_lm_tiny"}[name] if tiny else name
+    arch = {"hgrn_lm_base": "hgrn_lm_tiny", "hgrn2_lm_base": "hgrn2_lm_tiny", **BASELINES}[name] if tiny else name
+    if tiny and name.endswith("_mml_lm_base"):
+        flags.append("--ternary")
     return ["--arch", arch, "--kernel-backend", kernel_backend, *flags]
 
 
@@ -695,7 +700,7 @@ def main(argv=None):
     if not args.out:
         parser.error("--out FOLDER is required")
     models = [m for m in args.models.split(",") if m]
-    unknown = [m for m in models if m not in MODELS + VARIANTS]
+    unknown = [m for m in models if m not in MODELS + VARIANTS + tuple(BASELINES)]
     if unknown:
         parser.error(f"--models: unknown {unknown}; choose from {','.join(MODELS)}")
 
