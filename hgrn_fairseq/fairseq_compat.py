@@ -28,6 +28,12 @@ The fixes are narrow and idempotent; ``install()`` runs when the plugin is impor
    then prints the help with each option's default as the chosen arch sets it, and exits.
 5. Checkpoints of ``hgrn_lm`` written before its boolean options were renamed (no option may default to
    True: see ``models/hgrn_lm.py``) are translated when fairseq loads them, so they build the same model.
+6. Per-parameter optimiser groups (the LRU paper's slow parameters): a parameter that carries an
+   ``optim_group`` dict (``modules/lru.py``) gets a group of its own with those settings when fairseq builds
+   the optimizer, and ``FairseqOptimizer.set_lr`` gives each group ``lr * group["lr_scale"]`` (1 when
+   absent; fairseq sets one rate for all). fairseq's ``--fp16`` / ``--bf16`` optimizers train flattened
+   copies of the parameters, which lose the marks: the trainer refuses that combination instead of
+   dropping the groups in silence.
 """
 import argparse
 import functools
@@ -63,6 +69,7 @@ def install() -> None:
     install_bf16_fix()
     install_help_fix()
     install_legacy_config_upgrade()
+    install_optimizer_groups()
 
 
 _CLI_MODULES = ("fairseq_cli.train", "fairseq_cli.eval_lm", "fairseq_cli.generate", "fairseq_cli.interactive",
@@ -201,3 +208,68 @@ def install_legacy_config_upgrade() -> None:
 
     if not getattr(checkpoint_utils._upgrade_state_dict, "_hgrn_legacy_upgrade", False):
         checkpoint_utils._upgrade_state_dict = _upgrade_then_translate(checkpoint_utils._upgrade_state_dict)
+
+
+# -- 6. per-parameter optimiser groups -------------------------------------------------------------------
+OPTIM_GROUP_ATTR = "optim_group"  # (the same name as modules/lru.py's, which does not import fairseq)
+
+
+def group_parameters(params):
+    """``params`` as torch parameter groups when any carries an ``optim_group`` mark (the unmarked ones
+    first, so ``get_lr`` reads the base rate), else unchanged."""
+    params = list(params)
+    if not params or isinstance(params[0], dict) or not any(getattr(p, OPTIM_GROUP_ATTR, None) for p in params):
+        return params
+    groups = {}
+    for p in params:
+        key = tuple(sorted((getattr(p, OPTIM_GROUP_ATTR, None) or {}).items()))
+        groups.setdefault(key, []).append(p)
+    return [dict(key, params=ps) for key, ps in sorted(groups.items(), key=lambda kv: (len(kv[0]), kv[0]))]
+
+
+def _grouped_build(build):
+    @functools.wraps(build)
+    def wrapped(cfg, params, *args, **kwargs):
+        return build(cfg, group_parameters(params), *args, **kwargs)
+
+    wrapped._hgrn_groups = True
+    return wrapped
+
+
+def _scaled_set_lr(self, lr):
+    for group in self.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)
+
+
+_scaled_set_lr._hgrn_groups = True
+
+
+def _refuse_flattened(build_optimizer):
+    @functools.wraps(build_optimizer)
+    def wrapped(self):
+        common = self.cfg.common
+        flattened = (common.fp16 or common.bf16) and not (
+            common.memory_efficient_fp16 or common.memory_efficient_bf16 or common.amp)
+        if flattened and any(getattr(p, OPTIM_GROUP_ATTR, None) for p in self.model.parameters()):
+            raise ValueError(
+                "the model asks for optimiser groups of its own (--lru-slow-lr-scale), which fairseq's --fp16/--bf16 "
+                "optimizer cannot keep (it trains flattened copies): train in fp32, with --amp, or with "
+                "--memory-efficient-bf16, or drop --lru-slow-lr-scale"
+            )
+        return build_optimizer(self)
+
+    wrapped._hgrn_groups = True
+    return wrapped
+
+
+def install_optimizer_groups() -> None:
+    from fairseq import optim, trainer
+    from fairseq.optim.fairseq_optimizer import FairseqOptimizer
+
+    # (fairseq.optim.build_optimizer flattens dict groups, then calls the registry's _build_optimizer)
+    if not getattr(optim._build_optimizer, "_hgrn_groups", False):
+        optim._build_optimizer = _grouped_build(optim._build_optimizer)
+    if not getattr(FairseqOptimizer.set_lr, "_hgrn_groups", False):
+        FairseqOptimizer.set_lr = _scaled_set_lr
+    if not getattr(trainer.Trainer._build_optimizer, "_hgrn_groups", False):
+        trainer.Trainer._build_optimizer = _refuse_flattened(trainer.Trainer._build_optimizer)

@@ -57,6 +57,12 @@ class HgrnLanguageModelConfig(FairseqDataclass):
     lru_r_min: float = field(default=0.0, metadata={"help": "lru: smallest initial |lambda| (ring init)"})
     lru_r_max: float = field(default=1.0, metadata={"help": "lru: largest initial |lambda| (ring init)"})
     lru_max_phase: float = field(default=2 * math.pi, metadata={"help": "lru: largest initial arg(lambda)"})
+    lru_slow_lr_scale: float = field(
+        default=0.0,
+        metadata={"help": "lru: the LRU paper's optimiser detail when > 0: nu_log, theta_log, gamma_log and B "
+                  "train without weight decay at this fraction of the learning rate (the paper: 0.5); 0: off. "
+                  "Needs fp32, --amp or --memory-efficient-bf16 (fairseq's --bf16/--fp16 flatten the parameters)"},
+    )
     ternary: bool = field(
         default=False,
         metadata={"help": "lru / mlgru: ternary BitLinear weights where the seed puts them (LRU-MML: B; "
@@ -158,6 +164,10 @@ def validate_config(cfg) -> None:
             f"hgrn_lm: --ternary / --fully-mml are for --token-mixer {' or '.join(TERNARY_MIXERS)}, not "
             f"{get('token_mixer')}: drop them or choose one of those mixers"
         )
+    slow = get("lru_slow_lr_scale") or 0.0
+    if slow and (get("token_mixer") != "lru" or not 0.0 < slow <= 1.0):
+        raise ValueError(f"hgrn_lm: --lru-slow-lr-scale={slow} is for --token-mixer lru and must be in (0, 1] "
+                         f"(0 switches it off)")
     if get("token_mixer") == "lru" and not get("no_lower_bound"):
         raise ValueError("hgrn_lm: --token-mixer lru has no forget gate to bound: add --no-lower-bound "
                          "(the lru_* archs set it)")
@@ -216,6 +226,9 @@ class HgrnDecoder(TransientAttrs, FairseqIncrementalDecoder):
             )
             for _ in range(cfg.decoder_layers)
         )
+        if getattr(cfg, "lru_slow_lr_scale", 0.0):
+            for layer in self.layers:
+                layer.mixer.mark_slow_parameters(cfg.lru_slow_lr_scale)
         self.lower_bounds = LayerLowerBounds(
             cfg.decoder_layers, self.layers[0].mixer.gate_dim, enabled=not cfg.no_lower_bound
         )
@@ -359,6 +372,7 @@ def hgrn_lm_default(args):
         lru_r_min=0.0,
         lru_r_max=1.0,
         lru_max_phase=2 * math.pi,
+        lru_slow_lr_scale=0.0,
         ternary=False,
         fully_mml=False,
         expand_ratio=128,

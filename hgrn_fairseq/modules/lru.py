@@ -13,6 +13,9 @@ from .hgru import check_mixer_call
 
 Tensor = torch.Tensor
 SLOW_PARAMETERS = ("nu_log", "theta_log", "gamma_log", "in_proj.weight")  # the paper's optimiser group
+# Attribute that asks the optimizer for a parameter group of its own (read by fairseq_compat step 6):
+# a dict of the group's settings, e.g. {"weight_decay": 0.0, "lr_scale": 0.5}.
+OPTIM_GROUP_ATTR = "optim_group"
 
 
 class LRU(nn.Module):
@@ -95,6 +98,14 @@ class LRU(nn.Module):
         d = straight_through(self.D, ternary_weight(self.D)) if self.fully_mml else self.D
         y = self.out_proj(h.flatten(-2)) + d.to(x.dtype) * x
         return y, (final if output_final_state else None)
+
+    def mark_slow_parameters(self, lr_scale: float = 0.5) -> None:
+        """Ask for the LRU paper's optimiser group: nu_log, theta_log, gamma_log and B without weight
+        decay, at ``lr_scale`` x the learning rate (``OPTIM_GROUP_ATTR`` on each parameter)."""
+        if not 0.0 < lr_scale <= 1.0:
+            raise ValueError(f"LRU: lr_scale={lr_scale} must be in (0, 1]")
+        for name in SLOW_PARAMETERS:
+            setattr(self.get_parameter(name), OPTIM_GROUP_ATTR, {"weight_decay": 0.0, "lr_scale": float(lr_scale)})
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, state_dim={self.state_dim}, r_min={self.r_min}, r_max={self.r_max}, "

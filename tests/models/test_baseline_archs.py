@@ -85,7 +85,43 @@ def data(tmp_path_factory):
     return binarise(str(root / "text"), str(root / "bin"))
 
 
-@pytest.mark.parametrize("arch, flags", [("lru_lm_tiny", []), ("lru_lm_tiny", ["--ternary"]),
+def test_lru_optimiser_groups_reach_fairseqs_optimizer():
+    from fairseq import optim
+
+    model = build("lru_lm_tiny", 100, "--lru-slow-lr-scale", "0.5")
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        "/x", "--task", "language_modeling", "--arch", "lru_lm_tiny", "--optimizer", "adam", "--lr", "0.001",
+        "--weight-decay", "0.1"])
+    optimizer = optim.build_optimizer(convert_namespace_to_omegaconf(args).optimizer, list(model.parameters()))
+    optimizer.set_lr(0.002)  # what the lr scheduler does every update
+    base, slow = optimizer.param_groups
+    slow_names = {n for n, _ in model.named_parameters()
+                  if n.split(".")[-1] in ("nu_log", "theta_log", "gamma_log") or n.endswith("mixer.in_proj.weight")}
+    assert len(slow_names) == 2 * 4
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    assert {by_id[id(p)] for p in slow["params"]} == slow_names
+    assert {by_id[id(p)] for p in base["params"]} == set(by_id.values()) - slow_names
+    assert (base["lr"], base["weight_decay"]) == (0.002, 0.1)
+    assert (slow["lr"], slow["weight_decay"]) == (0.001, 0.0)
+    assert optimizer.get_lr() == 0.002
+    # without the option: one group, as before
+    plain = optim.build_optimizer(convert_namespace_to_omegaconf(args).optimizer, list(build("lru_lm_tiny", 100).parameters()))
+    assert len(plain.param_groups) == 1
+    with pytest.raises(ValueError, match="--lru-slow-lr-scale=0.5 is for --token-mixer lru"):
+        build("mlgru_lm_tiny", 100, "--lru-slow-lr-scale", "0.5")
+
+
+def test_lru_optimiser_groups_refuse_flattened_bf16(data, tmp_path):
+    cmd = [sys.executable, "-m", "fairseq_cli.train", data, "--user-dir", PLUGIN, "--task", "hgrn_language_modeling",
+           "--arch", "lru_lm_tiny", "--lru-slow-lr-scale", "0.5", "--bf16", "--tokens-per-sample", "32",
+           "--batch-size", "8", "--optimizer", "adam", "--lr", "1e-3", "--max-update", "2", "--save-dir", str(tmp_path),
+           "--cpu", "--num-workers", "0"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode != 0
+    assert "which fairseq's --fp16/--bf16 optimizer cannot keep" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("arch, flags", [("lru_lm_tiny", ["--lru-slow-lr-scale", "0.5"]), ("lru_lm_tiny", ["--ternary"]),
                                          ("mlgru_lm_tiny", []), ("mlgru_lm_tiny", ["--fully-mml"])])
 def test_fairseq_train_end_to_end(arch, flags, data, tmp_path):
     cmd = [sys.executable, "-m", "fairseq_cli.train", data, "--user-dir", PLUGIN, "--task", "hgrn_language_modeling",
