@@ -7,7 +7,7 @@
     W_q = clamp(round(W * s_w), -1, 1) / s_w,        s_w = 1 / mean|W|   (per tensor: ternary absmean)
     y = x_q W_q^T + b
 
-Both quantisers pass gradients straight through (``q(v) = v + (quantise(v) - v).detach()``): the
+Both quantisers pass gradients straight through (``q(v) = quantise(v) + (v - v.detach())``): the
 backward is that of ``RMSNorm`` followed by a plain linear layer with the full-precision weight.
 """
 from __future__ import annotations
@@ -33,8 +33,11 @@ def int8_activations(x: Tensor) -> Tensor:
 
 
 def straight_through(v: Tensor, quantised: Tensor) -> Tensor:
-    """``quantised`` in the forward, the identity's gradient in the backward."""
-    return v + (quantised - v).detach()
+    """``quantised`` in the forward, exactly, and the identity's gradient in the backward.
+
+    (``quantised + (v - v.detach())`` adds an exact zero; the textbook ``v + (quantised - v).detach()``
+    rounds twice, which leaves float32 weights a few ulps off the three ternary values.)"""
+    return quantised.detach() + (v - v.detach())
 
 
 class BitLinear(nn.Linear):

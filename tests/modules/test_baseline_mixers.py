@@ -119,7 +119,7 @@ def test_mlgru_ternary_switches():
         MLGRU(8, num_heads=3)
 
 
-def test_bitlinear_weights_are_ternary_and_gradients_straight_through():
+def test_bitlinear_weights_are_ternary_and_gradients_straight_through(monkeypatch):
     torch.manual_seed(3)
     layer = BitLinear(16, 8).double()
     w = layer.weight.detach()
@@ -133,6 +133,16 @@ def test_bitlinear_weights_are_ternary_and_gradients_straight_through():
     s = 127 / x.abs().amax(-1, keepdim=True)
     torch.testing.assert_close(a, (x * s).round().clamp(-128, 127) / s)
     assert ((a * s).round() - a * s).abs().max() < 1e-9  # integers on the 8-bit grid
+    # what reaches the matmul is exactly the quantised tensor (no rounding left by the straight-through
+    # trick), in float32 too: three weight values per tensor
+    layer32 = BitLinear(16, 8)
+    eff = layer32.quantised_weight().detach()
+    assert torch.equal(eff, ternary_weight(layer32.weight.detach())) and len(torch.unique(eff)) == 3
+    seen, plain_linear = [], torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda inp, *rest: seen.append(inp.detach()) or plain_linear(inp, *rest))
+    layer32(x.float())
+    monkeypatch.undo()
+    assert torch.equal(seen[0], int8_activations(layer32.norm(x.float()).detach()))
 
     # forward: RMSNorm, quantised activations and weights; backward: each quantiser's derivative is the
     # identity (straight through), so dL/dW = g^T x_q, dL/db = sum g, dL/d(normed x) = g W_q
@@ -169,3 +179,127 @@ def test_triton_scans_match_the_reference(make):
     for a, b in zip(torch.autograd.grad((y_tri * g).sum(), [x] + list(tri.parameters())),
                     torch.autograd.grad((y_ref * g).sum(), [x] + list(ref.parameters()))):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+# ---- the ternary (matmul-free) variants and the bidirectional LRU against float64 loops ----------------
+# The quantisers are written again here from the equations (RMSNorm, 8-bit absmax per token, ternary
+# absmean per tensor), each passing its gradient straight through, so that the loops below give the
+# forward and the straight-through backward the modules should have.
+
+def _st(v, q):
+    return v + (q - v).detach()
+
+
+def bitlinear_equation(layer, v):
+    """RMSNorm(v) -> 8-bit absmax per token -> ternary absmean weights, straight-through; ``[..., in]``."""
+    normed = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + layer.norm.eps) * layer.norm.weight.double()
+    s_x = 127.0 / normed.detach().abs().amax(-1, keepdim=True)
+    vq = _st(normed, torch.clamp(torch.round(normed.detach() * s_x), -128, 127) / s_x)
+    w = layer.weight.double()
+    m_w = w.detach().abs().mean()
+    wq = _st(w, torch.clamp(torch.round(w.detach() / m_w), -1, 1) * m_w)
+    out = vq @ wq.T
+    return out if layer.bias is None else out + layer.bias.double()
+
+
+def plain_or_bit(layer, v):
+    if isinstance(layer, BitLinear):
+        return bitlinear_equation(layer, v)
+    out = v @ layer.weight.double().T
+    return out if layer.bias is None else out + layer.bias.double()
+
+
+def lru_loop_any(m: LRU, u, h0=None):
+    """The LRU's equations with B, C (and D when fully_mml) through ``plain_or_bit``; both directions
+    summed when the module is not causal (each direction's state includes the current step)."""
+    lam = torch.exp(-torch.exp(m.nu_log.double()) + 1j * torch.exp(m.theta_log.double()))
+    gamma = torch.exp(m.gamma_log.double())
+    Bsz, T, _ = u.shape
+    bu = plain_or_bit(m.in_proj, u).view(Bsz, T, m.state_dim, 2)
+    bu = torch.complex(bu[..., 0], bu[..., 1])
+
+    def run(order, x):
+        states = [None] * T
+        for k in order:
+            x = lam * x + gamma * bu[:, k]
+            states[k] = x
+        return states, x
+
+    zero = torch.zeros(Bsz, m.state_dim, dtype=torch.complex128)
+    fwd, last = run(range(T), zero if h0 is None else torch.complex(h0[..., 0], h0[..., 1]))
+    if not m.causal:
+        bwd, _ = run(range(T - 1, -1, -1), zero)
+        fwd = [a + b for a, b in zip(fwd, bwd)]
+    h = torch.stack([torch.stack([x.real, x.imag], -1).flatten(-2) for x in fwd], 1)  # [B, T, 2N]: Re, Im
+    d = m.D.double()
+    if m.fully_mml:
+        m_d = d.detach().abs().mean()
+        d = _st(d, torch.clamp(torch.round(d.detach() / m_d), -1, 1) * m_d)
+    return plain_or_bit(m.out_proj, h) + d * u, torch.stack([last.real, last.imag], -1)
+
+
+@pytest.mark.parametrize("kwargs, T_", [(dict(ternary=True), 9), (dict(fully_mml=True), 9), (dict(fully_mml=True), 1),
+                                        (dict(causal=False), 7), (dict(), 1)])
+def test_lru_variants_equal_the_loop(kwargs, T_):
+    torch.manual_seed(5)
+    m = LRU(D, 5, r_min=0.3, r_max=0.9, **kwargs).double()
+    u = torch.randn(B, T_, D, dtype=torch.float64, requires_grad=True)
+    h0 = torch.randn(B, 5, 2, dtype=torch.float64) if m.causal else None
+    y, final = m(u, None, h0, m.causal)  # a bidirectional mixer carries no state
+    y_ref, final_ref = lru_loop_any(m, u, h0)
+    torch.testing.assert_close(y, y_ref)
+    if m.causal:
+        torch.testing.assert_close(final, final_ref)
+    g = torch.randn_like(y)
+    params = [u] + list(m.parameters())
+    for name, a, b in zip(["u"] + [n for n, _ in m.named_parameters()], torch.autograd.grad((y * g).sum(), params),
+                          torch.autograd.grad((y_ref * g).sum(), params)):
+        torch.testing.assert_close(a, b, msg=lambda s, name=name: f"{name}: {s}")
+
+
+def mlgru_loop_any(m: MLGRU, x, gamma, h0):
+    h, ys = h0.clone(), []
+    for t in range(x.shape[1]):
+        f = gamma + (1 - gamma) * torch.sigmoid(plain_or_bit(m.forget_proj, x[:, t]))
+        c = torch.nn.functional.silu(plain_or_bit(m.input_proj, x[:, t]))
+        g = torch.sigmoid(plain_or_bit(m.gate_proj, x[:, t]))
+        h = f * h + (1 - f) * c
+        ys.append(plain_or_bit(m.out_proj, g * h))
+    return torch.stack(ys, 1), h
+
+
+@pytest.mark.parametrize("kwargs, T_", [(dict(ternary=True), 9), (dict(fully_mml=True), 9), (dict(), 1)])
+def test_mlgru_variants_equal_the_loop(kwargs, T_):
+    torch.manual_seed(6)
+    m = MLGRU(D, **kwargs).double()
+    x = torch.randn(B, T_, D, dtype=torch.float64, requires_grad=True)
+    gamma = torch.rand(D, dtype=torch.float64, requires_grad=True)
+    h0 = torch.randn(B, D, dtype=torch.float64)
+    y, final = m(x, gamma, h0, True)
+    y_ref, final_ref = mlgru_loop_any(m, x, gamma, h0)
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(final, final_ref)
+    g = torch.randn_like(y)
+    params = [x, gamma] + list(m.parameters())
+    for a, b in zip(torch.autograd.grad((y * g).sum(), params), torch.autograd.grad((y_ref * g).sum(), params)):
+        torch.testing.assert_close(a, b)
+
+
+def test_mlgru_without_a_bound_and_bad_sizes():
+    torch.manual_seed(7)
+    m = MLGRU(D).double()
+    x = torch.randn(B, 4, D, dtype=torch.float64)
+    torch.testing.assert_close(m(x)[0], mlgru_loop_any(m, x, 0.0, torch.zeros(B, D, dtype=torch.float64))[0])
+    with pytest.raises(ValueError, match="MLGRU: dim=0 must be >= 1"):
+        MLGRU(0)
+    with pytest.raises(ValueError, match="LRU: dim=0 and state_dim=3 must be >= 1"):
+        LRU(0, 3)
+
+
+def test_ternary_effective_weights_of_the_mml_mixers_take_three_values():
+    torch.manual_seed(8)
+    for layer in [LRU(8, 4, fully_mml=True).in_proj, LRU(8, 4, fully_mml=True).out_proj,
+                  MLGRU(8, fully_mml=True).gate_proj, MLGRU(8, ternary=True).forget_proj]:
+        q = layer.quantised_weight().detach()
+        m_w = layer.weight.detach().abs().mean()
+        assert sorted(torch.unique(q).tolist()) == pytest.approx([-m_w.item(), 0.0, m_w.item()], rel=1e-5)
