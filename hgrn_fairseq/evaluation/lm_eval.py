@@ -3,9 +3,9 @@
     python -m hgrn_fairseq.evaluation.lm_eval --path CKPT --data DATA_DIR --tasks piqa,hellaswag \\
         [--batch-size 8] [--output results.json] [--include-path DIR_OF_LOCAL_TASK_YAMLS]
 
-Importing this module registers the harness model ``hgrn_fairseq`` (``lm_eval.api.registry``), so
-``lm_eval --model hgrn_fairseq --model_args path=CKPT,data=DATA_DIR`` works too, and
-``HgrnFairseqLM(path=..., data=...)`` can be passed as an object to ``lm_eval.simple_evaluate``.
+Importing this module registers the harness model ``hgrn_fairseq`` (``lm_eval.api.registry``), so a
+process that imported it can call ``lm_eval.simple_evaluate(model="hgrn_fairseq",
+model_args="path=CKPT,data=DATA_DIR", ...)``, or pass ``HgrnFairseqLM(path=..., data=...)`` as the model.
 
 The model is any fairseq language model this package trains (``hgrn_lm`` archs, fairseq's
 ``transformer_lm``), loaded with the dictionary of ``DATA_DIR`` after the same checks as the
@@ -15,16 +15,19 @@ ids with the tokenizer the data directory names in ``TOKENIZER_INFO.json`` (``da
 
 * ``sentencepiece-bpe``: ``spm.model`` in DATA_DIR (or ``--spm-model``), checked against the marker's
   SHA-256;
-* ``gpt2-bpe``: ``encoder.json`` / ``vocab.bpe`` from ``--gpt2-dir``;
+* ``gpt2-bpe``: ``encoder.json`` / ``vocab.bpe`` from ``--gpt2-dir``, checked against the SHA-256s the
+  marker records;
 * ``space``: whitespace-separated symbols of ``dict.txt`` (data binarised from pre-tokenised text); a data
   directory without a marker needs ``--tokenizer`` to say which.
 
 A line break is the end-of-sentence symbol, as in fairseq-preprocessed data, and every scored sequence
 starts after one (what ``fairseq-generate`` feeds an LM first).
 
-* ``loglikelihood``: requests sorted by length (longest first), batched with right padding; the
-  continuation's tokens are the ones after the context's own encoding (the harness's context /
-  continuation split), each scored once.
+* ``loglikelihood``: requests sorted by length (longest first), batched with right padding. The
+  continuation's tokens are those the encoding of context + continuation has beyond the context's
+  own encoding (the harness's split); where a tokenizer merges tokens across that boundary, the
+  context keeps only the tokens it shares with the whole encoding, so the sequence scored is always
+  the encoding of the whole text and each token is scored once (such pairs are counted).
 * ``loglikelihood_rolling``: recurrent models (``hgrn_lm``) read a document of any length in chunks of
   ``rolling_chunk`` tokens and carry their state across chunks, so every token is scored once with its
   whole past; models with a position limit (``transformer_lm``) use the harness's disjoint rolling
@@ -34,6 +37,9 @@ starts after one (what ``fairseq-generate`` feeds an LM first).
   ``max_gen_toks``, or at end of sentence when ``"\\n"`` is an ``until`` string.
 
 ``--dtype bf16`` runs the model in bfloat16 on CUDA (log-probabilities are taken in float32).
+Symbols of the text missing from the dictionary are scored as ``<unk>`` and counted; the command
+prints the count and writes it to ``--output``. The table is printed in the papers' layout (a column
+per task, rows for acc and acc_norm, the paper's HGRN row).
 """
 from __future__ import annotations
 
@@ -87,6 +93,7 @@ class DictionaryTokenizer:
         if kind not in TOKENIZERS:
             raise ZeroShotError(f"tokenizer {kind!r} is not one of {TOKENIZERS}")
         self.dictionary, self.kind = dictionary, kind
+        self.unknown_symbols = self.encoded_symbols = 0
         if kind == "sentencepiece-bpe":
             import sentencepiece
 
@@ -104,12 +111,18 @@ class DictionaryTokenizer:
         return line.split()
 
     def encode(self, text: str) -> List[int]:
-        """Ids of ``text``; each line break becomes the end-of-sentence id (fairseq-preprocess's lines)."""
+        """Ids of ``text``; each line break becomes the end-of-sentence id (fairseq-preprocess's lines).
+        Symbols missing from the dictionary become ``<unk>`` and are counted (``unknown_symbols``)."""
         ids: List[int] = []
+        unk = self.dictionary.unk()
         for i, line in enumerate(text.split("\n")):
             if i:
                 ids.append(self.dictionary.eos())
-            ids.extend(self.dictionary.index(s) for s in self._symbols(line))
+            symbols = self._symbols(line)
+            line_ids = [self.dictionary.index(s) for s in symbols]
+            self.unknown_symbols += sum(1 for s, t in zip(symbols, line_ids) if t == unk and s != "<unk>")
+            self.encoded_symbols += len(symbols)
+            ids.extend(line_ids)
         return ids
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -169,6 +182,13 @@ def resolve_tokenizer(data_dir: str, dictionary, tokenizer: Optional[str], spm_m
                 f"GPT-2 BPE file(s) {', '.join(missing)} not found in --gpt2-dir {gpt2_dir!r}: pass the folder "
                 f"with encoder.json and vocab.bpe the data were encoded with (data_prep/README.md)"
             )
+        recorded = (marker or {}).get("gpt2_sha256") or {}
+        for name in ("encoder.json", "vocab.bpe"):
+            if recorded.get(name) and _sha256(os.path.join(gpt2_dir, name)) != recorded[name]:
+                raise ZeroShotError(
+                    f"{os.path.join(gpt2_dir, name)} is not the file {data_dir} was encoded with (its SHA-256 "
+                    f"differs from {TOKENIZER_MARKER}'s): pass --gpt2-dir with the GPT-2 files data_prep used"
+                )
     return DictionaryTokenizer(dictionary, kind, spm_model=spm_model, gpt2_dir=gpt2_dir)
 
 
@@ -217,8 +237,15 @@ class HgrnFairseqLM(TemplateLM):
         limit = limit[0] if isinstance(limit, tuple) else limit
         self.max_length = None if self.recurrent or limit is None or limit >= 2**30 else int(limit)
         self.batch_size, self.rolling_chunk, self.max_gen_toks = batch_size, rolling_chunk, max_gen_toks
+        self.boundary_merges = 0  # context/continuation pairs whose encodings merge across the boundary
         self.info = dict(loaded.info, tokenizer_kind=self.tokenizer_.kind, recurrent=self.recurrent,
                          max_length=self.max_length, batch_size=batch_size)
+
+    def token_report(self) -> Dict[str, int]:
+        """What encoding did to the text so far: symbols read, symbols missing from the dictionary
+        (scored as ``<unk>``), and context/continuation pairs split at a merged boundary."""
+        return {"symbols": self.tokenizer_.encoded_symbols, "unknown_symbols": self.tokenizer_.unknown_symbols,
+                "boundary_merges": self.boundary_merges}
 
     # -- tokens --------------------------------------------------------------------------------
     @property
@@ -231,12 +258,33 @@ class HgrnFairseqLM(TemplateLM):
     def tok_decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer_.decode(list(ids))
 
+    def _encode_pair(self, context: str, continuation: str) -> Tuple[List[int], List[int]]:
+        """The harness's split (trailing spaces of the context move to the continuation; the
+        continuation is what the encoding of context + continuation has beyond the context's), made
+        exact where a tokenizer merges across the boundary: the context keeps only the tokens it shares
+        with the whole encoding, so the scored sequence is always the encoding of the whole text and
+        each of its tokens is scored once."""
+        n_spaces = len(context) - len(context.rstrip())
+        if n_spaces:
+            context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+        whole = self.tok_encode(context + continuation)
+        context_ids = self.tok_encode(context)
+        shared = 0
+        for a, b in zip(context_ids, whole):
+            if a != b:
+                break
+            shared += 1
+        if shared != len(context_ids):
+            self.boundary_merges += 1
+        return whole[:shared], whole[shared:]
+
     def _with_prefix(self, ids: List[int]) -> List[int]:
         """Every scored sequence starts after an end of sentence (as fairseq-generate feeds an LM)."""
         return ids if ids and ids[0] == self.eot_token_id else [self.eot_token_id] + ids
 
     # -- forward -------------------------------------------------------------------------------
     def _logits(self, tokens, incremental_state=None, continue_stream: bool = False):
+        """``tokens``: [B, T] ids -> [B, T, V] logits (model dtype)."""
         import torch
 
         with torch.no_grad():
@@ -250,29 +298,42 @@ class HgrnFairseqLM(TemplateLM):
         return logits.float().log_softmax(-1)
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> List[Tuple[float, bool]]:
-        """``requests``: ((context, continuation), context ids, continuation ids). Longest first, right
-        padded; each continuation token is scored once, given all tokens before it."""
-        import torch
-
-        results: List[Optional[Tuple[float, bool]]] = [None] * len(requests)
+        """``requests``: ((context, continuation), context ids, continuation ids) -> (sum of the
+        continuation's log-probs, whether greedy decoding gives the continuation). The sequence read is
+        end of sentence + context + continuation; a model with a position limit reads its last
+        positions (context dropped from the left, the harness's convention)."""
         rows = []
         for i, (_, context, continuation) in enumerate(requests):
             if not continuation:
                 raise ZeroShotError(f"request {i} has an empty continuation: nothing to score")
+            if self.max_length is not None and len(continuation) > self.max_length:
+                raise ZeroShotError(
+                    f"request {i}: its continuation has {len(continuation)} tokens, more than the model's "
+                    f"{self.max_length} positions: it cannot be scored in one window"
+                )
             full = self._with_prefix(list(context)) + list(continuation)
             if self.max_length is not None and len(full) - 1 > self.max_length:
-                full = full[-(self.max_length + 1):]  # the harness's convention: drop context from the left
-            rows.append((i, full[:-1], full[1:], len(continuation)))
-        rows.sort(key=lambda r: -len(r[1]))
+                full = full[-(self.max_length + 1):]
+            rows.append((full[:-1], full[1:], len(continuation)))
+        return self._score_rows(rows)
+
+    def _score_rows(self, rows) -> List[Tuple[float, bool]]:
+        """``rows``: (inputs, targets, n) -> (sum of log p of the last n targets, all of them greedy).
+        Longest first, ``batch_size`` rows per forward, right padded (causal: padding is never read)."""
+        import torch
+
+        results: List[Optional[Tuple[float, bool]]] = [None] * len(rows)
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))
         pad = self.dictionary.pad()
-        for start in range(0, len(rows), self.batch_size):
-            batch = rows[start:start + self.batch_size]
-            width = len(batch[0][1])
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start:start + self.batch_size]
+            width = len(rows[batch[0]][0])
             tokens = torch.full((len(batch), width), pad, dtype=torch.long)
-            for b, (_, inputs, _, _) in enumerate(batch):
-                tokens[b, :len(inputs)] = torch.tensor(inputs)
+            for b, i in enumerate(batch):
+                tokens[b, :len(rows[i][0])] = torch.tensor(rows[i][0])
             logits = self._logits(tokens.to(self._device))
-            for b, (i, inputs, targets, n) in enumerate(batch):
+            for b, i in enumerate(batch):
+                inputs, targets, n = rows[i]
                 lp = self._log_probs(logits[b, len(inputs) - n:len(inputs)])
                 target = torch.tensor(targets[-n:], device=lp.device)
                 score = lp.gather(-1, target[:, None]).sum().item()
@@ -284,7 +345,9 @@ class HgrnFairseqLM(TemplateLM):
         return [self.rolling_log_likelihood(self.tok_encode(req.args[0])) for req in requests]
 
     def rolling_log_likelihood(self, ids: List[int]) -> float:
-        """Sum of log p(token | everything before it, after an end of sentence) over ``ids``."""
+        """Sum of log p(token | everything before it, after an end of sentence) over ``ids``.
+        Recurrent models: chunks of ``rolling_chunk`` tokens, state carried (the whole past). Models
+        with a position limit: the harness's disjoint windows of ``max_length`` positions."""
         import torch
 
         if not ids:
@@ -292,10 +355,12 @@ class HgrnFairseqLM(TemplateLM):
         if not self.recurrent:
             from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
-                token_list=ids, prefix_token=self.eot_token_id, max_seq_len=self.max_length, context_len=1)]
-            scored = self._loglikelihood_tokens([(None, ctx, cont) for ctx, cont in windows])
-            return sum(score for score, _ in scored)
+            rows = []
+            for context, targets in map(make_disjoint_window, get_rolling_token_windows(
+                    token_list=ids, prefix_token=self.eot_token_id, max_seq_len=self.max_length, context_len=1)):
+                full = context + targets
+                rows.append((full[:-1], full[1:], len(targets)))
+            return sum(score for score, _ in self._score_rows(rows))
         inputs = [self.eot_token_id] + ids[:-1]
         state: Dict = {}
         total = 0.0
@@ -315,7 +380,8 @@ class HgrnFairseqLM(TemplateLM):
 
     def generate(self, context: str, until=None, max_gen_toks: Optional[int] = None, do_sample: bool = False,
                  temperature: float = 0.0, **unused) -> str:
-        """Greedy continuation of ``context`` (see the module docstring for when it stops)."""
+        """Greedy continuation of ``context`` (see the module docstring for when it stops). The padding
+        symbol is never generated (as in fairseq's SequenceGenerator)."""
         import torch
 
         if do_sample and temperature not in (0, 0.0, None):
@@ -326,24 +392,27 @@ class HgrnFairseqLM(TemplateLM):
         stop_at_eos = "\n" in until
         generated: List[int] = []
         state: Optional[Dict] = {} if self.recurrent else None
-        tokens = torch.tensor([prefix], device=self._device)
-        logits = self._logits(tokens, incremental_state=state)
+
+        def window(ids):
+            ids = ids if self.max_length is None else ids[-self.max_length:]
+            return torch.tensor([ids], device=self._device)
+
+        logits = self._logits(window(prefix), incremental_state=state)
         for _ in range(budget):
-            nxt = int(logits[0, -1].float().argmax().item())
+            scores = logits[0, -1].float()
+            scores[self.dictionary.pad()] = float("-inf")
+            nxt = int(scores.argmax().item())
             if nxt == self.eot_token_id and stop_at_eos:
                 break
             generated.append(nxt)
             text = self.tok_decode(generated)
             if any(u and u in text for u in until):
                 break
-            if self.recurrent:
+            if self.recurrent:  # O(1) per token: one new token on top of the carried state
                 logits = self._logits(torch.tensor([[nxt]], device=self._device), incremental_state=state,
                                       continue_stream=True)
             else:
-                tokens = torch.tensor([prefix + generated], device=self._device)
-                if self.max_length is not None:
-                    tokens = tokens[:, -self.max_length:]
-                logits = self._logits(tokens)
+                logits = self._logits(window(prefix + generated))
         text = self.tok_decode(generated)
         cut = min([text.index(u) for u in until if u and u in text], default=len(text))
         return text[:cut]
@@ -410,11 +479,46 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_TRUE = ("1", "ON", "YES", "TRUE")
+
+
+def use_offline_hub() -> None:
+    """Hugging Face datasets / hub offline for this process (``HF_DATASETS_OFFLINE=1``,
+    ``HF_HUB_OFFLINE=1``) unless the environment already says otherwise. Both libraries read these
+    variables when first imported, so modules already imported (a caller that used them before) are
+    switched too."""
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    offline = os.environ["HF_DATASETS_OFFLINE"].upper() in _TRUE
+    hub = sys.modules.get("huggingface_hub.constants")
+    if hub is not None and hasattr(hub, "HF_HUB_OFFLINE"):
+        hub.HF_HUB_OFFLINE = os.environ["HF_HUB_OFFLINE"].upper() in _TRUE
+    config = sys.modules.get("datasets.config")
+    if config is not None:
+        for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+            if hasattr(config, name):
+                setattr(config, name, offline)
+
+
+def _offline_now() -> bool:
+    config = sys.modules.get("datasets.config")
+    if config is not None and hasattr(config, "HF_DATASETS_OFFLINE"):
+        return bool(config.HF_DATASETS_OFFLINE)
+    return os.environ.get("HF_DATASETS_OFFLINE", "").upper() in _TRUE
+
+
 def load_tasks(names: Sequence[str], include_paths: Sequence[str]):
-    """The harness's task dict for ``names``; a task whose data cannot be had is named in the error."""
+    """The harness's task manager and task dict for ``names``. Tasks all found in ``include_paths``
+    are loaded without indexing the harness's own ~15,000 task files; a task whose data cannot be had
+    is named in the error, with how to make its data available."""
     from lm_eval.tasks import TaskManager, get_task_dict
 
-    manager = TaskManager(include_path=list(include_paths) or None)
+    manager = None
+    if include_paths:
+        local = TaskManager(include_path=list(include_paths), include_defaults=False)
+        if all(n in local.all_tasks for n in names):
+            manager = local
+    manager = manager or TaskManager(include_path=list(include_paths) or None)
     unknown = [n for n in names if n not in manager.all_tasks]
     if unknown:
         raise ZeroShotError(
@@ -426,35 +530,54 @@ def load_tasks(names: Sequence[str], include_paths: Sequence[str]):
         try:
             tasks.update(get_task_dict([name], manager))
         except Exception as e:  # noqa: BLE001 - datasets raises many kinds; the message names the task
-            offline = os.environ.get("HF_DATASETS_OFFLINE") == "1"
-            first_line = (str(e).splitlines() or [""])[0][:200]
+            first_line = next((line for line in str(e).splitlines() if line.strip()), "")[:200]
             raise ZeroShotError(
                 f"task {name}: its data could not be loaded ({type(e).__name__}: {first_line})"
                 + (": it is not in the local Hugging Face cache and this run is offline; load it once on a "
                    "machine with network (python -c \"import lm_eval.tasks as t; t.get_task_dict(['" + name
-                   + "'])\") and copy ~/.cache/huggingface here, or define the task from local JSONL files "
-                   "(docs/zero_shot.md) and pass --include-path" if offline else "")
+                   + "'])\"), copy the Hugging Face cache (~/.cache/huggingface, or $HF_HOME) here, or define "
+                   "the task from local JSONL files (docs/zero_shot.md) and pass --include-path"
+                   if _offline_now() else
+                   ": check the network, or define the task from local JSONL files (docs/zero_shot.md) and pass "
+                   "--include-path")
             ) from None
     return manager, tasks
 
 
-def results_table(results: Dict, tasks: Sequence[str]) -> str:
-    """Markdown: acc and acc_norm per task as the harness reports them, with the paper's HGRN column."""
-    lines = ["| task | acc | acc_norm | paper (HGRN) |", "|---|---|---|---|"]
-    for name in tasks:
-        r = results.get("results", {}).get(name, {})
-
-        def fmt(key):
-            v = r.get(f"{key},none", r.get(key))
-            return f"{100 * v:.2f}" if isinstance(v, (int, float)) else "-"
-
-        lines.append(f"| {name} | {fmt('acc')} | {fmt('acc_norm')} | {PAPER_HGRN.get(name) or 'not verified'} |")
-    return "\n".join(lines)
-
-
-# The HGRN paper's Tables 4-5 rows could not be checked against the paper here (no copy of it offline);
-# rather than print numbers from memory the table says so. Fill in with the paper open.
+# Column names of the HGRN paper's Tables 4 and 5 for the harness's task names.
+PAPER_COLUMNS = {"piqa": "PIQA", "hellaswag": "HS", "winogrande": "WG", "arc_easy": "ARC-e",
+                 "arc_challenge": "ARC-c", "openbookqa": "OBQA", "boolq": "BOOLQ", "wsc": "WSC", "wic": "WIC",
+                 "rte": "RTE", "cb": "CB", "multirc": "MULTIRC", "copa": "COPA"}
+# The HGRN paper's Table 4-5 values for HGRN could not be checked against the paper here (no copy of
+# it was reachable from this offline machine); rather than print numbers from memory the table says
+# "n/v" (not verified). Fill in, with the paper open, as {task: "value"}.
 PAPER_HGRN: Dict[str, Optional[str]] = {name: None for name in COMMONSENSE_TASKS + SUPERGLUE_TASKS}
+
+
+def results_table(results: Dict, tasks: Sequence[str], label: str = "this checkpoint") -> str:
+    """Markdown in the papers' layout: a column per task (the paper's names) and AVG; rows: this
+    checkpoint's acc and acc_norm as the harness reports them (x100; '-' where a task has no such
+    metric; AVG only when every task has it), then the paper's HGRN row."""
+    per_task = results.get("results", {})
+
+    def metric_row(key: str) -> List[str]:
+        values = []
+        for name in tasks:
+            r = per_task.get(name, {})
+            v = r.get(f"{key},none", r.get(key))
+            values.append(100 * v if isinstance(v, (int, float)) else None)
+        avg = sum(values) / len(values) if values and all(v is not None for v in values) else None
+        return [f"{v:.2f}" if v is not None else "-" for v in values + [avg]]
+
+    paper = [PAPER_HGRN.get(name) or "n/v" for name in tasks]
+    lines = ["| model | " + " | ".join(PAPER_COLUMNS.get(n, n) for n in tasks) + " | AVG |",
+             "|---|" + "---|" * (len(tasks) + 1),
+             f"| {label}: acc | " + " | ".join(metric_row("acc")) + " |",
+             f"| {label}: acc_norm | " + " | ".join(metric_row("acc_norm")) + " |",
+             "| HGRN (paper) | " + " | ".join(paper) + " | n/v |"]
+    if any(p == "n/v" for p in paper):
+        lines.append("\nn/v: the paper's value is not verified here (docs/zero_shot.md, 'The paper's numbers').")
+    return "\n".join(lines)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -463,8 +586,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {INSTALL_HINT}", file=sys.stderr)
         return 2
     if not args.online:
-        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        use_offline_hub()
     import lm_eval
 
     names = [t for t in args.tasks.split(",") if t]
@@ -481,9 +603,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                       random_seed=args.seed, numpy_random_seed=args.seed,
                                       torch_random_seed=args.seed, fewshot_random_seed=args.seed)
     print(results_table(results, names))
+    report = model.token_report()
+    print(f"tokens: {report['symbols']} symbols encoded, {report['unknown_symbols']} not in the dictionary (scored "
+          f"as <unk>), {report['boundary_merges']} context/continuation pairs merged at the boundary (split exactly)")
     if args.output:
-        payload = {"model": {k: str(v) for k, v in model.info.items()}, "results": results.get("results", {}),
-                   "n_samples": results.get("n-samples", {}), "versions": results.get("versions", {})}
+        payload = {"model": {k: str(v) for k, v in model.info.items()}, "tokens": report,
+                   "results": results.get("results", {}), "n_samples": results.get("n-samples", {}),
+                   "versions": results.get("versions", {}), "table": results_table(results, names)}
         tmp = args.output + ".tmp"
         with open(tmp, "w") as f:
             json.dump(payload, f, indent=1, default=str)

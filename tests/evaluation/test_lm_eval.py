@@ -1,16 +1,27 @@
 """hgrn_fairseq.evaluation.lm_eval: the lm-evaluation-harness model over a fairseq checkpoint.
 
-A tiny hgrn_lm is trained here with fairseq-train on tests/lm_corpus.py's word corpus (whitespace
-tokens, ``--tokenizer space``). Checked against the model's own full forward, computed here:
-multiple-choice accuracy through ``lm_eval.simple_evaluate`` on a task defined from local JSONL;
-``loglikelihood_rolling`` of a document longer than the training length (state carried across
-chunks) equals the sum of the full-forward token log-probs; ``generate_until`` stops at its ``until``
-string and equals greedy decoding with ``fairseq-interactive`` (beam 1).
+Two tiny models are trained here by fairseq's own preprocess / train entry points, run in this
+process (no interpreter start-up per command): an ``hgrn_lm_tiny`` (40 updates) and a one-layer
+``transformer_lm`` with 16 positions (40 updates), on tests/lm_corpus.py's word corpus (whitespace
+tokens, ``--tokenizer space``). Every expected value is computed here from one plain full forward of
+the model per sequence (float64 sums), independently of the code under test:
+
+* a multiple-choice task from local JSONL through ``lm_eval.simple_evaluate`` gives exactly the
+  accuracy from those log-probabilities;
+* batched ``loglikelihood`` equals single forwards (with left truncation at the position limit);
+* ``loglikelihood_rolling`` of a document 5x the training length: the recurrent model (state carried
+  across 7-token chunks) equals the full-forward sum; the Transformer equals the harness's disjoint
+  windows, written out here as a loop;
+* ``generate_until`` equals fairseq's own greedy search (``SequenceGenerator``, beam 1, what
+  ``fairseq-generate`` / ``fairseq-interactive`` run) and stops before its ``until`` string;
+* the command (``python -m hgrn_fairseq.evaluation.lm_eval``) runs offline on a local task;
+  uncached data, foreign dictionaries and tokenizer files, and a missing harness give one-line errors.
 """
 import json
 import os
 import subprocess
 import sys
+from argparse import Namespace
 
 import pytest
 import torch
@@ -19,62 +30,102 @@ lm_eval = pytest.importorskip("lm_eval", reason="lm-evaluation-harness is the [e
 
 import hgrn_fairseq  # noqa: E402,F401
 from hgrn_fairseq.evaluation import lm_eval as ours  # noqa: E402
-from tests.lm_corpus import binarise, write_corpus  # noqa: E402
+from tests.fixtures_corpus import subprocess_env, write_byte_level_gpt2_files  # noqa: E402
+from tests.lm_corpus import write_corpus  # noqa: E402
 
 PLUGIN = os.path.dirname(os.path.abspath(hgrn_fairseq.__file__))
-TPS = 32
+TPS = 32  # hgrn_lm's training length
+POSITIONS = 16  # the Transformer's position limit
+
+
+def fairseq_preprocess(text_dir, dest):
+    from fairseq import options
+    from fairseq_cli import preprocess
+
+    args = options.get_preprocessing_parser().parse_args(
+        ["--only-source", "--trainpref", os.path.join(text_dir, "train.txt"), "--validpref",
+         os.path.join(text_dir, "valid.txt"), "--destdir", dest, "--workers", "1"])
+    preprocess.main(args)
+    return dest
+
+
+def fairseq_train(data, save_dir, argv):
+    from fairseq import distributed_utils, options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq_cli import train
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        data, "--user-dir", PLUGIN, "--task", "hgrn_language_modeling", "--sample-break-mode", "none",
+        "--batch-size", "8", "--optimizer", "adam", "--lr", "3e-3", "--save-dir", save_dir,
+        "--no-epoch-checkpoints", "--disable-validation", "--log-format", "none", "--num-workers", "0",
+        "--cpu", *argv])
+    distributed_utils.call_main(convert_namespace_to_omegaconf(args), train.main)
+    return os.path.join(save_dir, "checkpoint_last.pt")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models: one intra-op thread (several threads only contend on a shared, busy CPU)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, one_thread):
     root = tmp_path_factory.mktemp("zero_shot")
-    write_corpus(str(root / "text"))
-    data = binarise(str(root / "text"), str(root / "bin"))
-    cmd = [sys.executable, "-m", "fairseq_cli.train", data, "--user-dir", PLUGIN, "--task", "hgrn_language_modeling",
-           "--arch", "hgrn_lm_tiny", "--tokens-per-sample", str(TPS), "--sample-break-mode", "none",
-           "--batch-size", "8", "--optimizer", "adam", "--lr", "3e-3", "--lr-scheduler", "inverse_sqrt",
-           "--warmup-updates", "5", "--max-update", "40", "--save-dir", str(root / "ckpt"), "--no-epoch-checkpoints",
-           "--log-format", "simple", "--num-workers", "0", "--cpu", "--seed", "3"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return data, str(root / "ckpt" / "checkpoint_last.pt"), root
+    write_corpus(str(root / "text"), sizes={"train": 600, "valid": 20})
+    data = fairseq_preprocess(str(root / "text"), str(root / "bin"))
+    hgrn = fairseq_train(data, str(root / "hgrn"), [
+        "--arch", "hgrn_lm_tiny", "--tokens-per-sample", str(TPS), "--lr-scheduler", "inverse_sqrt",
+        "--warmup-updates", "5", "--max-update", "40", "--seed", "3"])
+    transformer = fairseq_train(data, str(root / "transformer"), [
+        "--arch", "transformer_lm", "--decoder-layers", "1", "--decoder-embed-dim", "32",
+        "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "2", "--tokens-per-sample",
+        str(POSITIONS), "--max-update", "40", "--seed", "4"])
+    return data, {"hgrn": hgrn, "transformer": transformer}, root
 
 
 @pytest.fixture(scope="module")
-def model(trained):
-    data, ckpt, _ = trained
-    return ours.HgrnFairseqLM(path=ckpt, data=data, batch_size=3, rolling_chunk=7, device="cpu", tokenizer="space")
+def models(trained):
+    data, ckpts, _ = trained
+    return {name: ours.HgrnFairseqLM(path=path, data=data, batch_size=3, rolling_chunk=7, device="cpu",
+                                     tokenizer="space") for name, path in ckpts.items()}
 
 
-def full_forward_log_probs(model, ids):
-    """log p(ids[t] | eos, ids[:t]) for every t, from one full forward of the whole sequence (float64 sums)."""
-    tokens = torch.tensor([[model.eot_token_id] + ids[:-1]])
+def full_forward_log_probs(model, inputs, targets):
+    """log p(targets[t] | inputs[:t+1]) for every t, from one full forward of ``inputs`` (float64)."""
     with torch.no_grad():
-        logits = model.model(tokens)[0][0]
+        logits = model.model(torch.tensor([inputs]))[0][0]
     lp = logits.double().log_softmax(-1)
-    return lp.gather(-1, torch.tensor(ids)[:, None])[:, 0]
+    return lp.gather(-1, torch.tensor(targets)[:, None])[:, 0]
 
 
-def write_local_task(root, docs):
-    return ours.write_local_multiple_choice_task(str(root / "tasks"), "local_mc", docs)
+def scored(model, ids):
+    """log p(ids[t] | end of sentence, ids[:t]) for every t."""
+    return full_forward_log_probs(model, [model.eot_token_id] + ids[:-1], ids)
 
 
-def test_multiple_choice_accuracy_equals_direct_computation(trained, model, tmp_path):
+def words(model, first, n):
+    return [model.dictionary.index(f"w{(first + k) % 120}") for k in range(n)]
+
+
+def test_multiple_choice_accuracy_equals_direct_computation(models, tmp_path):
+    model = models["hgrn"]
     gen = torch.Generator().manual_seed(0)
     docs = []
     for i in range(12):
         start = int(torch.randint(0, 100, (1,), generator=gen))
         context = " ".join(f"w{start + k}" for k in range(4))
-        right = f" w{start + 4} w{start + 5}"
-        wrong = [f" w{int(torch.randint(0, 120, (1,), generator=gen))}" for _ in range(2)]
-        choices = [right] + wrong
-        docs.append({"context": context, "choices": choices, "label": i % 3})
-        docs[-1]["choices"] = choices[i % 3:] + choices[:i % 3]  # the right answer sits at any position
-        docs[-1]["label"] = (3 - i % 3) % 3
-    include = write_local_task(tmp_path, docs)
+        choices = [f" w{start + 4} w{start + 5}"] + [f" w{int(torch.randint(0, 120, (1,), generator=gen))}"
+                                                      for _ in range(2)]
+        shift = i % 3  # the right answer sits at every position
+        docs.append({"context": context, "choices": choices[shift:] + choices[:shift], "label": (3 - shift) % 3})
+    include = ours.write_local_multiple_choice_task(str(tmp_path / "tasks"), "local_mc", docs)
     from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_path=include)
+    manager = TaskManager(include_path=include, include_defaults=False)
     results = lm_eval.simple_evaluate(model=model, tasks=["local_mc"], task_manager=manager, log_samples=False,
                                       num_fewshot=0)
     got = results["results"]["local_mc"]["acc,none"]
@@ -84,29 +135,34 @@ def test_multiple_choice_accuracy_equals_direct_computation(trained, model, tmp_
         scores = []
         for choice in d["choices"]:
             ctx = model.tok_encode(d["context"])
-            whole = model.tok_encode(d["context"] + choice)
-            cont = whole[len(ctx):]  # the harness's split: the continuation is what the context's encoding leaves
-            scores.append(float(full_forward_log_probs(model, ctx + cont)[len(ctx):].sum()))
+            cont = model.tok_encode(choice)  # whitespace tokens: no merge across the boundary
+            scores.append(float(scored(model, ctx + cont)[len(ctx):].sum()))
         correct += int(max(range(len(scores)), key=scores.__getitem__) == d["label"])
     assert got == pytest.approx(correct / len(docs), abs=1e-12)
     assert correct > len(docs) / 3  # the trained model is above chance on its own corpus's successor rule
 
 
-def test_loglikelihood_batching_matches_single_requests(model):
-    reqs = [(None, model.tok_encode(c), model.tok_encode(x)) for c, x in
-            [("w1 w2", "w3"), ("w5 w6 w7 w8 w9", "w10 w11"), ("w40", "w41 w42 w43"), ("w3", "w90")]]
-    batched = model._loglikelihood_tokens(reqs)
-    for req, (score, greedy) in zip(reqs, batched):
-        ids = req[1] + req[2]
-        expected = float(full_forward_log_probs(model, ids)[len(req[1]):].sum())
-        assert score == pytest.approx(expected, abs=1e-4)
+@pytest.mark.parametrize("name", ["hgrn", "transformer"])
+def test_loglikelihood_batching_matches_single_forwards(models, name):
+    model = models[name]
+    pairs = [(words(model, 1, 2), words(model, 3, 1)), (words(model, 5, 5), words(model, 10, 2)),
+             (words(model, 40, 1), words(model, 41, 3)), (words(model, 3, 1), words(model, 90, 1)),
+             (words(model, 7, 20), words(model, 27, 3))]  # 1 + 20 + 3 tokens: past the Transformer's 16
+    got = model._loglikelihood_tokens([(None, c, x) for c, x in pairs])
+    for (ctx, cont), (score, greedy) in zip(pairs, got):
+        full = [model.eot_token_id] + ctx + cont
+        if name == "transformer":
+            full = full[-(POSITIONS + 1):]  # the last positions the model can read
+        expected = full_forward_log_probs(model, full[:-1], full[1:])[-len(cont):]
+        assert score == pytest.approx(float(expected.sum()), abs=1e-4)
         assert isinstance(greedy, bool)
 
 
-def test_rolling_loglikelihood_carries_the_state(model):
-    # 5x the training length, read in chunks of 7 tokens with the state carried across them
-    ids = [model.dictionary.index(f"w{(3 + k) % 120}") for k in range(5 * TPS)]
-    expected = float(full_forward_log_probs(model, ids).sum())
+def test_rolling_loglikelihood_carries_the_state(models):
+    model = models["hgrn"]
+    assert model.recurrent and model.max_length is None
+    ids = words(model, 3, 5 * TPS)  # 5x the training length, read in chunks of 7 tokens
+    expected = float(scored(model, ids).sum())
     assert model.rolling_log_likelihood(ids) == pytest.approx(expected, rel=1e-5)
 
     class Req:
@@ -115,71 +171,172 @@ def test_rolling_loglikelihood_carries_the_state(model):
     assert model.loglikelihood_rolling([Req()])[0] == pytest.approx(expected, rel=1e-5)
 
 
-def test_generate_until_equals_fairseq_greedy_decoding(trained, model):
-    data, ckpt, _ = trained
-    prompt = "w5 w6 w7"
-    text = model.generate(prompt, until=["never-said"], max_gen_toks=12)
-    ours_tokens = text.split()
-    assert len(ours_tokens) == 12
-    proc = subprocess.run(
-        [sys.executable, "-m", "fairseq_cli.interactive", data, "--user-dir", PLUGIN, "--task",
-         "hgrn_language_modeling", "--path", ckpt, "--beam", "1", "--nbest", "1", "--max-len-b", "15",
-         "--min-len", "1", "--cpu"], input=prompt + "\n", capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    hyp = next(line.split("\t")[2].split() for line in proc.stdout.splitlines() if line.startswith("H-"))
-    assert hyp[:3] == prompt.split()
-    theirs = hyp[3:]
-    n = min(len(theirs), len(ours_tokens))
-    assert n >= 8 and ours_tokens[:n] == theirs[:n], (ours_tokens, theirs)
+def test_rolling_loglikelihood_of_a_transformer_uses_disjoint_windows(models):
+    model = models["transformer"]
+    assert not model.recurrent and model.max_length == POSITIONS
+    ids = words(model, 11, 5 * POSITIONS + 7)
+    ext = [model.eot_token_id] + ids
+    expected = 0.0
+    for start in range(0, len(ids), POSITIONS):  # blocks of L new tokens; the last reads back L positions
+        end = min(start + POSITIONS, len(ids))
+        lo = max(0, end - POSITIONS)
+        lp = full_forward_log_probs(model, ext[lo:end], ids[lo:end])
+        expected += float(lp[start - lo:].sum())
+    assert model.rolling_log_likelihood(ids) == pytest.approx(expected, rel=1e-5)
+    short = ids[:POSITIONS - 3]  # within the limit: one window, the plain full forward
+    assert model.rolling_log_likelihood(short) == pytest.approx(float(scored(model, short).sum()), rel=1e-5)
+
+
+@pytest.mark.parametrize("name", ["hgrn", "transformer"])
+def test_generate_until_equals_fairseq_greedy_search(models, name):
+    model = models[name]
+    prompt, new = "w5 w6 w7", 12
+    text = model.generate(prompt, until=["never-said"], max_gen_toks=new)
+    ours_ids = model.tok_encode(text)  # whitespace tokens and line breaks map back exactly
+    assert len(ours_ids) == new
+
+    task = model.loaded.task
+    generator = task.build_generator([model.model], Namespace(beam=1, max_len_a=0, max_len_b=3 + new, min_len=1))
+    src = torch.tensor([[model.eot_token_id] + model.tok_encode(prompt)])
+    hypo = task.inference_step(generator, [model.model], {"net_input": {"src_tokens": src,
+                                                                        "src_lengths": torch.tensor([4])}})
+    theirs = hypo[0][0]["tokens"].tolist()[3:]
+    if theirs and theirs[-1] == model.eot_token_id:
+        theirs = theirs[:-1]  # fairseq ends every hypothesis with end of sentence
+    assert theirs == ours_ids[:len(theirs)], (ours_ids, theirs)
+    assert len(theirs) == new or ours_ids[len(theirs)] == model.eot_token_id
 
     # stops at (and cuts before) the first until string
-    stop = ours_tokens[4]
-    cut = model.generate(prompt, until=[stop], max_gen_toks=12)
-    assert cut.split() == ours_tokens[:4] and stop not in cut
+    stop = next(model.dictionary[i] for i in ours_ids[3:] if i != model.eot_token_id)
+    cut = model.generate(prompt, until=[stop], max_gen_toks=new)
+    assert cut == text[:text.index(stop)]
 
     class Req:
-        args = (prompt, {"until": [stop], "max_gen_toks": 12})
+        args = (prompt, {"until": [stop], "max_gen_toks": new})
 
     assert model.generate_until([Req()]) == [cut]
 
 
-def test_bad_input_is_one_clear_line(trained):
-    data, ckpt, root = trained
+def test_encode_pair_is_exact_where_the_tokenizer_merges_across_the_boundary(tmp_path):
+    from fairseq.data import Dictionary
+
+    files = write_byte_level_gpt2_files(str(tmp_path / "gpt2"))
+    tokenizer = ours.DictionaryTokenizer(Dictionary.load(files["dict.txt"]), "gpt2-bpe", gpt2_dir=str(tmp_path / "gpt2"))
+    model = ours.HgrnFairseqLM.__new__(ours.HgrnFairseqLM)  # only the tokenizer is needed
+    model.tokenizer_, model.boundary_merges = tokenizer, 0
+    d = tokenizer.dictionary
+    the, e, x = (d.index(s) for s in ("257", "101", "120"))
+    assert tokenizer.encode("the") == [the] and tokenizer.encode("th") == [d.index("256")]
+    # "th" + "e" is one token "the": the harness's split would leave nothing to score
+    assert model._encode_pair("th", "e") == ([], [the]) and model.boundary_merges == 1
+    # no merge: the plain split; a trailing space of the context moves to the continuation
+    assert model._encode_pair("x", "the") == ([x], [the]) and model.boundary_merges == 1
+    assert model._encode_pair("xe ", "x") == ([x, e], [d.index("32"), x])
+
+
+def test_gpt2_files_are_checked_against_the_data_marker(tmp_path):
+    from fairseq.data import Dictionary
+
+    files = write_byte_level_gpt2_files(str(tmp_path / "gpt2"))
+    data = tmp_path / "data"
+    data.mkdir()
+    marker = {"tokenizer": "gpt2-bpe", "gpt2_sha256": {"encoder.json": ours._sha256(files["encoder.json"]),
+                                                       "vocab.bpe": "0" * 64}}
+    (data / "TOKENIZER_INFO.json").write_text(json.dumps(marker))
+    dictionary = Dictionary.load(files["dict.txt"])
+    with pytest.raises(ours.ZeroShotError, match="vocab.bpe is not the file .* was encoded with"):
+        ours.resolve_tokenizer(str(data), dictionary, None, None, str(tmp_path / "gpt2"))
+    marker["gpt2_sha256"]["vocab.bpe"] = ours._sha256(files["vocab.bpe"])
+    (data / "TOKENIZER_INFO.json").write_text(json.dumps(marker))
+    assert ours.resolve_tokenizer(str(data), dictionary, None, None, str(tmp_path / "gpt2")).kind == "gpt2-bpe"
+    with pytest.raises(ours.ZeroShotError, match="contradicts .* drop --tokenizer"):
+        ours.resolve_tokenizer(str(data), dictionary, "space", None, None)
+
+
+def test_unknown_words_are_counted(models):
+    tokenizer = models["hgrn"].tokenizer_
+    before = (tokenizer.encoded_symbols, tokenizer.unknown_symbols)
+    ids = tokenizer.encode("w1 never-seen w2\nw3 nor-this")
+    assert ids.count(tokenizer.dictionary.unk()) == 2 and ids.count(tokenizer.dictionary.eos()) == 1
+    assert (tokenizer.encoded_symbols - before[0], tokenizer.unknown_symbols - before[1]) == (5, 2)
+
+
+def test_bad_input_is_one_clear_line(trained, tmp_path):
+    data, ckpts, _ = trained
+    ckpt = ckpts["hgrn"]
     with pytest.raises(ours.ZeroShotError, match="has no TOKENIZER_INFO.json .* pass --tokenizer"):
         ours.HgrnFairseqLM(path=ckpt, data=data, device="cpu")
     with pytest.raises(ours.ZeroShotError, match="batch_size=0 is invalid"):
         ours.HgrnFairseqLM(path=ckpt, data=data, device="cpu", tokenizer="space", batch_size=0)
     with pytest.raises(ours.ZeroShotError, match="dtype=bf16 is for CUDA"):
         ours.HgrnFairseqLM(path=ckpt, data=data, device="cpu", tokenizer="space", dtype="bf16")
-    # a foreign dictionary (another corpus, other words) from another directory is refused
-    write_corpus(str(root / "other_text"), vocab=60, seed=5)
-    other = binarise(str(root / "other_text"), str(root / "other_bin"))
-    with pytest.raises(ours.ZeroShotError, match="tokenizer mismatch"):
-        ours.HgrnFairseqLM(path=ckpt, data=other, device="cpu", tokenizer="space")
+    symbols = open(os.path.join(data, "dict.txt")).read().splitlines()
+    # a dictionary of another size, and one of the same size with other words, in other directories
+    for name, lines, message in [("smaller", symbols[:-1], "embedding has .* rows"),
+                                 ("other_words", [f"v{i} 1" for i in range(len(symbols))], "same size, different")]:
+        other = tmp_path / name
+        other.mkdir()
+        (other / "dict.txt").write_text("\n".join(lines) + "\n")
+        with pytest.raises(ours.ZeroShotError, match="tokenizer mismatch.*" + message):
+            ours.HgrnFairseqLM(path=ckpt, data=str(other), device="cpu", tokenizer="space")
 
 
-def test_command_runs_offline_on_a_local_task_and_names_missing_data(trained, tmp_path):
-    data, ckpt, _ = trained
+def test_command_runs_offline_on_a_local_task(trained, tmp_path):
+    data, ckpts, _ = trained
     docs = [{"context": "w1 w2 w3", "choices": [" w4", " w77"], "label": 0},
             {"context": "w50 w51", "choices": [" w9", " w52"], "label": 1}]
-    include = write_local_task(tmp_path, docs)
+    include = ours.write_local_multiple_choice_task(str(tmp_path / "tasks"), "local_mc", docs)
     out = tmp_path / "results.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = subprocess_env()
     env.pop("HF_DATASETS_OFFLINE", None)
-    base = [sys.executable, "-m", "hgrn_fairseq.evaluation.lm_eval", "--path", ckpt, "--data", data,
-            "--tokenizer", "space", "--device", "cpu"]
-    proc = subprocess.run(base + ["--tasks", "local_mc", "--include-path", include, "--output", str(out)],
+    env.pop("HF_HUB_OFFLINE", None)
+    proc = subprocess.run([sys.executable, "-m", "hgrn_fairseq.evaluation.lm_eval", "--path", ckpts["hgrn"],
+                           "--data", data, "--tokenizer", "space", "--device", "cpu", "--tasks", "local_mc",
+                           "--include-path", include, "--output", str(out)],
                           capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "| local_mc |" in proc.stdout
+    assert "| model | local_mc | AVG |" in proc.stdout and "| this checkpoint: acc |" in proc.stdout
+    assert "0 not in the dictionary" in proc.stdout
     saved = json.load(open(out))
-    assert "acc,none" in saved["results"]["local_mc"] and saved["model"]["tokenizer_kind"] == "space"
+    acc = saved["results"]["local_mc"]["acc,none"]
+    assert acc in (0.0, 0.5, 1.0) and f"| this checkpoint: acc | {100 * acc:.2f} | {100 * acc:.2f} |" in proc.stdout
+    assert saved["model"]["tokenizer_kind"] == "space" and saved["tokens"]["unknown_symbols"] == 0
 
-    # a harness task whose data are not cached, offline: the error names the task and what to do
-    env["HF_HOME"] = str(tmp_path / "empty_hf_home")
-    proc = subprocess.run(base + ["--tasks", "piqa"], capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 2
-    assert "task piqa: its data could not be loaded" in proc.stderr and "--include-path" in proc.stderr
+
+def test_uncached_task_offline_names_the_task_and_the_fix(trained, tmp_path, monkeypatch, capsys):
+    data, ckpts, _ = trained
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    # a task on a Hugging Face dataset that is in no cache (as piqa is on a fresh offline machine)
+    (folder / "not_cached.yaml").write_text(
+        "task: not_cached\ndataset_path: hgrn-fairseq-tests/never-downloaded\ntest_split: test\n"
+        "output_type: multiple_choice\ndoc_to_text: '{{q}}'\ndoc_to_choice: '{{c}}'\ndoc_to_target: 0\n"
+        "metric_list:\n  - metric: acc\n")
+    for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    for module, attrs in (("datasets.config", ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")),
+                          ("huggingface_hub.constants", ("HF_HUB_OFFLINE",))):
+        mod = __import__(module, fromlist=["_"])
+        for attr in attrs:  # restored after the test: the command switches them for its process
+            monkeypatch.setattr(mod, attr, getattr(mod, attr))
+    code = ours.main(["--path", ckpts["hgrn"], "--data", data, "--tokenizer", "space", "--device", "cpu",
+                      "--tasks", "not_cached", "--include-path", str(folder)])
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1, errors
+    err = errors[0]
+    assert "task not_cached: its data could not be loaded" in err and "offline" in err
+    assert "--include-path" in err and "$HF_HOME" in err
+    assert os.environ["HF_DATASETS_OFFLINE"] == "1"
+
+
+def test_results_table_has_the_papers_layout():
+    results = {"results": {"piqa": {"acc,none": 0.5, "acc_norm,none": 0.625},
+                           "winogrande": {"acc,none": 0.25}}}
+    table = ours.results_table(results, ["piqa", "winogrande"]).splitlines()
+    assert table[0] == "| model | PIQA | WG | AVG |"
+    assert table[2] == "| this checkpoint: acc | 50.00 | 25.00 | 37.50 |"
+    assert table[3] == "| this checkpoint: acc_norm | 62.50 | - | - |"
+    assert table[4] == "| HGRN (paper) | n/v | n/v | n/v |" and "not verified" in table[-1]
 
 
 def test_local_task_writer_refuses_a_bad_label(tmp_path):
