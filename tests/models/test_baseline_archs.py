@@ -1,6 +1,7 @@
 """The baselines' archs of hgrn_lm (issue 22): parameter counts by hand, incremental decoding equals the
 full forward, bad switches, and fairseq-train end to end on a tiny corpus for each mixer."""
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from fairseq import options
 from fairseq.data import Dictionary
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.models import build_model
-from tests.lm_corpus import binarise, write_corpus
+from tests.lm_corpus import write_corpus
 
 PLUGIN = os.path.dirname(os.path.abspath(hgrn_fairseq.__file__))
 V, d, L = 50264, 512, 6
@@ -78,13 +79,6 @@ def test_bad_switches_are_one_line_errors():
         build("lru_lm_tiny", 100, "--lru-r-min", "0.9", "--lru-r-max", "0.5")
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("baselines")
-    write_corpus(str(root / "text"))
-    return binarise(str(root / "text"), str(root / "bin"))
-
-
 def test_lru_optimiser_groups_reach_fairseqs_optimizer():
     from fairseq import optim
 
@@ -111,27 +105,89 @@ def test_lru_optimiser_groups_reach_fairseqs_optimizer():
         build("mlgru_lm_tiny", 100, "--lru-slow-lr-scale", "0.5")
 
 
-def test_lru_optimiser_groups_refuse_flattened_bf16(data, tmp_path):
-    cmd = [sys.executable, "-m", "fairseq_cli.train", data, "--user-dir", PLUGIN, "--task", "hgrn_language_modeling",
-           "--arch", "lru_lm_tiny", "--lru-slow-lr-scale", "0.5", "--bf16", "--tokens-per-sample", "32",
-           "--batch-size", "8", "--optimizer", "adam", "--lr", "1e-3", "--max-update", "2", "--save-dir", str(tmp_path),
-           "--cpu", "--num-workers", "0"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert proc.returncode != 0
-    assert "which fairseq's --fp16/--bf16 optimizer cannot keep" in proc.stdout + proc.stderr
+# fairseq-preprocess and every fairseq-train run below share one Python process: importing fairseq and
+# torch costs ~12 s of CPU a process, a 30-update run of a tiny model ~1.5 s.
+DRIVER = r"""
+import json, sys, traceback
+from fairseq_cli import train  # first: its logging format (preprocess imports fairseq before setting one)
+from fairseq_cli import preprocess
+for name, tool, argv in json.loads(sys.argv[1]):
+    print(f"=== begin {name}", flush=True)
+    sys.argv = ["fairseq-" + tool, *argv]
+    try:
+        (preprocess if tool == "preprocess" else train).cli_main()
+        rc = 0
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 1
+    except Exception:
+        traceback.print_exc(file=sys.stdout)
+        rc = 1
+    print(f"=== end {name} rc={rc}", flush=True)
+    if tool == "preprocess" and rc:
+        break
+"""
+
+TRAIN_RUNS = {  # name: (arch, extra flags); each tiny arch is its base arch with smaller sizes
+    "lru": ("lru_lm_tiny", []),
+    "lru_slow_lr": ("lru_lm_tiny", ["--lru-slow-lr-scale", "0.5"]),
+    "lru_mml": ("lru_lm_tiny", ["--ternary"]),
+    "lru_fully_mml": ("lru_lm_tiny", ["--fully-mml"]),
+    "mlgru": ("mlgru_lm_tiny", []),
+    "mlgru_mml": ("mlgru_lm_tiny", ["--ternary"]),
+    "mlgru_fully_mml": ("mlgru_lm_tiny", ["--fully-mml"]),
+}
 
 
-@pytest.mark.parametrize("arch, flags", [("lru_lm_tiny", ["--lru-slow-lr-scale", "0.5"]), ("lru_lm_tiny", ["--ternary"]),
-                                         ("mlgru_lm_tiny", []), ("mlgru_lm_tiny", ["--fully-mml"])])
-def test_fairseq_train_end_to_end(arch, flags, data, tmp_path):
-    cmd = [sys.executable, "-m", "fairseq_cli.train", data, "--user-dir", PLUGIN, "--task", "hgrn_language_modeling",
-           "--arch", arch, *flags, "--tokens-per-sample", "32", "--sample-break-mode", "none", "--batch-size", "8",
-           "--optimizer", "adam", "--lr", "3e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "5",
-           "--max-update", "30", "--save-dir", str(tmp_path), "--no-epoch-checkpoints", "--log-format", "simple",
-           "--log-interval", "10", "--num-workers", "0", "--cpu", "--seed", "1"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-3000:]
+def train_argv(data, save_dir, arch, flags, max_update=30):
+    return [data, "--user-dir", PLUGIN, "--task", "hgrn_language_modeling", "--arch", arch, *flags,
+            "--tokens-per-sample", "32", "--sample-break-mode", "none", "--batch-size", "8", "--optimizer", "adam",
+            "--lr", "3e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "5", "--max-update", str(max_update),
+            "--save-dir", save_dir, "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "10",
+            "--num-workers", "0", "--cpu", "--seed", "1"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """{name: (rc, output, save_dir)} of fairseq-train on a tiny corpus for every baseline configuration,
+    plus one with --bf16 that must be refused."""
+    root = tmp_path_factory.mktemp("baselines")
+    text = write_corpus(str(root / "text"))
+    data = str(root / "bin")
+    jobs = [("preprocess", "preprocess", ["--only-source", "--destdir", data, "--workers", "1", "--trainpref", text["train"],
+                                          "--validpref", text["valid"], "--testpref", text["test"]])]
+    for name, (arch, flags) in TRAIN_RUNS.items():
+        jobs.append((name, "train", train_argv(data, str(root / name), arch, flags)))
+    jobs.append(("bf16_slow_lr", "train", train_argv(data, str(root / "bf16"), "lru_lm_tiny",
+                                                     ["--lru-slow-lr-scale", "0.5", "--bf16"], max_update=2)))
+    proc = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(jobs)], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    out = proc.stdout  # one stream, in order: fairseq logs to stderr
+    results = {}
+    for name, _, argv in jobs:
+        begin, end = f"=== begin {name}\n", f"=== end {name} rc="
+        assert begin in out and end in out, f"{name} did not finish (driver rc {proc.returncode}):\n{out[-3000:]}"
+        body = out[out.index(begin) + len(begin): out.index(end)]
+        rc = int(out[out.index(end) + len(end):].split("\n", 1)[0])
+        results[name] = (rc, body, argv[argv.index("--save-dir") + 1] if "--save-dir" in argv else None)
+    return results
+
+
+def test_lru_optimiser_groups_refuse_flattened_bf16(runs):
+    rc, out, _ = runs["bf16_slow_lr"]
+    assert rc != 0
+    assert "which fairseq's --fp16/--bf16 optimizer cannot keep" in out
+
+
+@pytest.mark.parametrize("name", list(TRAIN_RUNS))
+def test_fairseq_train_end_to_end(name, runs):
+    rc, out, save_dir = runs[name]
+    assert rc == 0, out[-3000:]
     losses = [float(x.split("loss=")[1].split(",")[0]) for x in out.splitlines() if "train_inner" in x and "loss=" in x]
-    assert len(losses) >= 2 and losses[-1] < losses[0]  # it learns the corpus's successor rule
-    assert os.path.isfile(tmp_path / "checkpoint_last.pt")
+    assert len(losses) == 3 and losses[-1] < losses[0]  # it learns the corpus's successor rule
+    assert os.path.isfile(os.path.join(save_dir, "checkpoint_last.pt"))
+    arch, flags = TRAIN_RUNS[name]
+    assert f"'_name': '{arch}'" in out  # the run trained the configuration it names
+    for i, flag in enumerate(flags):  # and the switches it names reached the model's config
+        if flag.startswith("--"):
+            value = flags[i + 1] if i + 1 < len(flags) and not flags[i + 1].startswith("--") else "True"
+            assert f"'{flag[2:].replace('-', '_')}': {value}" in out
