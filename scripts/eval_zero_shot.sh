@@ -5,8 +5,9 @@
 #   bash scripts/eval_zero_shot.sh CKPT DATA_DIR [extra arguments of python -m hgrn_fairseq.evaluation.lm_eval]
 #
 # Runs the commonsense list (piqa, hellaswag, winogrande, arc_easy, arc_challenge, openbookqa, boolq)
-# and the SuperGLUE list (wsc, wic, rte, cb, multirc, copa); prints a table per list (acc / acc_norm as
-# the harness reports them, the paper's HGRN column beside them) and writes OUT_DIR/{commonsense,superglue}.json.
+# and the SuperGLUE list (wsc, wic, rte, cb, multirc, copa); prints a table per list in the papers' layout
+# (a column per task and AVG; rows: acc and acc_norm as the harness reports them, then the paper's HGRN row)
+# and writes OUT_DIR/{commonsense,superglue}.json (results, the table, the model's info and token counts).
 # Offline by default: the tasks' data must be in the local Hugging Face cache (the error names a task whose
 # data are not); --online lets the datasets library download.
 # Environment: OUT_DIR [zero_shot_results]  PYTHON [python3]  TASK_LISTS [commonsense,superglue]

@@ -399,7 +399,7 @@ class HgrnFairseqLM(TemplateLM):
 
         logits = self._logits(window(prefix), incremental_state=state)
         for _ in range(budget):
-            scores = logits[0, -1].float()
+            scores = logits[0, -1].float().clone()
             scores[self.dictionary.pad()] = float("-inf")
             nxt = int(scores.argmax().item())
             if nxt == self.eot_token_id and stop_at_eos:
@@ -598,10 +598,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (ZeroShotError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    results = lm_eval.simple_evaluate(model=model, tasks=names, task_manager=manager, num_fewshot=args.num_fewshot,
-                                      limit=args.limit, batch_size=args.batch_size, log_samples=False,
-                                      random_seed=args.seed, numpy_random_seed=args.seed,
-                                      torch_random_seed=args.seed, fewshot_random_seed=args.seed)
+    try:
+        results = lm_eval.simple_evaluate(model=model, tasks=names, task_manager=manager,
+                                          num_fewshot=args.num_fewshot, limit=args.limit, batch_size=args.batch_size,
+                                          log_samples=False, random_seed=args.seed, numpy_random_seed=args.seed,
+                                          torch_random_seed=args.seed, fewshot_random_seed=args.seed)
+    except ZeroShotError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(results_table(results, names))
     report = model.token_report()
     print(f"tokens: {report['symbols']} symbols encoded, {report['unknown_symbols']} not in the dictionary (scored "

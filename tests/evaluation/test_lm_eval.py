@@ -18,6 +18,7 @@ the model per sequence (float64 sums), independently of the code under test:
   uncached data, foreign dictionaries and tokenizer files, and a missing harness give one-line errors.
 """
 import json
+import re
 import os
 import subprocess
 import sys
@@ -348,3 +349,15 @@ def test_install_hint_without_the_harness(monkeypatch, capsys):
     monkeypatch.setattr(ours, "_HARNESS_ERROR", ImportError("no lm_eval"))
     assert ours.main(["--path", "x.pt", "--tasks", "piqa"]) == 2
     assert "pip install -e '.[eval]'" in capsys.readouterr().err
+
+
+def test_eval_zero_shot_script_refuses_bad_arguments(trained, tmp_path):
+    data, ckpts, _ = trained
+    script = os.path.join(os.path.dirname(PLUGIN), "scripts", "eval_zero_shot.sh")
+    env = dict(subprocess_env(), OUT_DIR=str(tmp_path / "out"))
+    for argv, extra_env, message in [([], {}, "usage: bash scripts/eval_zero_shot.sh CKPT DATA_DIR"),
+                                     ([str(tmp_path / "none.pt"), data], {}, "checkpoint .*none.pt not found"),
+                                     ([ckpts["hgrn"], str(tmp_path)], {}, "dict.txt not found"),
+                                     ([ckpts["hgrn"], data], {"TASK_LISTS": "glue"}, "'glue' is not commonsense or superglue")]:
+        proc = subprocess.run(["bash", script, *argv], capture_output=True, text=True, env=dict(env, **extra_env))
+        assert proc.returncode == 2 and re.search(message, proc.stderr), proc.stderr
