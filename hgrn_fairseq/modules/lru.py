@@ -74,8 +74,11 @@ class LRU(nn.Module):
         return (batch, self.state_dim, 2)
 
     def magnitude_and_phase(self) -> Tuple[Tensor, Tensor]:
-        """|lambda| = exp(-exp(nu_log)) and arg(lambda) = exp(theta_log), each ``[state_dim]``."""
-        return torch.exp(-torch.exp(self.nu_log)), torch.exp(self.theta_log)
+        """|lambda| = exp(-exp(nu_log)) and arg(lambda) = exp(theta_log), each ``[state_dim]``, in float32
+        (float64 for float64 parameters) whatever the parameters' dtype: in bf16 every |lambda| above
+        ~0.998 would round to 1.0, a channel that never forgets."""
+        dtype = torch.promote_types(self.nu_log.dtype, torch.float32)
+        return torch.exp(-torch.exp(self.nu_log.to(dtype))), torch.exp(self.theta_log.to(dtype))
 
     def forward(self, x: Tensor, lower_bound: Union[float, Tensor, None] = None,
                 initial_state: Optional[Tensor] = None, output_final_state: bool = False):
@@ -91,10 +94,14 @@ class LRU(nn.Module):
         magnitude, phase = self.magnitude_and_phase()
         bu = self.in_proj(x).unflatten(-1, (self.state_dim, 2))
         inputs = torch.exp(self.gamma_log).to(x.dtype)[:, None] * bu
-        decay = magnitude.to(x.dtype).expand(B, T, self.state_dim)
+        # the decay stays float32 (the Triton scan reads mixed dtypes and accumulates in fp32; the
+        # reference then runs in float32 and h is cast back)
+        decay = magnitude.expand(B, T, self.state_dim)
         h, final = complex_scan(inputs, decay, phase, initial_state, False, self.backend)
         if not self.causal:
             h = h + complex_scan(inputs, decay, phase, None, True, self.backend)[0]
+        h = h.to(x.dtype)
+        final = None if final is None else final.to(x.dtype)
         d = straight_through(self.D, ternary_weight(self.D)) if self.fully_mml else self.D
         y = self.out_proj(h.flatten(-2)) + d.to(x.dtype) * x
         return y, (final if output_final_state else None)

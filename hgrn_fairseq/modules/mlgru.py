@@ -4,10 +4,9 @@ from __future__ import annotations
 from typing import Optional, Tuple, Union
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import BACKENDS, real_scan
+from ..kernels import BACKENDS, hgru_scan
 from .bitlinear import linear
 from .hgru import check_mixer_call
 
@@ -25,7 +24,9 @@ class MLGRU(nn.Module):
     ``ternary``: W_f and W_c are ``BitLinear`` (the seed's GRU-MML); ``fully_mml``: all four are.
     ``num_heads`` splits the channels evenly, as in the seed; the recurrence is per channel, so heads
     group channels without changing the computation (kept so that configurations carry over).
-    The scan is ``real_scan`` (Triton on CUDA, the float64-capable reference elsewhere).
+    The gates and the scan are HGRU's real op ``hgru_scan`` (same equations: lambda = f, x = (1 - f) SiLU(.)):
+    on CUDA one Triton kernel that computes f and c in fp32 without storing them (in bf16, a stored f would
+    round to 1.0 above ~0.998 and stop forgetting); the float64-capable reference elsewhere.
     """
 
     def __init__(self, dim: int, num_heads: int = 1, ternary: bool = False, fully_mml: bool = False,
@@ -54,14 +55,10 @@ class MLGRU(nn.Module):
     def forward(self, x: Tensor, lower_bound: Union[float, Tensor, None] = None,
                 initial_state: Optional[Tensor] = None, output_final_state: bool = False):
         check_mixer_call(self, x, lower_bound, initial_state, output_final_state)
-        f = torch.sigmoid(self.forget_proj(x))
-        if lower_bound is not None:
-            gamma = lower_bound.to(x.dtype) if isinstance(lower_bound, Tensor) else lower_bound
-            f = gamma + (1 - gamma) * f
-        c = F.silu(self.input_proj(x))
-        h, final = real_scan((1 - f) * c, f, initial_state, False, self.backend)
+        forget_logits, inputs = self.forget_proj(x), self.input_proj(x)
+        h, final = hgru_scan(forget_logits, inputs, None, lower_bound, initial_state, False, self.backend)
         if not self.causal:
-            h = h + real_scan((1 - f) * c, f, None, True, self.backend)[0]
+            h = h + hgru_scan(forget_logits, inputs, None, lower_bound, None, True, self.backend)[0]
         y = self.out_proj(torch.sigmoid(self.gate_proj(x)) * h)
         return y, (final if output_final_state else None)
 

@@ -58,10 +58,11 @@ def test_mlgru_lm_base_count():
     assert count(build("mlgru_mml_lm_base")) == expected + L * 2 * d  # RMSNorm weights of W_f, W_c
 
 
-@pytest.mark.parametrize("arch", ["lru_lm_tiny", "mlgru_lm_tiny"])
-def test_incremental_decoding_equals_the_full_forward(arch):
+@pytest.mark.parametrize("arch, flags", [("lru_lm_tiny", []), ("mlgru_lm_tiny", []), ("lru_lm_tiny", ["--fully-mml"]),
+                                         ("mlgru_lm_tiny", ["--fully-mml"])])
+def test_incremental_decoding_equals_the_full_forward(arch, flags):
     torch.manual_seed(0)
-    model = build(arch, 200, "--kernel-backend", "reference").eval()
+    model = build(arch, 200, "--kernel-backend", "reference", *flags).eval()
     tokens = torch.randint(4, 200, (2, 11))
     with torch.no_grad():
         full = model(tokens)[0]

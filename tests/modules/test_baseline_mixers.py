@@ -303,3 +303,51 @@ def test_ternary_effective_weights_of_the_mml_mixers_take_three_values():
         q = layer.quantised_weight().detach()
         m_w = layer.weight.detach().abs().mean()
         assert sorted(torch.unique(q).tolist()) == pytest.approx([-m_w.item(), 0.0, m_w.item()], rel=1e-5)
+
+
+def test_lru_decay_stays_float32_for_bf16_parameters(monkeypatch):
+    """In bf16, exp(-exp(nu_log)) would round every |lambda| above ~0.998 to exactly 1.0."""
+    import hgrn_fairseq.modules.lru as lru_module
+
+    torch.manual_seed(9)
+    m = LRU(D, 64, r_min=0.999, r_max=0.9999)
+    m.bfloat16()
+    seen, scan = [], lru_module.complex_scan
+    monkeypatch.setattr(lru_module, "complex_scan", lambda x, a, theta, *rest: seen.append((a, theta)) or scan(x, a, theta, *rest))
+    y, final = m(torch.randn(B, 3, D, dtype=torch.bfloat16), None, None, True)
+    assert y.dtype == final.dtype == torch.bfloat16
+    a, theta = seen[0]
+    assert a.dtype == theta.dtype == torch.float32
+    want = torch.exp(-torch.exp(m.nu_log.double()))
+    assert want.max() < 1.0 and (want.to(torch.bfloat16) == 1.0).any()  # what bf16 would have made of it
+    torch.testing.assert_close(a[0, 0].double(), want, rtol=0, atol=1e-7)
+
+
+def _bf16_against_float64(make, loop, bound):
+    """A bf16 module on CUDA against the float64 loop of the same (bf16) parameters, T = 512."""
+    torch.manual_seed(10)
+    m = make().cuda().bfloat16()
+    ref = make().double()
+    ref.load_state_dict({k: v.double().cpu() for k, v in m.state_dict().items()})
+    x = torch.randn(2, 512, D, device="cuda").bfloat16()
+    y = m(x, None if bound is None else bound.cuda().bfloat16())[0].double().cpu()
+    y_ref = loop(ref, x.double().cpu(), None if bound is None else bound.bfloat16().double())
+    return ((y - y_ref).norm() / y_ref.norm()).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(__import__("os").environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available(),
+                    reason="GPU-only (CUDA, TRITON_INTERPRET unset)")
+def test_gpu_bf16_decays_near_one_keep_forgetting():
+    def make_mlgru():
+        m = MLGRU(D)
+        with torch.no_grad():
+            m.forget_proj.bias.fill_(7.0)  # f ~ 0.999: exactly 1.0 if the gate were stored in bf16
+        return m
+
+    # (bf16 logits and projections cost ~1%; a gate or decay rounded to 1.0 would cost ~100%)
+    err = _bf16_against_float64(make_mlgru, lambda r, x, g: mlgru_loop_any(r, x, g, torch.zeros(2, D, dtype=torch.float64))[0],
+                                torch.rand(D) * 0.5)
+    assert err < 5e-2, f"MLGRU bf16 relative error {err:.3g}"
+    err = _bf16_against_float64(lambda: LRU(D, 32, r_min=0.999, r_max=0.9999), lambda r, x, g: lru_loop_any(r, x)[0], None)
+    assert err < 5e-2, f"LRU bf16 relative error {err:.3g}"
