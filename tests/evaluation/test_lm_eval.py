@@ -361,3 +361,35 @@ def test_eval_zero_shot_script_refuses_bad_arguments(trained, tmp_path):
                                      ([ckpts["hgrn"], data], {"TASK_LISTS": "glue"}, "'glue' is not commonsense or superglue")]:
         proc = subprocess.run(["bash", script, *argv], capture_output=True, text=True, env=dict(env, **extra_env))
         assert proc.returncode == 2 and re.search(message, proc.stderr), proc.stderr
+
+
+def test_sentencepiece_text_becomes_the_ids_data_prep_binarised(tmp_path):
+    """Our text -> ids equals data_prep's text -> pieces (spm.model) -> fairseq ids, line by line; a
+    sentencepiece model other than the marker's is refused."""
+    import sentencepiece_bpe  # data_prep/ (tests.fixtures_corpus puts it on the path)
+    from fairseq.data import Dictionary
+    from tests.fixtures_corpus import write_plain_splits
+
+    texts = write_plain_splits(str(tmp_path / "text"), {"train": 300, "test": 20})
+    spm_dir = str(tmp_path / "spm")
+    marker = sentencepiece_bpe.prepare_sentencepiece(texts, spm_dir, vocab_size=80, log=lambda *_: None)
+    dictionary = Dictionary.load(os.path.join(spm_dir, "dict.txt"))
+    tokenizer = ours.resolve_tokenizer(spm_dir, dictionary, None, None, None)
+    assert tokenizer.kind == "sentencepiece-bpe"
+    raw = open(texts["test"], encoding="utf-8").read().splitlines()
+    pieces = open(os.path.join(spm_dir, "test.bpe"), encoding="utf-8").read().splitlines()
+    assert len(raw) == len(pieces) == 20
+    for line, encoded in zip(raw, pieces):
+        expected = dictionary.encode_line(encoded, add_if_not_exist=False, append_eos=False).tolist()
+        assert tokenizer.encode(line) == expected
+    assert tokenizer.encode(raw[0] + "\n" + raw[1]) == tokenizer.encode(raw[0]) + [dictionary.eos()] + \
+        tokenizer.encode(raw[1])
+    assert tokenizer.decode(tokenizer.encode(raw[2])) == raw[2].strip()
+
+    other = tmp_path / "other_spm"
+    other.mkdir()
+    with open(os.path.join(spm_dir, "spm.model"), "rb") as f:
+        (other / "spm.model").write_bytes(f.read() + b"\0")  # any other file: another SHA-256
+    with pytest.raises(ours.ZeroShotError, match="is not the sentencepiece model .* was encoded with"):
+        ours.resolve_tokenizer(spm_dir, dictionary, None, str(other / "spm.model"), None)
+    assert marker["spm_model_sha256"] == ours._sha256(os.path.join(spm_dir, "spm.model"))
