@@ -214,10 +214,11 @@ class HgrnFairseqLM(TemplateLM):
 
         from .extrapolation import ExtrapolationError, load_checkpoint_for_eval, supports_stateful
 
-        batch_size, rolling_chunk, max_gen_toks = int(batch_size), int(rolling_chunk), int(max_gen_toks)
-        for name, value in (("batch_size", batch_size), ("rolling_chunk", rolling_chunk), ("max_gen_toks", max_gen_toks)):
-            if value < 1:
-                raise ZeroShotError(f"{name}={value} is invalid: it must be >= 1")
+        sizes = {"batch_size": batch_size, "rolling_chunk": rolling_chunk, "max_gen_toks": max_gen_toks}
+        for name, value in sizes.items():
+            if not str(value).isdigit() or int(value) < 1:
+                raise ZeroShotError(f"{name}={value} is invalid: it must be an integer >= 1 ('auto' is not supported)")
+        batch_size, rolling_chunk, max_gen_toks = (int(sizes[n]) for n in ("batch_size", "rolling_chunk", "max_gen_toks"))
         if dtype not in ("fp32", "bf16"):
             raise ZeroShotError(f"dtype={dtype!r} is not one of fp32, bf16")
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -269,6 +269,8 @@ def test_bad_input_is_one_clear_line(trained, tmp_path):
         ours.HgrnFairseqLM(path=ckpt, data=data, device="cpu")
     with pytest.raises(ours.ZeroShotError, match="batch_size=0 is invalid"):
         ours.HgrnFairseqLM(path=ckpt, data=data, device="cpu", tokenizer="space", batch_size=0)
+    with pytest.raises(ours.ZeroShotError, match="batch_size=auto is invalid: .*'auto' is not supported"):
+        ours.HgrnFairseqLM(path=ckpt, data=data, device="cpu", tokenizer="space", batch_size="auto")
     with pytest.raises(ours.ZeroShotError, match="dtype=bf16 is for CUDA"):
         ours.HgrnFairseqLM(path=ckpt, data=data, device="cpu", tokenizer="space", dtype="bf16")
     symbols = open(os.path.join(data, "dict.txt")).read().splitlines()
