@@ -61,6 +61,8 @@ VARIANTS = tuple(f"{m}{suffix}" for suffix in VARIANT_FLAGS for m in OURS)
 # the baselines' archs of hgrn_lm (issue 22; hgrn_fairseq/models/baseline_archs.py): measured when asked for
 BASELINES = {"lru_lm_base": "lru_lm_tiny", "lru_mml_lm_base": "lru_lm_tiny", "mlgru_lm_base": "mlgru_lm_tiny",
              "mlgru_mml_lm_base": "mlgru_lm_tiny"}
+# and each with --cuda-graphs, the HGRN recipes' setting (their recipes train eagerly until it is measured)
+VARIANTS += tuple(f"{m}+graphs" for m in BASELINES)
 # loss of the fairseq models: fairseq's cross_entropy criterion, or our linear_cross_entropy criterion
 LOSSES = ("fairseq", "fused")
 SHAPES = ((16, 512), (4, 2048), (1, 8192))

@@ -192,3 +192,13 @@ def test_fairseq_train_end_to_end(name, runs):
         if flag.startswith("--"):
             value = flags[i + 1] if i + 1 < len(flags) and not flags[i + 1].startswith("--") else "True"
             assert f"'{flag[2:].replace('-', '_')}': {value}" in out
+
+
+def test_bench_train_measures_the_baselines_with_cuda_graphs():
+    from tests.script_module import load_script
+
+    bench = load_script(os.path.join(os.path.dirname(PLUGIN), "bench", "bench_train.py"))
+    assert {f"{m}+graphs" for m in ("lru_lm_base", "lru_mml_lm_base", "mlgru_lm_base", "mlgru_mml_lm_base")} <= set(bench.VARIANTS)
+    flags = bench.fairseq_model_flags("lru_mml_lm_base+graphs", tiny=True, kernel_backend="auto")
+    assert flags[:2] == ["--arch", "lru_lm_tiny"] and "--cuda-graphs" in flags and "--ternary" in flags
+    assert bench.fairseq_model_flags("mlgru_lm_base+graphs", tiny=False, kernel_backend="auto")[:2] == ["--arch", "mlgru_lm_base"]
