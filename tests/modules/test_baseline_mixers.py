@@ -171,13 +171,14 @@ def test_triton_scans_match_the_reference(make):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     ref, tri = ref.to(device), tri.to(device)
     x = torch.randn(B, T, D, device=device, requires_grad=True)
-    bound = None if isinstance(ref, LRU) else torch.rand(D, device=device)
+    bound = None if isinstance(ref, LRU) else torch.rand(D, device=device, requires_grad=True)
     y_ref = ref(x, bound)[0]
     y_tri = tri(x, bound)[0]
     torch.testing.assert_close(y_tri, y_ref, rtol=1e-4, atol=1e-5)
     g = torch.randn_like(y_ref)
-    for a, b in zip(torch.autograd.grad((y_tri * g).sum(), [x] + list(tri.parameters())),
-                    torch.autograd.grad((y_ref * g).sum(), [x] + list(ref.parameters()))):
+    extra = [x] if bound is None else [x, bound]  # the layer's lower bound is trained too
+    for a, b in zip(torch.autograd.grad((y_tri * g).sum(), extra + list(tri.parameters())),
+                    torch.autograd.grad((y_ref * g).sum(), extra + list(ref.parameters()))):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
