@@ -346,11 +346,18 @@ def test_gpu_bf16_decays_near_one_keep_forgetting():
         m = MLGRU(D)
         with torch.no_grad():
             m.forget_proj.bias.fill_(7.0)  # f ~ 0.999: exactly 1.0 if the gate were stored in bf16
+            m.out_proj.bias.zero_()  # (so that the output is all recurrence)
+        return m
+
+    def make_lru():
+        m = LRU(D, 32, r_min=0.999, r_max=0.9999)  # every |lambda| would be 1.0 in bf16
+        with torch.no_grad():
+            m.D.zero_()  # (so that the output is all recurrence)
         return m
 
     # (bf16 logits and projections cost ~1%; a gate or decay rounded to 1.0 would cost ~100%)
     err = _bf16_against_float64(make_mlgru, lambda r, x, g: mlgru_loop_any(r, x, g, torch.zeros(2, D, dtype=torch.float64))[0],
                                 torch.rand(D) * 0.5)
     assert err < 5e-2, f"MLGRU bf16 relative error {err:.3g}"
-    err = _bf16_against_float64(lambda: LRU(D, 32, r_min=0.999, r_max=0.9999), lambda r, x, g: lru_loop_any(r, x)[0], None)
+    err = _bf16_against_float64(make_lru, lambda r, x, g: lru_loop_any(r, x)[0], None)
     assert err < 5e-2, f"LRU bf16 relative error {err:.3g}"
