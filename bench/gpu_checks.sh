@@ -44,10 +44,8 @@ STAGES=${*:-tests train}
 R=$PWD
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 OMP_NUM_THREADS=4
 
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
-export PYTHONPATH=$R:/tmp/site
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee "$OUT/env.txt"
+. bench/gpu_fairseq.sh  # gpu_env, install_fairseq
+gpu_env
 
 export TRITON_CACHE_DIR=/tmp/tc TRITON_CACHE_AUTOTUNING=1
 mkdir -p /tmp/tc
@@ -56,7 +54,6 @@ save_autotune() { (cd /tmp/tc && find . -name '*.autotune.json' | tar czf "$OUT/
 
 need_fairseq=0
 case " $STAGES " in *" train "*|*" mqar "*|*" evidence "*|*" profile "*|*" flawarm "*) need_fairseq=1 ;; esac
-. bench/gpu_fairseq.sh  # install_fairseq
 if [ $need_fairseq = 1 ] && [ ! -d /tmp/site2/fairseq ]; then
   (install_fairseq > /tmp/fairseq_build.log 2>&1; echo "fairseq install rc=$? at $(el)s" >> /tmp/fairseq_build.log) &
   BUILD_PID=$!

@@ -1,5 +1,13 @@
 # Sourced by the GPU-machine scripts (bench/gpu_checks.sh, bench/gpu_session.sh) from the repository root,
-# with R set to it and OUT to the results folder: install_fairseq installs fairseq-fixed into /tmp/site2.
+# with R set to it and OUT to the results folder. gpu_env installs the wheels of .whl/ into /tmp/site,
+# puts the repository and them on the PYTHONPATH and records the GPU and versions in $OUT/env.txt;
+# install_fairseq installs fairseq-fixed into /tmp/site2.
+gpu_env() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$R"/.whl/*.whl 2>/dev/null
+  export PYTHONPATH=$R:/tmp/site
+  { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+    python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee "$OUT/env.txt"
+}
 # fairseq-fixed into /tmp/site2 (console scripts in /tmp/site2/bin): the prebuilt wheel, else a wheel
 # built from the sdist. The other sdists of .whl/ (antlr4) are pure Python and install from source.
 # (The globs do not recurse: .whl/*.whl and .whl/*.tar.gz never match files in .whl/prebuilt/.)

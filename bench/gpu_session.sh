@@ -17,10 +17,8 @@ cd "$(dirname "$0")/.."
 R=$PWD
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 OMP_NUM_THREADS=4
 
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee "$OUT/env.txt"
-. bench/gpu_fairseq.sh
+. bench/gpu_fairseq.sh  # gpu_env, install_fairseq
+gpu_env
 if [ ! -d /tmp/site2/fairseq ]; then
   install_fairseq > "$OUT/fairseq_install.log" 2>&1
   echo "fairseq install rc=$? at $(el)s"

@@ -44,6 +44,8 @@ import types
 import numpy as np
 import torch
 
+from .modules.lru import OPTIM_GROUP_ATTR  # the optimiser-group mark (6), defined where it is set
+
 logger = logging.getLogger(__name__)
 
 
@@ -211,7 +213,6 @@ def install_legacy_config_upgrade() -> None:
 
 
 # -- 6. per-parameter optimiser groups -------------------------------------------------------------------
-OPTIM_GROUP_ATTR = "optim_group"  # (the same name as modules/lru.py's, which does not import fairseq)
 
 
 def group_parameters(params):

@@ -12,21 +12,6 @@ from hgrn_fairseq.modules.mlgru import MLGRU
 B, T, D = 2, 9, 6
 
 
-def lru_loop(m: LRU, u, h0=None):
-    """x_k = lambda x_{k-1} + exp(gamma_log) (B u_k); y_k = Re(C x_k) + D u_k, in complex128."""
-    lam = torch.exp(-torch.exp(m.nu_log.double()) + 1j * torch.exp(m.theta_log.double()))
-    w = m.in_proj.weight.double().view(m.state_dim, 2, m.dim)
-    Bc = w[:, 0] + 1j * w[:, 1]  # [N, dim]
-    c = m.out_proj.weight.double().view(m.dim, m.state_dim, 2)
-    Cc = c[..., 0] - 1j * c[..., 1]  # out_proj columns are [Re C, -Im C]
-    x = torch.zeros(u.shape[0], m.state_dim, dtype=torch.complex128) if h0 is None else torch.complex(h0[..., 0], h0[..., 1])
-    ys = []
-    for k in range(u.shape[1]):
-        x = lam * x + torch.exp(m.gamma_log.double()) * (u[:, k].to(torch.complex128) @ Bc.T)
-        ys.append((x @ Cc.T).real + m.D.double() * u[:, k])
-    return torch.stack(ys, 1), torch.stack([x.real, x.imag], -1)
-
-
 def test_lru_equals_the_loop_outputs_state_and_gradients():
     torch.manual_seed(0)
     m = LRU(D, 5, r_min=0.5, r_max=0.95, max_phase=math.pi).double()
@@ -75,35 +60,6 @@ def test_lru_refuses_a_lower_bound_and_groups_its_slow_parameters():
     slow, rest = lru_parameter_groups(torch.nn.Sequential(m))
     assert {id(p) for p in slow} == {id(m.nu_log), id(m.theta_log), id(m.gamma_log), id(m.in_proj.weight)}
     assert {id(p) for p in rest} == {id(m.out_proj.weight), id(m.D)}
-
-
-def mlgru_loop(m: MLGRU, x, gamma, h0):
-    lin = lambda layer, v: v @ layer.weight.double().T + layer.bias.double()  # noqa: E731 (plain linear)
-    h = h0.clone()
-    ys = []
-    for t in range(x.shape[1]):
-        f = gamma + (1 - gamma) * torch.sigmoid(lin(m.forget_proj, x[:, t]))
-        c = torch.nn.functional.silu(lin(m.input_proj, x[:, t]))
-        g = torch.sigmoid(lin(m.gate_proj, x[:, t]))
-        h = f * h + (1 - f) * c
-        ys.append(lin(m.out_proj, g * h))
-    return torch.stack(ys, 1), h
-
-
-def test_mlgru_equals_the_loop_outputs_state_and_gradients():
-    torch.manual_seed(2)
-    m = MLGRU(D, num_heads=2).double()
-    x = torch.randn(B, T, D, dtype=torch.float64, requires_grad=True)
-    gamma = torch.rand(D, dtype=torch.float64, requires_grad=True)
-    h0 = torch.randn(B, D, dtype=torch.float64)
-    y, final = m(x, gamma, h0, True)
-    y_ref, final_ref = mlgru_loop(m, x, gamma, h0)
-    torch.testing.assert_close(y, y_ref)
-    torch.testing.assert_close(final, final_ref)
-    g = torch.randn_like(y)
-    params = [x, gamma] + list(m.parameters())
-    for a, b in zip(torch.autograd.grad((y * g).sum(), params), torch.autograd.grad((y_ref * g).sum(), params)):
-        torch.testing.assert_close(a, b)
 
 
 def test_mlgru_ternary_switches():
@@ -210,7 +166,7 @@ def plain_or_bit(layer, v):
     return out if layer.bias is None else out + layer.bias.double()
 
 
-def lru_loop_any(m: LRU, u, h0=None):
+def lru_loop(m: LRU, u, h0=None):
     """The LRU's equations with B, C (and D when fully_mml) through ``plain_or_bit``; both directions
     summed when the module is not causal (each direction's state includes the current step)."""
     lam = torch.exp(-torch.exp(m.nu_log.double()) + 1j * torch.exp(m.theta_log.double()))
@@ -247,7 +203,7 @@ def test_lru_variants_equal_the_loop(kwargs, T_):
     u = torch.randn(B, T_, D, dtype=torch.float64, requires_grad=True)
     h0 = torch.randn(B, 5, 2, dtype=torch.float64) if m.causal else None
     y, final = m(u, None, h0, m.causal)  # a bidirectional mixer carries no state
-    y_ref, final_ref = lru_loop_any(m, u, h0)
+    y_ref, final_ref = lru_loop(m, u, h0)
     torch.testing.assert_close(y, y_ref)
     if m.causal:
         torch.testing.assert_close(final, final_ref)
@@ -258,7 +214,7 @@ def test_lru_variants_equal_the_loop(kwargs, T_):
         torch.testing.assert_close(a, b, msg=lambda s, name=name: f"{name}: {s}")
 
 
-def mlgru_loop_any(m: MLGRU, x, gamma, h0):
+def mlgru_loop(m: MLGRU, x, gamma, h0):
     h, ys = h0.clone(), []
     for t in range(x.shape[1]):
         f = gamma + (1 - gamma) * torch.sigmoid(plain_or_bit(m.forget_proj, x[:, t]))
@@ -269,7 +225,8 @@ def mlgru_loop_any(m: MLGRU, x, gamma, h0):
     return torch.stack(ys, 1), h
 
 
-@pytest.mark.parametrize("kwargs, T_", [(dict(ternary=True), 9), (dict(fully_mml=True), 9), (dict(), 1)])
+@pytest.mark.parametrize("kwargs, T_", [(dict(num_heads=2), 9), (dict(ternary=True), 9), (dict(fully_mml=True), 9),
+                                        (dict(), 1)])
 def test_mlgru_variants_equal_the_loop(kwargs, T_):
     torch.manual_seed(6)
     m = MLGRU(D, **kwargs).double()
@@ -277,7 +234,7 @@ def test_mlgru_variants_equal_the_loop(kwargs, T_):
     gamma = torch.rand(D, dtype=torch.float64, requires_grad=True)
     h0 = torch.randn(B, D, dtype=torch.float64)
     y, final = m(x, gamma, h0, True)
-    y_ref, final_ref = mlgru_loop_any(m, x, gamma, h0)
+    y_ref, final_ref = mlgru_loop(m, x, gamma, h0)
     torch.testing.assert_close(y, y_ref)
     torch.testing.assert_close(final, final_ref)
     g = torch.randn_like(y)
@@ -290,7 +247,7 @@ def test_mlgru_without_a_bound_and_bad_sizes():
     torch.manual_seed(7)
     m = MLGRU(D).double()
     x = torch.randn(B, 4, D, dtype=torch.float64)
-    torch.testing.assert_close(m(x)[0], mlgru_loop_any(m, x, 0.0, torch.zeros(B, D, dtype=torch.float64))[0])
+    torch.testing.assert_close(m(x)[0], mlgru_loop(m, x, 0.0, torch.zeros(B, D, dtype=torch.float64))[0])
     with pytest.raises(ValueError, match="MLGRU: dim=0 must be >= 1"):
         MLGRU(0)
     with pytest.raises(ValueError, match="LRU: dim=0 and state_dim=3 must be >= 1"):
@@ -356,8 +313,8 @@ def test_gpu_bf16_decays_near_one_keep_forgetting():
         return m
 
     # (bf16 logits and projections cost ~1%; a gate or decay rounded to 1.0 would cost ~100%)
-    err = _bf16_against_float64(make_mlgru, lambda r, x, g: mlgru_loop_any(r, x, g, torch.zeros(2, D, dtype=torch.float64))[0],
+    err = _bf16_against_float64(make_mlgru, lambda r, x, g: mlgru_loop(r, x, g, torch.zeros(2, D, dtype=torch.float64))[0],
                                 torch.rand(D) * 0.5)
     assert err < 5e-2, f"MLGRU bf16 relative error {err:.3g}"
-    err = _bf16_against_float64(make_lru, lambda r, x, g: lru_loop_any(r, x)[0], None)
+    err = _bf16_against_float64(make_lru, lambda r, x, g: lru_loop(r, x)[0], None)
     assert err < 5e-2, f"LRU bf16 relative error {err:.3g}"
