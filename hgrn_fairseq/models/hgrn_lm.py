@@ -6,6 +6,7 @@ The decoder has no positional embeddings, so it takes sequences of any length: `
 is unbounded (fairseq would otherwise drop longer evaluation samples without a word).
 """
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
@@ -358,33 +359,10 @@ def _set_defaults(args, **defaults):
 
 
 def hgrn_lm_default(args):
-    """The dataclass defaults (``--arch hgrn_lm`` gets them from the dataclass itself)."""
-    _set_defaults(
-        args,
-        dropout=0.1,
-        decoder_embed_dim=512,
-        decoder_layers=6,
-        glu_dim=1024,
-        glu_activation="none",
-        no_glu_bias=False,
-        token_mixer="hgru",
-        state_dim=None,
-        lru_r_min=0.0,
-        lru_r_max=1.0,
-        lru_max_phase=2 * math.pi,
-        lru_slow_lr_scale=0.0,
-        ternary=False,
-        fully_mml=False,
-        expand_ratio=128,
-        no_lower_bound=False,
-        gate_before_norm=False,
-        share_decoder_input_output_embed=False,
-        untie_embeddings=False,
-        no_scale_embedding=False,
-        kernel_backend="auto",
-        compile_blocks=False,
-        cuda_graphs=False,
-    )
+    """The dataclass defaults, for every option the arch functions before did not set (``--arch hgrn_lm``
+    gets them from the dataclass itself)."""
+    _set_defaults(args, **{f.name: f.default for f in dataclasses.fields(HgrnLanguageModelConfig)
+                           if not f.name.startswith("_")})
 
 
 @register_model_architecture("hgrn_lm", "hgrn_lm_base")
