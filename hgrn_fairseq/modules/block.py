@@ -10,6 +10,7 @@ from torch import nn
 
 from .glu import GLU
 from .hgru import HGRU
+from .norms import NORMS, apply_norm, build_norm
 from .transient import TransientAttrs
 
 Tensor = torch.Tensor
@@ -70,10 +71,25 @@ def build_token_mixer(
 COMPILE_MODES = ("none", "train")
 
 
+def drop_path(x: Tensor, p: float, training: bool) -> Tensor:
+    """Stochastic depth: in training, zero a residual branch for a random fraction ``p`` of the
+    samples (dimension 0) and scale the others by 1 / (1 - p); the identity in evaluation."""
+    if p == 0.0 or not training:
+        return x
+    keep = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(1.0 - p)
+    return x * keep / (1.0 - p)
+
+
 class HgrnBlock(TransientAttrs, nn.Module):
-    """x = x + drop(mixer(LN x)); x = x + drop(GLU(LN x)). ``[B, T, dim] -> [B, T, dim]``.
+    """x = x + drop(mixer(N x)); x = x + drop(GLU(N x)). ``[B, T, dim] -> [B, T, dim]``.
 
     ``glu_dim = 0`` leaves out the channel mixer (the MQAR models have no MLP).
+    ``norm``: ``layer`` (LayerNorm), ``batch`` or ``syncbatch`` (batch norms whose statistics skip
+    padded positions, norms.py). ``drop_path``: stochastic depth rate of both residual branches
+    (per sample, training only), on top of ``dropout``.
+    ``forward(..., padding_mask=[B, T] bool, grid=(H, W))`` passes both to the mixer (masks the
+    batch norms' statistics; the 2-D scan); they are left out of the mixer call when None, so
+    mixers without them (LRU, MLGRU) work as before.
 
     ``compile="train"``: training forwards (no recurrent state in or out) go through
     ``torch.compile`` of this block, which fuses the norms, activations, casts, dropouts and residual
@@ -94,15 +110,22 @@ class HgrnBlock(TransientAttrs, nn.Module):
         glu_bias: bool = True,
         dropout: float = 0.0,
         compile: str = "none",
+        norm: str = "layer",
+        drop_path: float = 0.0,
     ):
         super().__init__()
         if compile not in COMPILE_MODES:
             raise ValueError(f"compile={compile!r} is not one of {COMPILE_MODES}")
+        if norm not in NORMS:
+            raise ValueError(f"norm={norm!r} is not one of {NORMS}")
+        if not 0.0 <= drop_path < 1.0:
+            raise ValueError(f"drop_path={drop_path} must be in [0, 1)")
         self.compile_mode = compile
-        self.mixer_norm = nn.LayerNorm(dim)
+        self.drop_path_rate = drop_path
+        self.mixer_norm = build_norm(norm, dim)
         self.mixer = mixer
         if glu_dim > 0:
-            self.glu_norm = nn.LayerNorm(dim)
+            self.glu_norm = build_norm(norm, dim)
             self.glu = GLU(dim, glu_dim, activation=glu_activation, bias=glu_bias)
         else:
             self.glu_norm = self.glu = None
@@ -114,18 +137,27 @@ class HgrnBlock(TransientAttrs, nn.Module):
         lower_bound: Union[float, Tensor, None] = None,
         initial_state: Optional[Tensor] = None,
         output_final_state: bool = False,
+        padding_mask: Optional[Tensor] = None,
+        grid: Optional[Tuple[int, int]] = None,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         if self.compile_mode == "train" and self.training and initial_state is None and not output_final_state:
             compiled = self._transient("_compiled_forward", lambda: torch.compile(
                 self._forward, backend=os.environ.get("HGRN_COMPILE_BACKEND", "inductor")))
-            return compiled(x, lower_bound, None, False)
-        return self._forward(x, lower_bound, initial_state, output_final_state)
+            return compiled(x, lower_bound, None, False, padding_mask, grid)
+        return self._forward(x, lower_bound, initial_state, output_final_state, padding_mask, grid)
 
-    def _forward(self, x, lower_bound, initial_state, output_final_state):
-        y, state = self.mixer(self.mixer_norm(x), lower_bound, initial_state, output_final_state)
+    def _forward(self, x, lower_bound, initial_state, output_final_state, padding_mask=None, grid=None):
+        extra = {}
+        if padding_mask is not None:
+            extra["padding_mask"] = padding_mask
+        if grid is not None:
+            extra["grid"] = grid
+        y, state = self.mixer(apply_norm(self.mixer_norm, x, padding_mask), lower_bound, initial_state,
+                              output_final_state, **extra)
         # (a fused dropout + add Triton kernel was measured on an H200, 2026-11-21: no faster at
         # 8192 tokens/step, where the step is bound by launch overhead on the CPU; see git 66b1495)
-        x = x + self.dropout(y)
+        x = x + drop_path(self.dropout(y), self.drop_path_rate, self.training)
         if self.glu is not None:
-            x = x + self.dropout(self.glu(self.glu_norm(x)))
+            y = self.glu(apply_norm(self.glu_norm, x, padding_mask))
+            x = x + drop_path(self.dropout(y), self.drop_path_rate, self.training)
         return x, state

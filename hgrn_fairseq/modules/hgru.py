@@ -9,6 +9,7 @@ from torch import nn
 
 from ..kernels import BACKENDS, hgru_scan
 from ..kernels.norm_gate import norm_gate
+from .scan2d import check_grid, grid_scan
 
 Tensor = torch.Tensor
 
@@ -18,9 +19,11 @@ def theta_init(dim: int) -> Tensor:
     return 10000.0 ** (-2.0 * torch.arange(dim, dtype=torch.float64) / dim)
 
 
-def check_mixer_call(mixer: nn.Module, x: Tensor, lower_bound, initial_state, output_final_state: bool) -> None:
+def check_mixer_call(
+    mixer: nn.Module, x: Tensor, lower_bound, initial_state, output_final_state: bool, padding_mask=None, grid=None
+):
     """Shared argument checks of the token mixers' ``forward`` (they expose ``dim``, ``causal``,
-    ``gate_dim`` and ``state_shape(batch)``)."""
+    ``gate_dim`` and ``state_shape(batch)``). Returns ``grid`` as ``(H, W)`` or None."""
     name = type(mixer).__name__
     if x.dim() != 3 or x.shape[-1] != mixer.dim:
         raise ValueError(f"{name} expects x of shape [B, T, {mixer.dim}], got {tuple(x.shape)}")
@@ -31,6 +34,21 @@ def check_mixer_call(mixer: nn.Module, x: Tensor, lower_bound, initial_state, ou
         raise ValueError(f"initial_state has shape {tuple(initial_state.shape)}, expected {expected}")
     if isinstance(lower_bound, Tensor) and lower_bound.shape[-1] != mixer.gate_dim:
         raise ValueError(f"lower_bound has {lower_bound.shape[-1]} channels, expected {mixer.gate_dim}")
+    if padding_mask is not None and (padding_mask.dtype != torch.bool or tuple(padding_mask.shape) != tuple(x.shape[:2])):
+        raise ValueError(
+            f"padding_mask must be a bool tensor of shape {tuple(x.shape[:2])} (True at padding), "
+            f"got {padding_mask.dtype} {tuple(padding_mask.shape)}"
+        )
+    return None if grid is None else check_grid(grid, x.shape[1], mixer.causal, padding_mask, name)
+
+
+def mask_padding(t: Tensor, padding_mask) -> Tensor:
+    """Zero ``t`` (``[B, T, ...]``) at padded positions: a zero input (pre-SiLU, or SiLU'd value)
+    leaves a zero state zero whatever the decay, so padding reaches no valid position in either
+    scan direction."""
+    if padding_mask is None:
+        return t
+    return t.masked_fill(padding_mask.reshape(*padding_mask.shape, *([1] * (t.dim() - 2))), 0)
 
 
 def stack_old_projections(state_dict, name: str, old: Tuple[str, ...], new: str) -> None:
@@ -60,7 +78,10 @@ class HGRU(nn.Module):
     2*dim for the HGRN2 paper's "2d state" row) and there is no rotation.
 
     Non-causal (``causal=False``): the scan runs forwards and backwards over the same gates and the
-    two are summed before the norm; each direction has its own theta.
+    two are summed before the norm; each direction has its own theta. ``padding_mask`` (``[B, T]``,
+    True at padding) zeroes the input there, so padding never reaches a valid position. ``grid=(H, W)``
+    (non-causal): the four-direction 2-D scan over the tokens as an H x W raster (scan2d.py); the
+    rows and the columns share the forward theta and the reverse theta.
 
     Interleaving versus the released code's ``[Re | Im]`` halves is a fixed permutation of the
     projection rows and norm weights, so it changes neither the function class nor the parameter
@@ -127,24 +148,35 @@ class HGRU(nn.Module):
         lower_bound: Union[float, Tensor, None] = None,
         initial_state: Optional[Tensor] = None,
         output_final_state: bool = False,
+        padding_mask: Optional[Tensor] = None,
+        grid: Optional[Tuple[int, int]] = None,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """x: ``[B, T, dim]``. initial_state: ``[B, state_dim(, 2)]`` (causal only).
+        padding_mask: ``[B, T]`` bool, True at padding. grid: ``(H, W)`` with ``H * W == T``.
 
         Returns ``(y [B, T, dim], final_state or None)``.
         """
-        check_mixer_call(self, x, lower_bound, initial_state, output_final_state)
+        grid = check_mixer_call(self, x, lower_bound, initial_state, output_final_state, padding_mask, grid)
         B, T, _ = x.shape
         if isinstance(lower_bound, Tensor):
             lower_bound = lower_bound.to(x.dtype)
         inputs, forget, gate = self.in_proj(x).split(self.projection_sizes, dim=-1)
+        inputs = mask_padding(inputs, padding_mask)
         if self.complex:
             inputs = inputs.unflatten(-1, (self.state_dim, 2))
         theta = self.theta if self.complex else None
-        h, final = hgru_scan(forget, inputs, theta, lower_bound, initial_state, False, self.backend)
-        if not self.causal:
-            theta_r = self.theta_reverse if self.complex else None
-            h_r, _ = hgru_scan(forget, inputs, theta_r, lower_bound, None, True, self.backend)
-            h = h + h_r
+        theta_r = self.theta_reverse if self.complex and not self.causal else None
+        final = None
+        if grid is not None:
+            def both_ways(f, c):
+                return (hgru_scan(f, c, theta, lower_bound, None, False, self.backend)[0]
+                        + hgru_scan(f, c, theta_r, lower_bound, None, True, self.backend)[0])
+
+            h = grid_scan(both_ways, (forget, inputs), grid)
+        else:
+            h, final = hgru_scan(forget, inputs, theta, lower_bound, initial_state, False, self.backend)
+            if not self.causal:
+                h = h + hgru_scan(forget, inputs, theta_r, lower_bound, None, True, self.backend)[0]
         h = h.reshape(B, T, self.width)
         if self.norm_before_gate:  # one kernel each way on the Triton path
             y = norm_gate(h, gate, self.norm.weight, self.norm.bias, self.norm.eps, backend=self.backend)

@@ -10,7 +10,8 @@ from torch import nn
 from ..kernels import BACKENDS, hgrn2_scan, hgrn2_step, resolve_backend
 from ..kernels.hgrn2_gates import hgrn2_gates
 from ..kernels.reference import hgrn2_log_decay_reference
-from .hgru import check_mixer_call
+from .hgru import check_mixer_call, mask_padding
+from .scan2d import grid_scan
 
 Tensor = torch.Tensor
 VARIANTS = ("lm", "lra")
@@ -33,7 +34,8 @@ class HGRU2(nn.Module):
         y = W_out(LayerNorm(o))                    W_out: dim -> dim (bias), affine LayerNorm(dim)
 
     Non-causal (``causal=False``): forward and reverse scans over the same gates, summed before the
-    norm. Incremental decoding: pass ``initial_state`` ``[B, heads, e, e]`` and
+    norm. ``padding_mask`` (``[B, T]``, True at padding) zeroes v there, so padding never reaches a
+    valid position; ``grid=(H, W)`` (non-causal): the four-direction 2-D scan (scan2d.py). Incremental decoding: pass ``initial_state`` ``[B, heads, e, e]`` and
     ``output_final_state=True``; a single CUDA step goes through the ``hgrn2_step`` kernel.
 
     ``HGRU2(512, 128, 'lm')`` has 787,968 + 1,024 + 262,656 = 1,051,648 parameters (the HGRN2
@@ -96,15 +98,25 @@ class HGRU2(nn.Module):
         lower_bound: Union[float, Tensor, None] = None,
         initial_state: Optional[Tensor] = None,
         output_final_state: bool = False,
+        padding_mask: Optional[Tensor] = None,
+        grid: Optional[Tuple[int, int]] = None,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """x: ``[B, T, dim]``. initial_state: ``[B, heads, e, e]`` (causal only).
+        padding_mask: ``[B, T]`` bool, True at padding. grid: ``(H, W)`` with ``H * W == T``.
 
         Returns ``(y [B, T, dim], final_state [B, heads, e, e] (fp32 on the Triton path) or None)``.
         """
-        check_mixer_call(self, x, lower_bound, initial_state, output_final_state)
+        grid = check_mixer_call(self, x, lower_bound, initial_state, output_final_state, padding_mask, grid)
         B, T, _ = x.shape
         q, v, log_decay = self._gates(x, lower_bound)
+        v = mask_padding(v, padding_mask)
         backend = resolve_backend(self.backend, q)
+        if grid is not None:
+            def both_ways(q_, v_, d_):
+                return hgrn2_scan(q_, v_, d_, None, False, backend)[0] + hgrn2_scan(q_, v_, d_, None, True, backend)[0]
+
+            o = grid_scan(both_ways, (q, v, log_decay), grid)
+            return self.out_proj(self.norm(o.reshape(B, T, self.dim))), None
         if T == 1 and initial_state is not None and self.causal and q.is_cuda and backend == "triton":
             o, final = hgrn2_step(q[:, 0], v[:, 0], log_decay[:, 0], initial_state, backend=backend)
             o = o.unsqueeze(1)

@@ -1,0 +1,101 @@
+"""Norms of the residual blocks: LayerNorm, and batch norms that ignore padded positions.
+
+``torch.nn.BatchNorm1d`` over a padded batch counts the padding in its mean and variance (the
+official HGRN LRA code does this, so its statistics depend on how long the other sequences in the
+batch were). ``MaskedBatchNorm`` computes the statistics over the valid positions only; with
+``sync=True`` the sums are all-reduced over the distributed group (autograd-aware), which is
+SyncBatchNorm with the same rule.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+Tensor = torch.Tensor
+NORMS = ("layer", "batch", "syncbatch")
+
+
+class MaskedBatchNorm(nn.Module):
+    """Batch norm over the channels of ``[B, T, C]`` (or ``[N, C]``), statistics from the positions
+    where ``padding_mask`` (``[B, T]`` bool, True = padding) is False. Padded outputs are zero.
+
+    Parameters and buffers are named as in ``nn.BatchNorm1d`` (weight, bias, running_mean,
+    running_var, num_batches_tracked); running variance is the unbiased estimate, as torch's.
+    Statistics are computed in float32 (float64 for float64 inputs).
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5, momentum: float = 0.1, sync: bool = False):
+        super().__init__()
+        if dim < 1:
+            raise ValueError(f"dim={dim} must be >= 1")
+        self.dim, self.eps, self.momentum, self.sync = dim, eps, momentum, sync
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.register_buffer("running_mean", torch.zeros(dim))
+        self.register_buffer("running_var", torch.ones(dim))
+        self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
+
+    def _sums(self, x: Tensor, valid: Optional[Tensor]):
+        xs = x.to(torch.promote_types(x.dtype, torch.float32)).reshape(-1, self.dim)
+        if valid is not None:
+            w = valid.reshape(-1, 1).to(xs.dtype)
+            count = w.sum()
+            s1, s2 = (xs * w).sum(0), (xs * xs * w).sum(0)
+        else:
+            count = xs.new_tensor(float(xs.shape[0]))
+            s1, s2 = xs.sum(0), (xs * xs).sum(0)
+        if self.sync and torch.distributed.is_available() and torch.distributed.is_initialized() \
+                and torch.distributed.get_world_size() > 1:
+            from torch.distributed.nn.functional import all_reduce
+
+            packed = all_reduce(torch.cat([s1, s2, count.reshape(1)]))
+            s1, s2, count = packed[: self.dim], packed[self.dim: 2 * self.dim], packed[-1]
+        return s1, s2, count
+
+    def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"MaskedBatchNorm expects {self.dim} channels, got {tuple(x.shape)}")
+        valid = None
+        if padding_mask is not None:
+            if padding_mask.shape != x.shape[:-1]:
+                raise ValueError(f"padding_mask has shape {tuple(padding_mask.shape)}, expected {tuple(x.shape[:-1])}")
+            valid = ~padding_mask
+        if self.training:
+            s1, s2, count = self._sums(x, valid)
+            if float(count) < 2:
+                raise ValueError("MaskedBatchNorm in training needs at least 2 valid positions in the batch")
+            mean = s1 / count
+            var = (s2 / count - mean * mean).clamp_min(0.0)
+            with torch.no_grad():
+                self.num_batches_tracked += 1
+                self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
+                self.running_var.lerp_((var.detach() * count / (count - 1)).to(self.running_var.dtype), self.momentum)
+        else:
+            mean, var = self.running_mean, self.running_var
+        ct = torch.promote_types(x.dtype, torch.float32)
+        y = (x.to(ct) - mean.to(ct)) * torch.rsqrt(var.to(ct) + self.eps) * self.weight.to(ct) + self.bias.to(ct)
+        if valid is not None:
+            y = y * valid.unsqueeze(-1)
+        return y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, eps={self.eps}, momentum={self.momentum}, sync={self.sync}"
+
+
+def build_norm(kind: str, dim: int) -> nn.Module:
+    """``layer``: ``nn.LayerNorm``; ``batch`` / ``syncbatch``: ``MaskedBatchNorm`` (synced over the
+    distributed group for ``syncbatch``)."""
+    if kind == "layer":
+        return nn.LayerNorm(dim)
+    if kind in ("batch", "syncbatch"):
+        return MaskedBatchNorm(dim, sync=kind == "syncbatch")
+    raise ValueError(f"norm={kind!r} is not one of {NORMS}")
+
+
+def apply_norm(norm: nn.Module, x: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
+    """Call a norm made by ``build_norm`` (LayerNorm needs no mask: it is per position)."""
+    if isinstance(norm, MaskedBatchNorm):
+        return norm(x, padding_mask)
+    return norm(x)
