@@ -357,6 +357,12 @@ def _check_meta_fields(meta: Dict[str, Any], path: str) -> List[str]:
         return [f"{path}: format {meta.get('format')!r} is not {FORMAT!r}; {fix}"]
     if meta.get("input") not in INPUTS:
         out.append(f"{path}: input {meta.get('input')!r} is not one of {INPUTS}; {fix}")
+    task = meta.get("task")
+    if task not in TASKS:
+        out.append(f"{path}: task {task!r} is not one of {sorted(TASKS)}; {fix}")
+    elif (meta.get("input"), bool(meta.get("pair"))) != (TASKS[task]["input"], TASKS[task]["pair"]):
+        out.append(f"{path}: task {task!r} has input {TASKS[task]['input']!r}, pair {TASKS[task]['pair']}, but "
+                   f"meta.json says input {meta.get('input')!r}, pair {meta.get('pair')!r}; {fix}")
     nc = meta.get("num_classes")
     if not isinstance(nc, int) or nc < 2:
         out.append(f"{path}: num_classes {nc!r} must be an integer >= 2; {fix}")
@@ -447,7 +453,7 @@ def _validate_files(dest: str, meta: Dict[str, Any], max_len: Optional[int] = No
         shape = meta["image_shape"]
         if grid is not None and list(grid) != shape[:2]:
             problems.append(f"{meta_path(dest)}: images are {shape[0]}x{shape[1]} but the model's grid is "
-                            f"{grid[0]}x{grid[1]}; fix: use the arch for this task or --grid {shape[0]},{shape[1]}")
+                            f"{grid[0]}x{grid[1]}; fix: use the arch made for this task (hgrn1_lra_TASK / hgrn2_lra_TASK)")
     limit = meta["max_len"] if max_len is None else min(meta["max_len"], max_len)
     for split in (splits if splits is not None else list(meta["splits"])):
         if split not in meta["splits"]:
@@ -531,19 +537,19 @@ def _validate_files(dest: str, meta: Dict[str, Any], max_len: Optional[int] = No
 
 
 def validate(dest: str, splits: Optional[Sequence[str]] = None, max_len: Optional[int] = None,
-             grid: Optional[Sequence[int]] = None, task: Optional[str] = None) -> Dict[str, Any]:
+             grid: Optional[Sequence[int]] = None, input_kind: Optional[str] = None) -> Dict[str, Any]:
     """Check ``dest`` before training and return its meta.
 
     ``splits``: the splits to check (default: all in meta.json). ``max_len``: the model's maximum
-    sequence length (every sequence must fit). ``grid``: the model's (H, W) for 2-D tasks. ``task``:
-    the expected input kind, "tokens" or "pixels" (a pixels directory given to a tokens task is an
-    error). Raises ``LraDataError`` (one line per problem: the file and the fix).
+    sequence length (every sequence must fit). ``grid``: the model's (H, W) for 2-D tasks.
+    ``input_kind``: what the fairseq task reads, "tokens" or "pixels" (a pixels directory given to a
+    tokens task is an error). Raises ``LraDataError`` (one line per problem: the file and the fix).
     """
     meta = read_meta(dest)
-    if task is not None and meta["input"] != task:
+    if input_kind is not None and meta["input"] != input_kind:
         want = "lra_text" if meta["input"] == "tokens" else "lra_image"
         raise LraDataError(f"{meta_path(dest)}: this directory holds {meta['input']} inputs "
-                           f"(task {meta.get('task')!r}) but the task reads {task}; fix: use --task {want}")
+                           f"(task {meta.get('task')!r}) but the task reads {input_kind}; fix: use --task {want}")
     _validate_files(dest, meta, max_len=max_len, grid=grid, splits=splits)
     return meta
 

@@ -1,0 +1,243 @@
+"""fairseq registration of the Long Range Arena classifiers: model ``hgrn_lra`` and its named archs.
+
+(No ``from __future__ import annotations`` here: fairseq reads the dataclass field types.)
+
+The network is ``modules/lra_encoder.py`` (fairseq-free); this file only maps options to it and
+names the papers' per-task settings (SPEC 7):
+
+* ``hgrn1_lra_{listops,text,retrieval,image,pathfinder,pathx}``: HGRN1 (complex HGRU, a theta per
+  scan direction), the HGRN paper's layers / width / norm / dropout / GLU multiple / positions.
+* ``hgrn2_lra_{...}``: HGRN2 (HGRU2, LRA variant), the HGRN2 paper's settings incl. the expand ratio;
+  Path-X uses the "series" 2-D scan.
+* ``transformer_lra``: the same encoder with softmax self-attention as the token mixer (no lower
+  bounds): the Transformer of the throughput comparison (bench/bench_lra.py). Width, depth and GLU
+  follow the command line (defaults: hgrn1_lra_listops's).
+
+What the task supplies: the input kind (tokens with the dictionary, or pixels with C channels), the
+number of classes, whether examples are document pairs (Retrieval) and the image grid (2-D tasks).
+The training recipes (optimiser, schedule, batch, precision) are in scripts/lra_recipes.py.
+"""
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.models import BaseFairseqModel, register_model, register_model_architecture
+from fairseq.utils import safe_getattr
+
+from ..kernels import BACKENDS
+from ..modules.lra_encoder import (
+    LRA_MIXERS,
+    POSITIONS,
+    SCAN_2D,
+    LraClassifier,
+    LraEncoder,
+    LraPairClassifier,
+)
+from ..modules.norms import NORMS
+
+
+@dataclass
+class HgrnLraConfig(FairseqDataclass):
+    token_mixer: ChoiceEnum(list(LRA_MIXERS)) = field(
+        default="hgru", metadata={"help": "hgru: HGRN1 (complex); hgru2: HGRN2 (LRA variant); attention: Transformer"}
+    )
+    encoder_embed_dim: int = field(default=32, metadata={"help": "model width d"})
+    encoder_layers: int = field(default=6, metadata={"help": "number of blocks [mixer, GLU]"})
+    glu_multiple: float = field(default=1.0, metadata={"help": "GLU hidden width = int(multiple * d)"})
+    norm: ChoiceEnum(list(NORMS)) = field(
+        default="layer",
+        metadata={"help": "block and final norms: layer, batch or syncbatch (batch norms skip padded positions)"},
+    )
+    dropout: float = field(default=0.0, metadata={"help": "dropout on the residual branches"})
+    positions: ChoiceEnum(list(POSITIONS)) = field(
+        default="sin", metadata={"help": "sin: fixed sinusoidal positions added to the input; none: no positions"}
+    )
+    position_dropout: float = field(default=0.1, metadata={"help": "dropout after adding the positions"})
+    expand_ratio: int = field(default=1, metadata={"help": "hgru2: head (expand) dimension"})
+    attention_heads: int = field(default=4, metadata={"help": "attention: number of heads"})
+    scan_2d: ChoiceEnum(list(SCAN_2D)) = field(
+        default="none",
+        metadata={"help": "none: 1-D scans; parallel: rows and columns, both ways, summed; series: a whole "
+                  "mixer along the rows, then one down the columns (HGRN2 Path-X)"},
+    )
+    no_lower_bound: bool = field(default=False, metadata={"help": "no layer-wise lower bounds (ablation)"})
+    max_positions: int = field(default=2000, metadata={"help": "longest sequence (positions) the model takes"})
+    kernel_backend: ChoiceEnum(list(BACKENDS)) = field(
+        default="auto", metadata={"help": "auto: Triton kernels on CUDA, PyTorch reference on CPU"}
+    )
+    compile_blocks: bool = field(
+        default=False, metadata={"help": "torch.compile each block for training (our scan kernels stay eager)"}
+    )
+
+
+def validate_config(cfg) -> None:
+    """Raise a one-line ValueError naming the option and the fix."""
+    def get(name):
+        return safe_getattr(cfg, name, None)
+
+    rules = [
+        ("encoder_layers", lambda v: v >= 1, "it must be >= 1"),
+        ("encoder_embed_dim", lambda v: v >= 1, "it must be >= 1"),
+        ("glu_multiple", lambda v: v > 0, "it must be > 0"),
+        ("dropout", lambda v: 0.0 <= v < 1.0, "it must be in [0, 1)"),
+        ("position_dropout", lambda v: 0.0 <= v < 1.0, "it must be in [0, 1)"),
+        ("expand_ratio", lambda v: v >= 1, "it must be >= 1"),
+        ("max_positions", lambda v: v >= 1, "it must be >= 1"),
+    ]
+    for name, ok, fix in rules:
+        value = get(name)
+        if value is None or not ok(value):
+            raise ValueError(f"hgrn_lra: --{name.replace('_', '-')}={value} is invalid: {fix}")
+    if get("norm") not in NORMS:
+        raise ValueError(f"hgrn_lra: --norm={get('norm')} is not one of {', '.join(NORMS)}")
+    if get("token_mixer") == "hgru2" and get("encoder_embed_dim") % get("expand_ratio") != 0:
+        raise ValueError(f"hgrn_lra: --expand-ratio={get('expand_ratio')} does not divide --encoder-embed-dim="
+                         f"{get('encoder_embed_dim')}: pick a divisor of the model width")
+    if get("token_mixer") == "attention":
+        if get("encoder_embed_dim") % get("attention_heads") != 0:
+            raise ValueError(f"hgrn_lra: --attention-heads={get('attention_heads')} does not divide "
+                             f"--encoder-embed-dim={get('encoder_embed_dim')}")
+        if get("scan_2d") == "series":
+            raise ValueError("hgrn_lra: --scan-2d series needs a recurrent --token-mixer (hgru or hgru2)")
+
+
+@register_model("hgrn_lra", dataclass=HgrnLraConfig)
+class HgrnLraModel(BaseFairseqModel):
+    """LRA classifier: ``forward(**net_input) -> logits [B, num_classes]``.
+
+    net_input: ``src_tokens [B, T]`` (+ ``src_tokens1`` for document pairs) for token tasks, padded
+    with the dictionary's pad; ``pixels [B, H*W, C]`` (normalised floats) for pixel tasks.
+    """
+
+    def __init__(self, cfg, classifier, padding_idx, grid, pair):
+        super().__init__()
+        self.cfg = cfg
+        self.classifier = classifier
+        self.padding_idx = padding_idx
+        self.grid = grid
+        self.pair = pair
+
+    @classmethod
+    def build_model(cls, cfg, task):
+        validate_config(cfg)
+        info = task.lra_model_inputs()  # kind, vocab / channels, classes, pair, grid, longest sequence
+        if info["max_len"] > cfg.max_positions:
+            raise ValueError(
+                f"hgrn_lra: the data ({task.cfg.data}) hold sequences of up to {info['max_len']} positions but "
+                f"--max-positions is {cfg.max_positions}: use the arch made for this task, raise --max-positions, "
+                f"or prepare the data truncated to {cfg.max_positions} (data_prep/prepare_lra.py --max-len)")
+        if cfg.scan_2d != "none" and info["input"] == "tokens":
+            raise ValueError("hgrn_lra: --scan-2d is for pixel tasks (lra_image); token sequences are 1-D")
+        encoder = LraEncoder(
+            mixer=cfg.token_mixer,
+            dim=cfg.encoder_embed_dim,
+            num_layers=cfg.encoder_layers,
+            glu_multiple=cfg.glu_multiple,
+            norm=cfg.norm,
+            input=info["input"],
+            vocab_size=info.get("vocab_size"),
+            padding_idx=info.get("padding_idx"),
+            in_channels=info.get("channels"),
+            positions=cfg.positions,
+            position_dropout=cfg.position_dropout,
+            dropout=cfg.dropout,
+            expand_ratio=cfg.expand_ratio,
+            num_heads=cfg.attention_heads,
+            scan_2d=cfg.scan_2d,
+            lower_bound=not cfg.no_lower_bound,
+            max_len=cfg.max_positions,
+            backend=cfg.kernel_backend,
+            compile="train" if cfg.compile_blocks else "none",
+        )
+        head = LraPairClassifier if info["pair"] else LraClassifier
+        grid = tuple(info["grid"]) if cfg.scan_2d != "none" else None
+        return cls(cfg, head(encoder, info["num_classes"]), info.get("padding_idx"), grid, info["pair"])
+
+    def forward(self, src_tokens=None, src_lengths=None, src_tokens1=None, src_lengths1=None, pixels=None, **unused):
+        if pixels is not None:
+            return self.classifier(pixels, None, self.grid)
+        if src_tokens is None:
+            raise ValueError("hgrn_lra: the batch has neither src_tokens nor pixels (use --task lra_text or lra_image)")
+        mask = src_tokens.eq(self.padding_idx)
+        if self.pair:
+            if src_tokens1 is None:
+                raise ValueError("hgrn_lra: a pair model (retrieval data) got one document per example")
+            return self.classifier(src_tokens, mask, src_tokens1, src_tokens1.eq(self.padding_idx),
+                                   pad_value=self.padding_idx)
+        return self.classifier(src_tokens, mask)
+
+    def max_positions(self):
+        return self.cfg.max_positions
+
+    def get_targets(self, sample, net_output):
+        return sample["target"]
+
+
+def _set_defaults(args, **defaults):
+    for name, value in defaults.items():
+        setattr(args, name, safe_getattr(args, name, value))
+
+
+def hgrn_lra_default(args):
+    _set_defaults(args, **{f.name: f.default for f in dataclasses.fields(HgrnLraConfig) if not f.name.startswith("_")})
+
+
+# Per-task model settings (SPEC 7). Recipes (lr, warm-up, steps, batch, precision): scripts/lra_recipes.py.
+#            layers, d, norm, dropout, glu multiple, positions, 2-D scan, max positions
+_HGRN1 = {
+    "listops": (6, 32, "syncbatch", 0.0, 1, "sin", "none", 2000),
+    "text": (4, 128, "syncbatch", 0.1, 1, "sin", "none", 4096),
+    "retrieval": (2, 64, "batch", 0.0, 2, "sin", "none", 4000),
+    "image": (6, 512, "batch", 0.0, 1, "sin", "parallel", 1024),
+    "pathfinder": (6, 128, "batch", 0.0, 1, "none", "parallel", 1024),
+    "pathx": (6, 64, "syncbatch", 0.0, 1, "none", "parallel", 16384),
+}
+#            ... as above, plus the expand ratio
+_HGRN2 = {
+    "listops": (5, 64, "syncbatch", 0.0, 1, "sin", "none", 2000, 4),
+    "text": (4, 128, "layer", 0.1, 1, "none", "none", 4096, 8),
+    "retrieval": (2, 256, "syncbatch", 0.0, 2, "sin", "none", 4000, 2),
+    "image": (6, 512, "syncbatch", 0.0, 1, "sin", "parallel", 1024, 2),
+    "pathfinder": (6, 128, "batch", 0.0, 1, "none", "parallel", 1024, 2),
+    "pathx": (6, 32, "batch", 0.0, 1, "sin", "series", 16384, 1),
+}
+LRA_TASKS = tuple(_HGRN1)
+
+
+def arch_settings(model: str, task: str) -> dict:
+    """The model options the arch ``{model}_lra_{task}`` sets (model: hgrn1 or hgrn2)."""
+    if model == "hgrn1":
+        L, d, norm, drop, mult, pos, scan, max_pos = _HGRN1[task]
+        extra = {"token_mixer": "hgru"}
+    elif model == "hgrn2":
+        L, d, norm, drop, mult, pos, scan, max_pos, expand = _HGRN2[task]
+        extra = {"token_mixer": "hgru2", "expand_ratio": expand}
+    else:
+        raise ValueError(f"model {model!r} is not hgrn1 or hgrn2")
+    return dict(extra, encoder_layers=L, encoder_embed_dim=d, norm=norm, dropout=drop, glu_multiple=float(mult),
+                positions=pos, scan_2d=scan, max_positions=max_pos)
+
+
+def _register(model: str, task: str):
+    def arch(args):
+        _set_defaults(args, **arch_settings(model, task))
+        hgrn_lra_default(args)
+
+    arch.__name__ = f"{model}_lra_{task}"
+    arch.__doc__ = f"{model.upper()} on LRA {task} (SPEC 7): {arch_settings(model, task)}"
+    register_model_architecture("hgrn_lra", arch.__name__)(arch)
+    return arch
+
+
+LRA_ARCHS = {f"{m}_lra_{t}": _register(m, t) for m in ("hgrn1", "hgrn2") for t in LRA_TASKS}
+
+
+@register_model_architecture("hgrn_lra", "transformer_lra")
+def transformer_lra(args):
+    """Softmax self-attention in the same blocks (GLU, norms, pooling, head), no lower bounds;
+    width / depth from the command line (default hgrn1_lra_listops's 6 x 32, 4 heads)."""
+    _set_defaults(args, token_mixer="attention", no_lower_bound=True, **{
+        k: v for k, v in arch_settings("hgrn1", "listops").items() if k not in ("token_mixer", "norm")})
+    _set_defaults(args, norm="layer")
+    hgrn_lra_default(args)
