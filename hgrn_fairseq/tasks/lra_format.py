@@ -578,3 +578,37 @@ def load_split(dest: str, split: str, meta: Optional[Dict[str, Any]] = None) -> 
     input0 = MMapIndexedDataset(stream_prefix(dest, split, "input0"))
     input1 = MMapIndexedDataset(stream_prefix(dest, split, "input1")) if meta.get("pair") else None
     return LraSplit(labels=labels, input0=input0, input1=input1)
+
+
+def summary(meta: Dict[str, Any]) -> str:
+    """One line: task, input, classes, split sizes, truncated / skipped counts, comparability."""
+    skipped = {k: len(v) for k, v in meta.get("skipped", {}).items() if v}
+    shape = f", images {'x'.join(map(str, meta['image_shape']))}" if meta["input"] == "pixels" else ""
+    return (f"{meta['task']}: {meta['input']}{shape}, {meta['num_classes']} classes, max_len {meta['max_len']}, "
+            f"splits {meta['splits']}, truncated {meta.get('truncated', {})}, skipped {skipped}, "
+            f"comparable with LRA: {meta.get('comparable', True)}")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m hgrn_fairseq.tasks.lra_format validate DIR [--max-len N]``: check a data directory."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m hgrn_fairseq.tasks.lra_format", description="check an LRA data directory")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    v = sub.add_parser("validate")
+    v.add_argument("dest")
+    v.add_argument("--max-len", type=int, default=None, help="the model's longest sequence")
+    args = p.parse_args(argv)
+    try:
+        meta = validate(args.dest, max_len=args.max_len)
+    except LraDataError as e:
+        for line in str(e).splitlines():
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    print(summary(meta))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Test accuracy of an LRA checkpoint, printed and written as JSON.
+
+    python scripts/lra_eval.py CHECKPOINT [--data DATA_DIR] [--split test] [--json OUT.json]
+                               [--batch-size 64] [--cpu]
+
+Loads the checkpoint with fairseq (model, task and their options from the checkpoint; ``--data``
+replaces the data directory it was trained on), scores every example of the split once, and
+refuses to report when the number scored differs from the split's size. Precision: bf16 when the
+run trained with --bf16 (as its validation did), else fp32. The JSON holds the accuracy, counts, the
+checkpoint's update count and best validation accuracy, the paper's number for the arch
+(scripts/lra_recipes.py), whether the data are comparable with LRA's (meta.json), device, versions
+and date.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    except Exception:
+        return ""
+
+
+def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batch_size: int = 64,
+             cpu: bool = False) -> dict:
+    import torch
+    from fairseq import checkpoint_utils, utils
+
+    import hgrn_fairseq  # noqa: F401  (registers the plugin)
+    from hgrn_fairseq.tasks import lra_format
+
+    if not os.path.isfile(checkpoint):
+        raise FileNotFoundError(f"checkpoint {checkpoint} not found: train first (bash scripts/train_lra.sh TASK MODEL)")
+    overrides = {"data": data} if data else {}
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides=overrides)
+    model = models[0]
+    use_cuda = torch.cuda.is_available() and not cpu
+    bf16 = bool(cfg.common.bf16)
+    model = model.bfloat16() if bf16 else model.float()
+    if use_cuda:
+        model = model.cuda()
+    model.eval()
+    task.load_dataset(split)
+    dataset = task.dataset(split)
+    itr = task.get_batch_iterator(dataset, max_sentences=batch_size, required_batch_size_multiple=1,
+                                  seed=1, num_workers=0).next_epoch_itr(shuffle=False)
+    seen = set()
+    correct = 0
+    with torch.no_grad():
+        for sample in itr:
+            if not sample:
+                continue
+            if use_cuda:
+                sample = utils.move_to_cuda(sample)
+            if bf16:
+                sample = utils.apply_to_sample(lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t, sample)
+            logits = model(**sample["net_input"])
+            correct += int(logits.argmax(-1).eq(sample["target"]).sum())
+            seen.update(sample["id"].tolist())
+    n = len(dataset)
+    expected = task.meta["splits"][split]
+    if len(seen) != n or n != expected:
+        raise RuntimeError(f"scored {len(seen)} examples of {split} but it has {expected} (dataset {n}): "
+                           f"the test accuracy would not cover the split; check the data directory")
+    state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint)
+    extra = state.get("extra_state", {}) or {}
+    arch = cfg.model._name
+    meta = task.meta
+    paper = None
+    try:
+        sys.path.insert(0, os.path.join(REPO, "scripts"))
+        from lra_recipes import recipe
+
+        model_name, _, task_name = arch.partition("_lra_")
+        paper = recipe(task_name, model_name).paper_accuracy
+    except Exception:
+        pass
+    result = {
+        "task": meta["task"],
+        "arch": arch,
+        "split": split,
+        "examples": len(seen),
+        "correct": correct,
+        "accuracy": round(100.0 * correct / max(len(seen), 1), 3),
+        "paper_accuracy": paper,
+        "data": os.path.abspath(cfg.task.data),
+        "data_comparable": bool(meta.get("comparable", True)),
+        "data_source": meta.get("source"),
+        "checkpoint": os.path.abspath(checkpoint),
+        "num_updates": int((state.get("optimizer_history") or [{}])[-1].get("num_updates", 0)),
+        "epoch": int(extra.get("train_iterator", {}).get("epoch", 0)),
+        "best_valid_accuracy": extra.get("best"),
+        "precision": "bf16" if bf16 else "fp32",
+        "device": torch.cuda.get_device_name() if use_cuda else "cpu",
+        "torch": torch.__version__,
+        "commit": git_commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+    return result
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("checkpoint")
+    p.add_argument("--data", default=None, help="data directory (default: the one the checkpoint trained on)")
+    p.add_argument("--split", default="test")
+    p.add_argument("--json", default=None, help="write the result here")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--cpu", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        result = evaluate(args.checkpoint, args.data, args.split, args.batch_size, args.cpu)
+    except (FileNotFoundError, RuntimeError, ValueError) as e:
+        print(f"lra_eval.py: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    paper = f" (paper: {result['paper_accuracy']})" if result["paper_accuracy"] is not None else ""
+    print(f"lra_eval: {result['task']} {result['arch']}: {result['split']} accuracy {result['accuracy']:.2f}% "
+          f"({result['correct']}/{result['examples']}){paper}, best valid {result['best_valid_accuracy']}, "
+          f"{result['num_updates']} updates")
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        tmp = args.json + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""The LRA results table: our test accuracy beside the papers', markdown and CSV.
+
+    python scripts/lra_results.py [ROOT] [--out-prefix ROOT/results]
+
+Reads every ``ROOT/*/test_result.json`` (written by ``scripts/lra_eval.py``; ``train_lra.sh`` puts
+them in ``checkpoints/lra/TASK_MODEL/``) and writes ``results.md`` and ``results.csv``: one row per
+(task, model) in the papers' order with our accuracy, the paper's, the difference, the updates that
+ran of the recipe's total, whether the data were LRA's own (generated data are marked), and where it
+ran. The average over the six tasks is given only when all six were run on comparable data.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from lra_recipes import MODELS, TASKS, recipe  # noqa: E402
+
+COLUMNS = ["task", "model", "ours", "paper", "diff", "updates", "recipe_updates", "data", "precision", "device",
+           "date", "examples"]
+
+
+def collect(root: str) -> dict:
+    results = {}
+    for path in sorted(glob.glob(os.path.join(root, "*", "test_result.json"))):
+        with open(path) as f:
+            r = json.load(f)
+        model, _, task = r.get("arch", "").partition("_lra_")
+        if task in TASKS and model in MODELS:
+            results[(task, model)] = r
+    return results
+
+
+def rows(results: dict) -> list:
+    out = []
+    for model in MODELS:
+        for task in TASKS:
+            rec = recipe(task, model)
+            r = results.get((task, model))
+            row = {"task": task, "model": model, "paper": rec.paper_accuracy, "recipe_updates": rec.total}
+            if r is None:
+                row.update(ours=None, diff=None, updates=None, data=None, precision=None, device=None, date=None,
+                           examples=None)
+            else:
+                row.update(ours=r["accuracy"], diff=round(r["accuracy"] - rec.paper_accuracy, 2),
+                           updates=r.get("num_updates"),
+                           data="LRA" if r.get("data_comparable", True) else f"generated ({r.get('data_source') or 'not LRA'})",
+                           precision=r.get("precision"), device=r.get("device"), date=(r.get("date") or "")[:10],
+                           examples=r.get("examples"))
+            out.append(row)
+    return out
+
+
+def markdown(table: list) -> str:
+    def fmt(v, spec="{:.2f}"):
+        return "-" if v is None else (spec.format(v) if isinstance(v, float) else str(v))
+
+    lines = ["| model | task | ours | paper | diff | updates (of recipe) | test examples | data | precision | device | date |",
+             "|---|---|---:|---:|---:|---:|---:|---|---|---|---|"]
+    for r in table:
+        upd = "-" if r["updates"] is None else f"{r['updates']:,} ({r['recipe_updates']:,})"
+        diff = "-" if r["diff"] is None else f"{r['diff']:+.2f}"
+        lines.append(f"| {r['model'].upper()} | {r['task']} | {fmt(r['ours'])} | {fmt(r['paper'])} | {diff} | {upd} | "
+                     f"{fmt(r['examples'])} | {fmt(r['data'])} | {fmt(r['precision'])} | {fmt(r['device'])} | {fmt(r['date'])} |")
+    for model in MODELS:
+        mine = [r for r in table if r["model"] == model]
+        paper_avg = sum(r["paper"] for r in mine) / len(mine)
+        if all(r["ours"] is not None and r["data"] == "LRA" for r in mine):
+            ours = f"{sum(r['ours'] for r in mine) / len(mine):.2f}"
+        else:
+            ours = "- (needs all six tasks on LRA's data)"
+        lines.append(f"\n{model.upper()} average: ours {ours}, paper {paper_avg:.2f}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("root", nargs="?", default=os.path.join(repo, "checkpoints", "lra"))
+    p.add_argument("--out-prefix", default=None, help="write PREFIX.md and PREFIX.csv (default ROOT/results)")
+    args = p.parse_args(argv)
+    table = rows(collect(args.root))
+    prefix = args.out_prefix or os.path.join(args.root, "results")
+    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+    text = markdown(table)
+    with open(prefix + ".md", "w") as f:
+        f.write(text)
+    with open(prefix + ".csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        for r in table:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in COLUMNS})
+    print(text, end="")
+    print(f"lra_results: wrote {prefix}.md and {prefix}.csv")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
