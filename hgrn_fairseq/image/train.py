@@ -239,6 +239,8 @@ def build_model(cfg, num_classes: int):
             raise UsageError(f"model.name={cfg.model.name!r} is not a timm model (HGRN ones: "
                              f"{', '.join(models.ARCHS)})") from None
         raise
+    except (TypeError, ValueError) as e:  # a bad model.kwargs entry or value
+        raise UsageError(f"model {cfg.model.name} with {kwargs or 'no model.kwargs'}: {e}") from None
     if hasattr(model, "patch_grid"):
         try:
             model.patch_grid(int(cfg.model.img_size), int(cfg.model.img_size))

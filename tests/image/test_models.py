@@ -1,0 +1,264 @@
+"""hgrn_fairseq.image.models: timm registration, parameter counts by hand, any resolution, drop-path and
+dropout, and the whole forward (1-D and 2-D scans, HGRN1 and HGRN2) against a float64 loop written
+here from SPEC 1-4 and 8."""
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+timm = pytest.importorskip("timm")
+from hgrn_fairseq.image import ARCHS, HgrnVit  # noqa: E402  (registers the models)
+
+NAMES = sorted(ARCHS)
+
+
+# ------------------------------------------------------------------------------------ parameter counts
+def hgrn1_count(d, depth, glu, patch, classes=1000):
+    patch_embed = patch * patch * 3 * d + d
+    hgru = (d * 5 * d + 5 * d) + (2 * d * d + d) + 2 * (2 * d) + 2 * d  # in (2d+d+2d), out, LN(2d), 2 thetas
+    glu_p = (d * 2 * glu + 2 * glu) + (glu * d + d)
+    block = 2 * (2 * d) + hgru + glu_p  # two LayerNorms
+    return patch_embed + depth * block + depth * d + (d * classes + classes)  # + Gamma + head
+
+
+def hgrn2_count(d, depth, glu, patch, classes=1000):
+    patch_embed = patch * patch * 3 * d + d
+    hgru2 = (d * 3 * d + 3 * d) + 2 * d + (d * d + d)  # in (v, q, f), LN(d), out
+    glu_p = (d * 2 * glu + 2 * glu) + (glu * d + d)
+    block = 2 * (2 * d) + hgru2 + glu_p
+    return patch_embed + depth * block + depth * d + (d * classes + classes)
+
+
+def n_params(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_every_name_is_registered_and_builds():
+    listed = set(timm.list_models("hgrn*"))
+    assert set(NAMES) <= listed, set(NAMES) - listed
+    for name in NAMES:
+        model = timm.create_model(name, pretrained=False, num_classes=7, drop_path_rate=0.1, drop_rate=0.1,
+                                  img_size=112, depth=1)
+        assert isinstance(model, HgrnVit)
+        assert model.pretrained_cfg["architecture"] == name
+        assert model(torch.randn(2, 3, 112, 112)).shape == (2, 7)  # 112 = 8 x 14 = 7 x 16
+        assert model.get_classifier().out_features == 7
+
+
+@pytest.mark.parametrize("name,count", [
+    ("hgrn1d_vit_tiny", 6_107_560), ("hgrn1d_vit_small", 23_715_688),
+    ("hgrn1_2d_vit_tiny", 6_107_560), ("hgrn1_2d_vit_small", 23_715_688),
+])
+def test_hgrn1_parameter_counts(name, count):
+    d = 192 if "tiny" in name else 384
+    assert hgrn1_count(d, 12, 2 * d, 14) == count  # the formula reproduces the paper's numbers
+    assert n_params(timm.create_model(name)) == count
+
+
+@pytest.mark.parametrize("name,paper", [("hgrn2_vit_tiny", 6.1), ("hgrn2_vit_small", 23.8),
+                                        ("hgrn2_2d_vit_tiny", 6.1), ("hgrn2_2d_vit_small", 23.8)])
+def test_hgrn2_parameter_counts(name, paper):
+    d = 192 if "tiny" in name else 384
+    count = hgrn2_count(d, 12, 3 * d, 16)
+    assert n_params(timm.create_model(name)) == count
+    assert round(count / 1e6, 1) == paper
+    assert n_params(timm.create_model(name, num_classes=10)) == hgrn2_count(d, 12, 3 * d, 16, classes=10)
+
+
+def test_timm_keyword_arguments():
+    # what timm's own train.py passes, pretrained_cfg_overlay included; num_classes=0 gives features
+    model = timm.create_model("hgrn1d_vit_tiny", pretrained=False, num_classes=0, drop_rate=0.0,
+                              drop_path_rate=0.0, global_pool="avg", pretrained_cfg_overlay=dict(crop_pct=0.9),
+                              depth=1)
+    assert model(torch.randn(1, 3, 28, 28)).shape == (1, 192)
+    assert model.pretrained_cfg["crop_pct"] == 0.9
+    model.reset_classifier(5)
+    assert model(torch.randn(1, 3, 28, 28)).shape == (1, 5)
+    with pytest.raises(ValueError, match="no pretrained weights"):
+        timm.create_model("hgrn2_vit_tiny", pretrained=True)
+    with pytest.raises(TypeError):
+        timm.create_model("hgrn2_vit_tiny", not_an_option=1)
+    with pytest.raises(ValueError, match="global_pool"):
+        timm.create_model("hgrn2_vit_tiny", global_pool="token")
+
+
+def test_any_resolution_multiple_of_the_patch():
+    model = timm.create_model("hgrn1d_vit_tiny", num_classes=3, depth=1).eval()
+    for h, w in [(14, 14), (28, 70), (56, 42)]:
+        assert model(torch.randn(1, 3, h, w)).shape == (1, 3)
+    model2 = timm.create_model("hgrn2_2d_vit_tiny", num_classes=3, depth=1).eval()
+    assert model2(torch.randn(2, 3, 48, 16)).shape == (2, 3)
+    with pytest.raises(ValueError, match="multiples of the patch size 14"):
+        model(torch.randn(1, 3, 30, 28))
+    with pytest.raises(ValueError, match=r"expected images \[B, 3, H, W\]"):
+        model(torch.randn(1, 28, 28))
+
+
+def test_fairseq_start_up_does_not_import_the_image_package():
+    code = "import sys, hgrn_fairseq; print('timm' in sys.modules, 'hgrn_fairseq.image' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False False"
+
+
+# ------------------------------------------------------------------------------ drop-path and dropout
+def test_drop_path_rates_rise_linearly_and_act_only_in_training():
+    torch.manual_seed(0)
+    model = timm.create_model("hgrn1d_vit_tiny", num_classes=4, depth=3, embed_dim=16, glu_dim=32,
+                              drop_path_rate=0.5)
+    assert [b.drop_path_rate for b in model.blocks] == pytest.approx([0.0, 0.25, 0.5])
+    plain = timm.create_model("hgrn1d_vit_tiny", num_classes=4, depth=3, embed_dim=16, glu_dim=32)
+    plain.load_state_dict(model.state_dict())
+    x = torch.randn(1, 3, 28, 28).expand(16, -1, -1, -1)  # 16 copies of one image
+    model.eval()
+    plain.eval()
+    torch.testing.assert_close(model(x), plain(x))
+    torch.testing.assert_close(model(x), model(x))
+    model.train()
+    plain.train()
+    reference = plain(x)[0]
+    y = model(x)
+    # per-sample masks: the copies get different outputs, and not all equal the undropped one
+    per_sample = (y - reference).abs().amax(dim=1)
+    assert per_sample.max() > 1e-4
+    assert len({round(float(v), 5) for v in per_sample.detach()}) > 1
+    # without drop-path or dropout, training and evaluation agree
+    torch.testing.assert_close(plain(x), plain.eval()(x))
+
+
+def test_dropout_before_the_head_and_in_the_blocks():
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 28, 28)
+    for kwargs in (dict(drop_rate=0.5), dict(proj_drop_rate=0.5)):
+        model = timm.create_model("hgrn2_vit_tiny", num_classes=4, depth=2, embed_dim=16, glu_dim=32,
+                                  expand_ratio=8, patch_size=14, **kwargs)
+        model.eval()
+        a = model(x)
+        torch.testing.assert_close(a, model(x))
+        model.train()
+        assert not torch.allclose(model(x), a)
+
+
+# ------------------------------------------------------------------- the forward against a float64 loop
+def layer_norm(x, norm):
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
+
+
+def linear(x, layer):
+    return x @ layer.weight.T + layer.bias
+
+
+def lower_bounds(gamma):
+    L = gamma.shape[0]
+    e = torch.exp(gamma)
+    p = [e[k] / e.sum(0) for k in range(L)]
+    c = [sum(p[: k + 1]) for k in range(L)]
+    return [c[k] - c[0] for k in range(L)]
+
+
+def hgru_direction(f, c, theta, g, reverse):
+    """One direction of the complex HGRU over a single sequence: f [T, d], c [T, d] complex."""
+    T, d = f.shape
+    lam = g + (1 - g) * torch.sigmoid(f)
+    rot = torch.exp(1j * theta.to(torch.complex128))
+    h = torch.zeros(d, dtype=torch.complex128)
+    out = [None] * T
+    for t in (range(T - 1, -1, -1) if reverse else range(T)):
+        h = lam[t] * rot * h + (1 - lam[t]) * c[t]
+        out[t] = h
+    return torch.stack(out)
+
+
+def hgrn2_direction(q, v, f, g, e, reverse):
+    """One direction of the HGRN2 recurrence over a single sequence (heads of size e)."""
+    T, d = q.shape
+    lam = g + (1 - g) * torch.sigmoid(f)
+    out = torch.zeros(T, d, dtype=q.dtype)
+    for h in range(d // e):
+        sl = slice(h * e, (h + 1) * e)
+        S = torch.zeros(e, e, dtype=q.dtype)
+        for t in (range(T - 1, -1, -1) if reverse else range(T)):
+            S = torch.diag(lam[t, sl]) @ S + torch.outer(1 - lam[t, sl], v[t, sl])
+            out[t, sl] = q[t, sl] @ S
+    return out
+
+
+def sequences(H, W, scan):
+    """Token index lists the scans run along: the raster order (1-D), or every row and column (2-D)."""
+    if scan == "1d":
+        return [list(range(H * W))]
+    return [[i * W + j for j in range(W)] for i in range(H)] + [[i * W + j for i in range(H)] for j in range(W)]
+
+
+def mixer_reference(mixer, x, g, H, W, scan):
+    """The bidirectional mixer of one image's tokens x [T, d], summed over the scans' sequences."""
+    T, d = x.shape
+    proj = linear(x, mixer.in_proj)
+    if hasattr(mixer, "theta"):  # HGRN1
+        inputs, f, gate = proj[:, : 2 * d], proj[:, 2 * d: 3 * d], proj[:, 3 * d:]
+        act = F.silu(inputs)
+        c = torch.complex(act[:, 0::2], act[:, 1::2])  # interleaved Re, Im
+        h = torch.zeros(T, d, dtype=torch.complex128)
+        for seq in sequences(H, W, scan):
+            for theta, rev in ((mixer.theta, False), (mixer.theta_reverse, True)):
+                h[seq] += hgru_direction(f[seq], c[seq], theta, g, rev)
+        z = torch.stack([h.real, h.imag], dim=-1).reshape(T, 2 * d)
+        return linear(layer_norm(z, mixer.norm) * F.silu(gate), mixer.out_proj)
+    v, q, f = proj[:, :d], proj[:, d: 2 * d], proj[:, 2 * d:]
+    v, q = F.silu(v), torch.sigmoid(q)
+    o = torch.zeros(T, d, dtype=x.dtype)
+    for seq in sequences(H, W, scan):
+        for rev in (False, True):
+            o[seq] += hgrn2_direction(q[seq], v[seq], f[seq], g, mixer.head_dim, rev)
+    return linear(layer_norm(o, mixer.norm), mixer.out_proj)
+
+
+def model_reference(model, image):
+    """The whole classifier on one image [3, H, W] in float64, by loops."""
+    p = model.patch_size
+    H, W = image.shape[1] // p, image.shape[2] // p
+    w = model.patch_embed.proj.weight.reshape(model.embed_dim, -1)
+    b = model.patch_embed.proj.bias
+    x = torch.stack([w @ image[:, i * p:(i + 1) * p, j * p:(j + 1) * p].reshape(-1) + b
+                     for i in range(H) for j in range(W)])
+    bounds = lower_bounds(model.lower_bounds.gamma)
+    for k, block in enumerate(model.blocks):
+        x = x + mixer_reference(block.mixer, layer_norm(x, block.mixer_norm), bounds[k], H, W, model.scan)
+        y = linear(layer_norm(x, block.glu_norm), block.glu.in_proj)
+        a, gate = y[:, : block.glu.hidden_dim], y[:, block.glu.hidden_dim:]
+        x = x + linear(F.silu(a) * gate, block.glu.out_proj)
+    pooled = x.mean(0)
+    pooled = pooled / torch.sqrt((pooled ** 2).mean() + 1e-6)
+    return linear(pooled, model.head)
+
+
+@pytest.mark.parametrize("name", ["hgrn1d_vit_tiny", "hgrn1_2d_vit_tiny", "hgrn2_vit_tiny", "hgrn2_2d_vit_tiny"])
+def test_forward_matches_float64_loop(name):
+    torch.manual_seed(1)
+    kwargs = dict(num_classes=5, depth=2, embed_dim=8, glu_dim=12, patch_size=4)
+    if name.startswith("hgrn2"):
+        kwargs["expand_ratio"] = 4
+    model = timm.create_model(name, **kwargs).double().eval()
+    with torch.no_grad():  # away from the initial values, so that every parameter matters
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    images = torch.randn(2, 3, 12, 16, dtype=torch.float64)  # a 3 x 4 grid of patches
+    got = model(images)
+    with torch.no_grad():
+        want = torch.stack([model_reference(model, im) for im in images])
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+
+
+def test_two_d_scan_differs_from_raster_scan():
+    # the same weights give different outputs under the two scans (the 2-D option is not a no-op)
+    torch.manual_seed(2)
+    a = timm.create_model("hgrn1d_vit_tiny", num_classes=3, depth=1, embed_dim=8, glu_dim=8, patch_size=4).eval()
+    b = timm.create_model("hgrn1_2d_vit_tiny", num_classes=3, depth=1, embed_dim=8, glu_dim=8, patch_size=4).eval()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(1, 3, 12, 12)
+    assert not torch.allclose(a(x), b(x), atol=1e-5)
+    assert math.isfinite(float(b(x).sum()))
