@@ -155,10 +155,10 @@ class LraPixelDataset(FairseqDataset):
         return len(self.labels)
 
     def __getitem__(self, index):
-        img = np.asarray(self.pixels[index])
+        img = self.pixels[index]
         if self.augment:
             img = crop_and_flip(img, np.random.default_rng([self.seed, self.epoch, index]))
-        return {"id": index, "image": torch.from_numpy(np.ascontiguousarray(img)), "label": int(self.labels[index])}
+        return {"id": index, "image": torch.from_numpy(np.array(img)), "label": int(self.labels[index])}
 
     def collater(self, samples):
         if not samples:

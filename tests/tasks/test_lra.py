@@ -1,0 +1,242 @@
+"""The ``lra_text`` / ``lra_image`` tasks: batching (padding, pairs, pixels, augmentation), every example
+scored, and ``fairseq-train`` end to end on tiny generated data of every LRA task (ListOps-like data
+learned well above chance), plus the bad-input errors a user meets first."""
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import hgrn_fairseq  # noqa: F401  (registers the plugin)
+from hgrn_fairseq.tasks import lra_format as lf
+from hgrn_fairseq.tasks.lra import (
+    NORMALISATION,
+    LraImageConfig,
+    LraImageTask,
+    LraConfig,
+    LraTextTask,
+    check_batches_cover,
+    crop_and_flip,
+)
+
+from .test_lra_format import write_tiny
+
+PLUGIN = os.path.dirname(os.path.abspath(hgrn_fairseq.__file__))
+
+
+def text_task(dest, **kw):
+    return LraTextTask.setup_task(LraConfig(data=dest, seed=1, **kw))
+
+
+def test_token_batches_pad_to_the_longest_and_pairs_to_a_common_length(tmp_path):
+    dest = str(tmp_path / "retrieval")
+    write_tiny(dest, "retrieval", sizes=(8, 4, 4), max_len=10)
+    task = text_task(dest)
+    task.load_dataset("valid")
+    ds = task.dataset("valid")
+    items = [ds[i] for i in range(4)]
+    batch = ds.collater(items)
+    longest = max(max(len(it["source"]), len(it["source1"])) for it in items)
+    pad = task.source_dictionary.pad()
+    for key, src in (("src_tokens", "source"), ("src_tokens1", "source1")):
+        t = batch["net_input"][key]
+        assert t.shape == (4, longest)
+        for row, it in zip(t, items):
+            n = len(it[src])
+            assert torch.equal(row[:n], it[src]) and (row[n:] == pad).all()
+    assert batch["target"].tolist() == [int(x) for x in lf.load_split(dest, "valid").labels[:4]]
+    assert batch["ntokens"] == sum(len(it["source"]) + len(it["source1"]) for it in items)
+
+
+def test_every_example_of_an_evaluated_split_is_batched(tmp_path):
+    dest = str(tmp_path / "listops")
+    write_tiny(dest, "listops", sizes=(8, 13, 4))
+    task = text_task(dest)
+    task.load_dataset("valid")
+    ds = task.dataset("valid")
+    itr = task.get_batch_iterator(ds, max_sentences=5, required_batch_size_multiple=8, num_shards=1)
+    batches = itr.frozen_batches
+    assert [len(b) for b in batches] == [5, 5, 3]  # fairseq's multiple of 8 would have cut 5 to... nothing
+    assert sorted(np.concatenate(batches).tolist()) == list(range(13))
+    lengths = ds.sizes[np.concatenate(batches)]
+    assert (np.diff(lengths) >= 0).all()  # evaluation batches group similar lengths
+    with pytest.raises(RuntimeError, match="the batches hold 12 examples but the split has 13"):
+        check_batches_cover([np.arange(6), np.arange(6, 12)], 13, "valid")
+
+
+def test_pixel_batches_are_normalised_and_augmentation_is_seeded(tmp_path):
+    dest = str(tmp_path / "image")
+    write_tiny(dest, "image", sizes=(6, 2, 2), image=(4, 4, 3))
+    task = LraImageTask.setup_task(LraImageConfig(data=dest, seed=3, augment=True))
+    task.load_dataset("train")
+    task.load_dataset("valid")
+    valid = task.dataset("valid")
+    raw = np.load(lf.pixels_path(dest, "valid"))
+    batch = valid.collater([valid[0], valid[1]])
+    mean, std = NORMALISATION[("image", 3)]
+    want = (raw[:2].astype(np.float64) / 255.0 - np.array(mean)) / np.array(std)
+    np.testing.assert_allclose(batch["net_input"]["pixels"].numpy(), want.reshape(2, 16, 3), rtol=1e-5, atol=1e-6)
+    assert not valid.augment  # only the training split is augmented
+    train = task.dataset("train")
+    a, b = train[2]["image"], train[2]["image"]
+    assert torch.equal(a, b)  # a function of (seed, epoch, index): a resumed run sees the same images
+    train.set_epoch(2)
+    assert any(not torch.equal(train[i]["image"], a if i == 2 else train[i]["image"] * 0 + 1) for i in range(6))
+    # pickled (to DataLoader workers) without the image array
+    assert len(pickle.dumps(train)) < 4096 and pickle.loads(pickle.dumps(train))[0]["image"].shape == (4, 4, 3)
+    assert NORMALISATION[("pathfinder", 1)] == ((0.5,), (0.5,)) and NORMALISATION[("pathx", 1)] == ((0.5,), (0.5,))
+
+
+def test_crop_and_flip_by_hand():
+    img = np.arange(4 * 4 * 1, dtype=np.uint8).reshape(4, 4, 1) + 1
+
+    class Rng:  # top 0, left 8 (the largest shift), then flip
+        def integers(self, lo, hi, size):
+            return np.array([0, 8])
+
+        def random(self):
+            return 0.0
+
+    out = crop_and_flip(img, Rng())
+    padded = np.zeros((12, 12, 1), dtype=np.uint8)
+    padded[4:8, 4:8] = img
+    np.testing.assert_array_equal(out, padded[0:4, 8:12][:, ::-1])
+
+
+# ----------------------------------------------------------------------------------------------
+# fairseq-train end to end: every task, both models, in one Python process (importing fairseq and
+# torch costs ~12 s of CPU a process; a 20-update run of these models ~1-2 s).
+DRIVER = r"""
+import json, sys, traceback
+from fairseq import checkpoint_utils
+from fairseq_cli import train
+for name, argv in json.loads(sys.argv[1]):
+    print(f"=== begin {name}", flush=True)
+    if hasattr(checkpoint_utils.save_checkpoint, "best"):  # fairseq keeps the best score on the function
+        del checkpoint_utils.save_checkpoint.best
+    sys.argv = ["fairseq-train", *argv]
+    try:
+        train.cli_main()
+        rc = 0
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 1
+    except Exception:
+        traceback.print_exc(file=sys.stdout)
+        rc = 1
+    print(f"=== end {name} rc={rc}", flush=True)
+"""
+
+TINY = ["--encoder-embed-dim", "8", "--encoder-layers", "1"]
+RUNS = {  # name: (task data, arch, extra flags, updates)
+    "listops_hgrn1_learns": ("listops", "hgrn1_lra_listops", ["--encoder-embed-dim", "16", "--encoder-layers", "2",
+                                                              "--norm", "batch"], 160),
+    "listops_hgrn2": ("listops", "hgrn2_lra_listops", TINY + ["--expand-ratio", "4"], 20),
+    "text_hgrn2": ("text", "hgrn2_lra_text", TINY + ["--expand-ratio", "4"], 20),
+    "retrieval_hgrn1": ("retrieval", "hgrn1_lra_retrieval", TINY, 20),
+    "retrieval_hgrn2": ("retrieval", "hgrn2_lra_retrieval", TINY + ["--expand-ratio", "4"], 20),
+    "image_hgrn1": ("image", "hgrn1_lra_image", TINY + ["--augment"], 20),
+    "pathfinder_hgrn2": ("pathfinder", "hgrn2_lra_pathfinder", TINY + ["--expand-ratio", "4"], 20),
+    "pathx_hgrn1": ("pathx", "hgrn1_lra_pathx", TINY, 20),
+    "pathx_hgrn2_series": ("pathx", "hgrn2_lra_pathx", TINY, 20),
+    # bad input
+    "too_long": ("listops", "hgrn1_lra_listops", TINY + ["--max-positions", "10"], 2),
+    "bad_labels": ("bad_labels", "hgrn1_lra_listops", TINY, 2),
+    "missing_file": ("missing_file", "hgrn1_lra_listops", TINY, 2),
+    "wrong_task": ("pathfinder", "hgrn1_lra_listops", TINY + ["--task", "lra_text"], 2),
+}
+SPLITS = {"listops": (600, 100, 100)}
+
+
+def train_argv(data, save_dir, arch, flags, updates):
+    task = "lra_image" if os.path.basename(data) in ("image", "pathfinder", "pathx") else "lra_text"
+    return [data, "--user-dir", PLUGIN, "--task", task, "--arch", arch, *flags,
+            "--criterion", "classification_accuracy", "--optimizer", "adam", "--lr", "3e-3",
+            "--lr-scheduler", "cosine", "--warmup-updates", "10", "--max-update", str(updates),
+            "--batch-size", "16", "--save-dir", save_dir, "--no-epoch-checkpoints",
+            "--best-checkpoint-metric", "accuracy", "--maximize-best-checkpoint-metric",
+            "--log-format", "json", "--log-interval", "50", "--num-workers", "0", "--cpu", "--seed", "1"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lra")
+    data = {}
+    for task in ("listops", "text", "retrieval"):
+        data[task] = str(root / task)
+        write_tiny(data[task], task, sizes=SPLITS.get(task, (48, 20, 20)))
+    data["image"] = str(root / "image")
+    write_tiny(data["image"], "image", sizes=(48, 20, 20), image=(4, 4, 3))
+    for task in ("pathfinder", "pathx"):
+        data[task] = str(root / task)
+        write_tiny(data[task], task, sizes=(48, 20, 20), image=(4, 4, 1))
+    data["bad_labels"] = str(root / "bad" / "listops")
+    write_tiny(data["bad_labels"], "listops", sizes=(8, 4, 4))
+    np.save(lf.label_path(data["bad_labels"], "valid"), np.array([0, 1, 12, 3]))
+    data["missing_file"] = str(root / "missing" / "listops")
+    write_tiny(data["missing_file"], "listops", sizes=(8, 4, 4))
+    os.remove(lf.stream_prefix(data["missing_file"], "train") + ".idx")
+    jobs = [(name, train_argv(data[d], str(root / "ck" / name), arch, flags, n))
+            for name, (d, arch, flags, n) in RUNS.items()]
+    proc = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(jobs)], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    out = proc.stdout
+    results = {}
+    for name, argv in jobs:
+        begin, end = f"=== begin {name}\n", f"=== end {name} rc="
+        assert begin in out and end in out, f"{name} did not finish (driver rc {proc.returncode}):\n{out[-3000:]}"
+        body = out[out.index(begin) + len(begin): out.index(end)]
+        rc = int(out[out.index(end) + len(end):].split("\n", 1)[0])
+        results[name] = (rc, body, argv[argv.index("--save-dir") + 1])
+    return results
+
+
+def valid_stats(body):
+    # (the first run's logging set-up prints "| valid | {...}", later ones in the process "INFO:valid:{...}")
+    return [json.loads(m) for m in re.findall(r"valid(?: \| |:)(\{.*\})", body)]
+
+
+@pytest.mark.parametrize("name", [n for n in RUNS if n not in ("too_long", "bad_labels", "missing_file", "wrong_task")])
+def test_fairseq_train_end_to_end(name, runs):
+    rc, out, save_dir = runs[name]
+    assert rc == 0, out[-3000:]
+    stats = valid_stats(out)
+    assert stats, out[-2000:]
+    n_valid = SPLITS.get(RUNS[name][0], (48, 20, 20))[1]
+    assert all(int(s["valid_examples"]) == n_valid for s in stats)  # every validation example scored
+    assert os.path.isfile(os.path.join(save_dir, "checkpoint_best.pt"))
+    assert f"'_name': '{RUNS[name][1]}'" in out
+
+
+def test_listops_like_data_is_learned_above_chance(runs):
+    rc, out, _ = runs["listops_hgrn1_learns"]
+    assert rc == 0, out[-3000:]
+    accs = [float(s["valid_accuracy"]) for s in valid_stats(out)]
+    print("validation accuracy per epoch:", accs)
+    assert max(accs) > 40, accs  # chance is 10% (the label is the first of ~15 symbols' digit)
+
+
+@pytest.mark.parametrize("name, message", [
+    ("too_long", "sequences of up to 24 positions but --max-positions is 10: use the arch made for this task"),
+    ("bad_labels", "valid.label.npy: labels 0..12 outside 0..9 (num_classes 10)"),
+    ("missing_file", "train.input0.idx: missing; fix: rerun data_prep/prepare_lra.py"),
+    ("wrong_task", "this directory holds pixels inputs (task 'pathfinder') but the task reads tokens; "
+                   "fix: use --task lra_image"),
+])
+def test_bad_input_is_refused_with_the_fix(name, message, runs):
+    rc, out, _ = runs[name]
+    assert rc != 0
+    assert message in out, out[-2000:]
+
+
+def test_wrong_norm_name_is_refused_by_the_command_line(tmp_path):
+    from fairseq import options
+
+    parser = options.get_training_parser()
+    with pytest.raises(SystemExit):
+        options.parse_args_and_arch(parser, [str(tmp_path), "--user-dir", PLUGIN, "--task", "lra_text",
+                                             "--arch", "hgrn1_lra_listops", "--norm", "group"])
