@@ -2,6 +2,7 @@
 dropout, and the whole forward (1-D and 2-D scans, HGRN1 and HGRN2) against a float64 loop written
 here from SPEC 1-4 and 8."""
 import math
+import os
 import subprocess
 import sys
 
@@ -262,3 +263,34 @@ def test_two_d_scan_differs_from_raster_scan():
     x = torch.randn(1, 3, 12, 12)
     assert not torch.allclose(a(x), b(x), atol=1e-5)
     assert math.isfinite(float(b(x).sum()))
+
+
+# ------------------------------------------------------------------------- GPU: Triton path vs float64
+@pytest.mark.gpu
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available(),
+                    reason="GPU-only (CUDA, TRITON_INTERPRET unset)")
+@pytest.mark.parametrize("name", ["hgrn1d_vit_tiny", "hgrn1_2d_vit_tiny", "hgrn2_vit_tiny", "hgrn2_2d_vit_tiny"])
+def test_gpu_kernels_match_float64_forward_and_gradients(name):
+    """The training path on CUDA (Triton scans, fp32 and bf16 autocast) against the float64 reference."""
+    torch.manual_seed(3)
+    kwargs = dict(num_classes=10, depth=2, embed_dim=64, glu_dim=128)
+    ref = timm.create_model(name, backend="reference", **kwargs).double()
+    gpu = timm.create_model(name, **kwargs).cuda()
+    gpu.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 3, 224, 224, dtype=torch.float64)  # 16 x 16 or 14 x 14 patches
+    w = torch.randn(2, 10, dtype=torch.float64)
+    (ref(x) * w).sum().backward()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        y = gpu(x.float().cuda())
+        (y * w.float().cuda()).sum().backward()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    y_ref = ref(x).detach()
+    assert (y.double().cpu() - y_ref).norm() / y_ref.norm() < 1e-4
+    for (n, p_ref), p in zip(ref.named_parameters(), gpu.parameters()):
+        err = (p.grad.double().cpu() - p_ref.grad).norm() / p_ref.grad.norm().clamp_min(1e-12)
+        assert err < 1e-3, (n, float(err))
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        y16 = gpu(x.float().cuda()).float()
+    assert (y16.double().cpu() - y_ref).norm() / y_ref.norm() < 5e-2

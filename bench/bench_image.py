@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Training and inference speed of the HGRN image models against timm's DeiT (issue 21, part 5).
+
+For each resolution (224 and 448 px: 4x the tokens) and size (tiny, small), in one process on one GPU:
+hgrn1d_vit_*, hgrn2_vit_* and deit_*_patch16_224 (built at that resolution), bf16 autocast, AdamW.
+
+* training: one step = forward, cross-entropy, backward, optimiser step, ``--train-batch`` images at
+  224 px (a quarter at 448 px, so that every step sees the same number of pixels);
+* inference: a forward under ``torch.no_grad`` in eval mode, ``--infer-batch`` images (a quarter at 448);
+* timing: ``triton.testing.do_bench`` (median; L2 flushed between calls) on CUDA, wall clock on CPU;
+* peak memory: ``torch.cuda.max_memory_allocated`` over the timed calls.
+
+Ratios are images/s of each model over the DeiT of the same size and resolution. The issue's goals:
+training at least DeiT's at 224 px and at least 1.5x it at 448 px. Results: OUT/bench_image.json and
+OUT/bench_image.md (GPU, versions, commit, date with the numbers).
+
+    python bench/bench_image.py --out results/bench_image
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from typing import Callable, Dict, List
+
+import torch
+import torch.nn.functional as F
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+sys.path.insert(0, REPO)
+import provenance  # noqa: E402  (bench/provenance.py)
+
+SIZES = {"tiny": ["hgrn1d_vit_tiny", "hgrn2_vit_tiny", "deit_tiny_patch16_224"],
+         "small": ["hgrn1d_vit_small", "hgrn2_vit_small", "deit_small_patch16_224"]}
+
+
+def time_ms(fn: Callable[[], None], device: str, warmup: int, rep: int) -> float:
+    if device == "cuda":
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+    for _ in range(2):
+        fn()
+    n, t0 = 0, time.perf_counter()
+    while n < 3 or (time.perf_counter() - t0) * 1000 < rep:
+        fn()
+        n += 1
+    return (time.perf_counter() - t0) * 1000 / n
+
+
+def measure(name: str, res: int, args, device: str) -> Dict[str, float]:
+    import timm
+
+    import hgrn_fairseq.image  # noqa: F401  (registers the HGRN models)
+
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False, num_classes=1000, img_size=res,
+                              drop_path_rate=0.1).to(device)
+    params = sum(p.numel() for p in model.parameters())
+    scale = (224 * 224) / (res * res)
+    tb, ib = max(1, int(args.train_batch * scale)), max(1, int(args.infer_batch * scale))
+    x = torch.randn(tb, 3, res, res, device=device)
+    y = torch.randint(0, 1000, (tb,), device=device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05)
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+
+    def train_step():
+        with torch.autocast(device, dtype=dtype, enabled=args.precision == "bf16"):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    out: Dict[str, float] = {"model": name, "res": res, "params": params, "train_batch": tb, "infer_batch": ib}
+    model.train()
+    train_step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    ms = time_ms(train_step, device, args.warmup, args.rep)
+    out["train_ms"], out["train_img_s"] = ms, tb * 1000 / ms
+    if device == "cuda":
+        out["train_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    opt.zero_grad(set_to_none=True)
+    del opt
+    model.eval()
+    xi = torch.randn(ib, 3, res, res, device=device)
+
+    @torch.no_grad()
+    def infer():
+        with torch.autocast(device, dtype=dtype, enabled=args.precision == "bf16"):
+            model(xi)
+
+    infer()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    ms = time_ms(infer, device, args.warmup, args.rep)
+    out["infer_ms"], out["infer_img_s"] = ms, ib * 1000 / ms
+    if device == "cuda":
+        out["infer_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    del model, x, xi
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def environment(device: str) -> Dict[str, str]:
+    import timm
+
+    env = {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__,
+           "timm": timm.__version__, "git": provenance.git_version(REPO), "device": device}
+    if device == "cuda":
+        import triton
+
+        env["gpu"] = torch.cuda.get_device_name()
+        env["triton"] = triton.__version__
+    return env
+
+
+def markdown(rows: List[Dict], env: Dict, goals: List[str]) -> str:
+    lines = [f"# Image models: training and inference speed ({env.get('gpu', env['device'])})", "",
+             ", ".join(f"{k} {v}" for k, v in env.items()), "",
+             "| res | model | params | train img/s | vs DeiT | train peak GiB | infer img/s | vs DeiT | infer peak GiB |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['res']} | {r['model']} | {r['params'] / 1e6:.2f}M | {r['train_img_s']:.0f} | "
+                     f"{r['train_vs_deit']:.2f}x | {r.get('train_peak_gib', float('nan')):.2f} | "
+                     f"{r['infer_img_s']:.0f} | {r['infer_vs_deit']:.2f}x | {r.get('infer_peak_gib', float('nan')):.2f} |")
+    lines += ["", "Goals (issue 21): " + "; ".join(goals), ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="folder for bench_image.json and bench_image.md")
+    p.add_argument("--sizes", default="tiny,small")
+    p.add_argument("--resolutions", default="224,448")
+    p.add_argument("--train-batch", type=int, default=128, help="images per training step at 224 px")
+    p.add_argument("--infer-batch", type=int, default=256, help="images per inference call at 224 px")
+    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
+    p.add_argument("--warmup", type=int, default=100, help="do_bench warm-up (ms)")
+    p.add_argument("--rep", type=int, default=500, help="do_bench measuring time (ms)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = p.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    env = environment(args.device)
+    print(json.dumps(env), flush=True)
+    rows = []
+    for res in (int(r) for r in args.resolutions.split(",")):
+        for size in args.sizes.split(","):
+            group = [measure(name, res, args, args.device) for name in SIZES[size]]
+            deit = group[-1]
+            for r in group:
+                r["size"] = size
+                r["train_vs_deit"] = r["train_img_s"] / deit["train_img_s"]
+                r["infer_vs_deit"] = r["infer_img_s"] / deit["infer_img_s"]
+                print(json.dumps(r), flush=True)
+            rows += group
+    goals = []
+    for r in rows:
+        if r["model"].startswith("deit"):
+            continue
+        need = 1.0 if r["res"] <= 224 else 1.5
+        ok = r["train_vs_deit"] >= need
+        goals.append(f"{r['model']} @ {r['res']}: train {r['train_vs_deit']:.2f}x DeiT (goal >= {need}x: "
+                     f"{'met' if ok else 'NOT met'})")
+    with open(os.path.join(args.out, "bench_image.json"), "w") as f:
+        json.dump({"env": env, "args": vars(args), "rows": rows, "goals": goals}, f, indent=1)
+    md = markdown(rows, env, goals)
+    with open(os.path.join(args.out, "bench_image.md"), "w") as f:
+        f.write(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
