@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# GPU evidence for the image models (issue 21), run by bench/gpu_session.sh (stage image) or alone:
+#
+#   OUT=/some/dir bash bench/gpu_session.sh image:560          # everything, one GPU call (~8 min on an H100)
+#   OUT=/some/dir IMG_STAGES=tests,bench bash bench/gpu_image.sh
+#
+# Stages (IMG_STAGES, default tests,evidence,bench):
+#   tests     tests/image/test_models.py on CUDA: the models' Triton path against float64 (forward,
+#             gradients, bf16) plus the CPU tests of the file
+#   evidence  scikit-learn's digits (1797 images, 10 classes; 8 x 8 upscaled to 32 x 32, written as an
+#             ImageFolder by scripts/make_image_folder.py), then hgrn1d_vit_tiny, hgrn2_vit_tiny and timm's
+#             deit_tiny_patch16_224 trained by python -m hgrn_fairseq.image.train with one recipe and
+#             budget (the hgrn1 preset: DeiT augmentation, Mixup/CutMix, repeated augmentation, EMA,
+#             clip 5, bf16; IMG_EPOCHS epochs at IMG_RES px, batch 128, base lr 2e-3, i.e. lr 5e-4).
+#             Table: $OUT/evidence.md / .json (top-1/top-5 of the model and of its EMA, time)
+#   bench     bench/bench_image.py: training / inference images/s and peak memory, tiny and small, 224 and
+#             448 px, against DeiT ($OUT/bench/bench_image.md / .json)
+# Environment: IMG_STAGES  IMG_EPOCHS [60]  IMG_RES [112]  IMG_MODELS [hgrn1d_vit_tiny,hgrn2_vit_tiny,
+#   deit_tiny_patch16_224]  IMG_WORKERS [12]  IMG_DATA [digits]  IMG_TRAIN_S [150: limit per model]
+#   IMG_EXTRA (more KEY=VALUE overrides for every evidence run, word-split)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+: "${OUT:?set OUT}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+STAGES=${IMG_STAGES:-tests,evidence,bench}
+EPOCHS=${IMG_EPOCHS:-60}
+RES=${IMG_RES:-112}
+MODELS=${IMG_MODELS:-hgrn1d_vit_tiny,hgrn2_vit_tiny,deit_tiny_patch16_224}
+T0=$(date +%s)
+el() { echo $(( $(date +%s) - T0 )); }
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import torch, triton, timm; print('torch', torch.__version__, 'triton', triton.__version__, 'timm', timm.__version__)"
+  git log -1 --format='commit %h %cd' 2>/dev/null; git status --porcelain --untracked-files=no 2>/dev/null | head -5; } \
+  > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+if [[ ",$STAGES," == *",tests,"* ]]; then
+  OMP_NUM_THREADS=4 timeout 240 python3 -m pytest -q -p no:cacheprovider -rfEs tests/image/test_models.py \
+    > "$OUT/gpu_tests.log" 2>&1
+  echo "tests rc=$? at $(el)s"; tail -4 "$OUT/gpu_tests.log"
+fi
+
+if [[ ",$STAGES," == *",evidence,"* ]]; then
+  DATA=/tmp/img_evidence/${IMG_DATA:-digits}
+  python3 scripts/make_image_folder.py --source "${IMG_DATA:-digits}" --dest "$DATA" --size 32 2>&1 | tee "$OUT/data.log"
+  IFS=, read -ra MODEL_LIST <<< "$MODELS"
+  for m in "${MODEL_LIST[@]}"; do
+    run_dir=/tmp/img_evidence/runs/$m
+    rm -rf "$run_dir"
+    echo "== $m at $(el)s"
+    timeout "${IMG_TRAIN_S:-150}" python3 -m hgrn_fairseq.image.train --config-name hgrn1 "model.name=$m" \
+      "data.path=$DATA" "train.output_dir=$run_dir" "model.img_size=$RES" "optim.epochs=$EPOCHS" \
+      optim.warmup_epochs=5 optim.batch_size=128 optim.base_lr=2e-3 ema.warmup=true train.eval_every=10 \
+      "data.workers=${IMG_WORKERS:-12}" train.no_progress=true train.log_every=100 ${IMG_EXTRA:-} \
+      > "$OUT/train_$m.log" 2>&1
+    echo "$m rc=$? at $(el)s"; grep '"event": "eval"' "$OUT/train_$m.log" | tail -1
+    mkdir -p "$OUT/runs/$m" && cp "$run_dir/log.jsonl" "$OUT/runs/$m/"
+  done
+  python3 - "$OUT" "$DATA" "$RES" "$EPOCHS" "${MODEL_LIST[@]}" <<'EOF'
+import json, os, sys
+out, data, res, epochs, models = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+info = json.load(open(os.path.join(data, "dataset.json")))
+rows = []
+for m in models:
+    path = os.path.join(out, "runs", m, "log.jsonl")
+    if not os.path.isfile(path):
+        rows.append({"model": m, "status": "no log"}); continue
+    log = [json.loads(line) for line in open(path)]
+    start = next(e for e in log if e["event"] == "start")
+    evals = [e for e in log if e["event"] == "eval"]
+    trains = [e for e in log if e["event"] == "train"]
+    done = any(e["event"] == "done" for e in log)
+    last = evals[-1] if evals else {}
+    rows.append({"model": m, "params": start["parameters"], "epochs": last.get("epoch"), "updates": last.get("update"),
+                 "top1": last.get("top1"), "top5": last.get("top5"), "ema_top1": last.get("ema_top1"),
+                 "best_top1": last.get("best_top1"), "images_per_s": trains[-1]["images_per_s"] if trains else None,
+                 "finished": done})
+json.dump({"data": info, "res": res, "epochs": epochs, "rows": rows}, open(os.path.join(out, "evidence.json"), "w"), indent=1)
+f = lambda v, p=2: "-" if v is None else (f"{v:.{p}f}" if isinstance(v, float) else str(v))
+lines = [f"{info['source']} ({len(info['classes'])} classes, {info['images']['train']} train / {info['images']['val']} val "
+         f"images of {info['size']} px), trained at {res} px for {epochs} epochs, the hgrn1 recipe for every model", "",
+         "| model | params | epochs done | top-1 | top-5 | EMA top-1 | best top-1 | train img/s | finished |", "|---|---|---|---|---|---|---|---|---|"]
+for r in rows:
+    lines.append(f"| {r['model']} | {f(r.get('params'))} | {f(r.get('epochs'))} | {f(r.get('top1'))} | {f(r.get('top5'))} | "
+                 f"{f(r.get('ema_top1'))} | {f(r.get('best_top1'))} | {f(r.get('images_per_s'), 0)} | {r.get('finished', r.get('status'))} |")
+open(os.path.join(out, "evidence.md"), "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+EOF
+fi
+
+if [[ ",$STAGES," == *",bench,"* ]]; then
+  timeout 300 python3 bench/bench_image.py --out "$OUT/bench" > "$OUT/bench.log" 2>&1
+  echo "bench rc=$? at $(el)s"; tail -14 "$OUT/bench.log"
+fi
+echo "gpu_image.sh done at $(el)s"
