@@ -8,7 +8,8 @@ Loads the checkpoint with fairseq (model, task and their options from the checkp
 replaces the data directory it was trained on), scores every example of the split once, and
 refuses to report when the number scored differs from the split's size. Precision: bf16 when the
 run trained with --bf16 (as its validation did), else fp32. The JSON holds the accuracy, counts, the
-checkpoint's update count and best validation accuracy, the paper's number for the arch
+updates the run made (checkpoint_last.pt beside it), the best checkpoint's update and validation
+accuracy, the paper's number for the arch
 (scripts/lra_recipes.py), whether the data are comparable with LRA's (meta.json), device, versions
 and date.
 """
@@ -75,6 +76,12 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
                            f"the test accuracy would not cover the split; check the data directory")
     state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint)
     extra = state.get("extra_state", {}) or {}
+    last = os.path.join(os.path.dirname(os.path.abspath(checkpoint)), "checkpoint_last.pt")
+    last_state = checkpoint_utils.load_checkpoint_to_cpu(last) if os.path.isfile(last) else state
+
+    def updates(s):
+        return int((s.get("optimizer_history") or [{}])[-1].get("num_updates", 0))
+
     arch = cfg.model._name
     meta = task.meta
     paper = None
@@ -98,7 +105,9 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
         "data_comparable": bool(meta.get("comparable", True)),
         "data_source": meta.get("source"),
         "checkpoint": os.path.abspath(checkpoint),
-        "num_updates": int((state.get("optimizer_history") or [{}])[-1].get("num_updates", 0)),
+        "num_updates": updates(last_state),  # updates the run made (checkpoint_last.pt)
+        "best_checkpoint_updates": updates(state),
+        "planned_updates": int(cfg.optimization.max_update),
         "epoch": int(extra.get("train_iterator", {}).get("epoch", 0)),
         "best_valid_accuracy": extra.get("best"),
         "precision": "bf16" if bf16 else "fp32",
@@ -128,7 +137,8 @@ def main(argv=None) -> int:
     paper = f" (paper: {result['paper_accuracy']})" if result["paper_accuracy"] is not None else ""
     print(f"lra_eval: {result['task']} {result['arch']}: {result['split']} accuracy {result['accuracy']:.2f}% "
           f"({result['correct']}/{result['examples']}){paper}, best valid {result['best_valid_accuracy']}, "
-          f"{result['num_updates']} updates")
+          f"checkpoint of update {result['best_checkpoint_updates']}, {result['num_updates']} updates run "
+          f"(planned {result['planned_updates']})")
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         tmp = args.json + ".tmp"

@@ -21,8 +21,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lra_recipes import MODELS, TASKS, recipe  # noqa: E402
 
-COLUMNS = ["task", "model", "ours", "paper", "diff", "updates", "recipe_updates", "data", "precision", "device",
-           "date", "examples"]
+COLUMNS = ["task", "model", "ours", "paper", "diff", "updates", "planned_updates", "recipe_updates", "data",
+           "precision", "device", "date", "examples"]
 
 
 def collect(root: str) -> dict:
@@ -44,11 +44,11 @@ def rows(results: dict) -> list:
             r = results.get((task, model))
             row = {"task": task, "model": model, "paper": rec.paper_accuracy, "recipe_updates": rec.total}
             if r is None:
-                row.update(ours=None, diff=None, updates=None, data=None, precision=None, device=None, date=None,
+                row.update(ours=None, diff=None, updates=None, planned_updates=None, data=None, precision=None, device=None, date=None,
                            examples=None)
             else:
                 row.update(ours=r["accuracy"], diff=round(r["accuracy"] - rec.paper_accuracy, 2),
-                           updates=r.get("num_updates"),
+                           updates=r.get("num_updates"), planned_updates=r.get("planned_updates"),
                            data="LRA" if r.get("data_comparable", True) else f"generated ({r.get('data_source') or 'not LRA'})",
                            precision=r.get("precision"), device=r.get("device"), date=(r.get("date") or "")[:10],
                            examples=r.get("examples"))
@@ -60,10 +60,11 @@ def markdown(table: list) -> str:
     def fmt(v, spec="{:.2f}"):
         return "-" if v is None else (spec.format(v) if isinstance(v, float) else str(v))
 
-    lines = ["| model | task | ours | paper | diff | updates (of recipe) | test examples | data | precision | device | date |",
+    lines = ["| model | task | ours | paper | diff | updates run (planned; recipe) | test examples | data | precision | device | date |",
              "|---|---|---:|---:|---:|---:|---:|---|---|---|---|"]
     for r in table:
-        upd = "-" if r["updates"] is None else f"{r['updates']:,} ({r['recipe_updates']:,})"
+        planned = "-" if r.get("planned_updates") is None else f"{r['planned_updates']:,}"
+        upd = "-" if r["updates"] is None else f"{r['updates']:,} ({planned}; {r['recipe_updates']:,})"
         diff = "-" if r["diff"] is None else f"{r['diff']:+.2f}"
         lines.append(f"| {r['model'].upper()} | {r['task']} | {fmt(r['ours'])} | {fmt(r['paper'])} | {diff} | {upd} | "
                      f"{fmt(r['examples'])} | {fmt(r['data'])} | {fmt(r['precision'])} | {fmt(r['device'])} | {fmt(r['date'])} |")

@@ -22,6 +22,8 @@
 #   MAX_UPDATE      a shorter run than the paper's (e.g. the GPU evidence): warm-up scaled by
 #                   MAX_UPDATE / total, cosine to 0 at MAX_UPDATE, no epoch cap. The test JSON and the
 #                   results table say how many updates ran.
+#   TRAIN_MINUTES   stop training after this many minutes (fairseq --stop-time-hours; the schedule is
+#                   not shortened: set MAX_UPDATE to what fits). The JSON says how many updates ran.
 #   SAVE_INTERVAL_UPDATES  checkpoint (and validate) every N updates as well as every epoch (default 1000)
 #   SAVE_DIR        checkpoints (default checkpoints/lra/TASK_MODEL); LOG_DIR (default SAVE_DIR/logs):
 #                   train.log, command.txt, tensorboard/
@@ -115,7 +117,13 @@ if [ "$DEVICE" = cpu ]; then NUM_WORKERS=${NUM_WORKERS:-0}; else NUM_WORKERS=${N
 SAVE_DIR=$(absolute "${SAVE_DIR:-$REPO/checkpoints/lra/${TASK}_${MODEL}}")
 LOG_DIR=$(absolute "${LOG_DIR:-$SAVE_DIR/logs}")
 RESULTS_DIR=$(absolute "${RESULTS_DIR:-$(dirname "$SAVE_DIR")}")
+STOP_ARGS=()
+if [ -n "${TRAIN_MINUTES:-}" ]; then
+    case "$TRAIN_MINUTES" in '' | *[!0-9.]* | *.*.*) die "TRAIN_MINUTES='$TRAIN_MINUTES' must be a number of minutes" ;; esac
+    STOP_ARGS=(--stop-time-hours "$(awk "BEGIN { printf \"%.6f\", $TRAIN_MINUTES / 60 }")")
+fi
 RUN_ARGS=(
+    ${STOP_ARGS[@]+"${STOP_ARGS[@]}"}
     --user-dir "$REPO/hgrn_fairseq" --distributed-world-size "$NPROC" --num-workers "$NUM_WORKERS"
     --save-dir "$SAVE_DIR" --save-interval-updates "$SAVE_INTERVAL_UPDATES" --keep-interval-updates 1
     --no-epoch-checkpoints
