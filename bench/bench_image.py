@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import sys
@@ -52,15 +53,18 @@ def time_ms(fn: Callable[[], None], device: str, warmup: int, rep: int) -> float
     return (time.perf_counter() - t0) * 1000 / n
 
 
-def measure(name: str, res: int, args, device: str) -> Dict[str, float]:
+def measure(name: str, res: int, args, device: str, mode: str = "eager") -> Dict[str, float]:
     import timm
 
     import hgrn_fairseq.image  # noqa: F401  (registers the HGRN models)
 
     torch.manual_seed(0)
+    hgrn = not name.startswith("deit")
+    extra = {"block_compile": "train"} if (hgrn and mode == "compile") else {}
     model = timm.create_model(name, pretrained=False, num_classes=1000, img_size=res,
-                              drop_path_rate=0.1).to(device)
+                              drop_path_rate=0.1, **extra).to(device)
     params = sum(p.numel() for p in model.parameters())
+    net = torch.compile(model) if (mode == "compile" and not hgrn) else model
     scale = (224 * 224) / (res * res)
     tb, ib = max(1, int(args.train_batch * scale)), max(1, int(args.infer_batch * scale))
     x = torch.randn(tb, 3, res, res, device=device)
@@ -70,12 +74,13 @@ def measure(name: str, res: int, args, device: str) -> Dict[str, float]:
 
     def train_step():
         with torch.autocast(device, dtype=dtype, enabled=args.precision == "bf16"):
-            loss = F.cross_entropy(model(x), y)
+            loss = F.cross_entropy(net(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    out: Dict[str, float] = {"model": name, "res": res, "params": params, "train_batch": tb, "infer_batch": ib}
+    out: Dict[str, float] = {"model": name, "mode": mode, "res": res, "params": params, "train_batch": tb,
+                             "infer_batch": ib}
     model.train()
     train_step()
     if device == "cuda":
@@ -93,7 +98,7 @@ def measure(name: str, res: int, args, device: str) -> Dict[str, float]:
     @torch.no_grad()
     def infer():
         with torch.autocast(device, dtype=dtype, enabled=args.precision == "bf16"):
-            model(xi)
+            net(xi)
 
     infer()
     if device == "cuda":
@@ -125,10 +130,10 @@ def environment(device: str) -> Dict[str, str]:
 def markdown(rows: List[Dict], env: Dict, goals: List[str]) -> str:
     lines = [f"# Image models: training and inference speed ({env.get('gpu', env['device'])})", "",
              ", ".join(f"{k} {v}" for k, v in env.items()), "",
-             "| res | model | params | train img/s | vs DeiT | train peak GiB | infer img/s | vs DeiT | infer peak GiB |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| res | model | mode | params | train img/s | vs DeiT | train peak GiB | infer img/s | vs DeiT | infer peak GiB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['res']} | {r['model']} | {r['params'] / 1e6:.2f}M | {r['train_img_s']:.0f} | "
+        lines.append(f"| {r['res']} | {r['model']} | {r['mode']} | {r['params'] / 1e6:.2f}M | {r['train_img_s']:.0f} | "
                      f"{r['train_vs_deit']:.2f}x | {r.get('train_peak_gib', float('nan')):.2f} | "
                      f"{r['infer_img_s']:.0f} | {r['infer_vs_deit']:.2f}x | {r.get('infer_peak_gib', float('nan')):.2f} |")
     lines += ["", "Goals (issue 21): " + "; ".join(goals), ""]
@@ -146,28 +151,31 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=100, help="do_bench warm-up (ms)")
     p.add_argument("--rep", type=int, default=500, help="do_bench measuring time (ms)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--modes", default="eager", help="eager and/or compile (comma-separated): compile = the HGRN "
+                   "blocks' torch.compile option (block_compile='train'; the scans stay ours) against "
+                   "torch.compile of the whole DeiT")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     env = environment(args.device)
     print(json.dumps(env), flush=True)
     rows = []
-    for res in (int(r) for r in args.resolutions.split(",")):
-        for size in args.sizes.split(","):
-            group = [measure(name, res, args, args.device) for name in SIZES[size]]
-            deit = group[-1]
-            for r in group:
-                r["size"] = size
-                r["train_vs_deit"] = r["train_img_s"] / deit["train_img_s"]
-                r["infer_vs_deit"] = r["infer_img_s"] / deit["infer_img_s"]
-                print(json.dumps(r), flush=True)
-            rows += group
+    resolutions = [int(r) for r in args.resolutions.split(",")]
+    for mode, res, size in itertools.product(args.modes.split(","), resolutions, args.sizes.split(",")):
+        group = [measure(name, res, args, args.device, mode) for name in SIZES[size]]
+        deit = group[-1]  # the ratios are against the DeiT of the same size, resolution and mode
+        for r in group:
+            r["size"] = size
+            r["train_vs_deit"] = r["train_img_s"] / deit["train_img_s"]
+            r["infer_vs_deit"] = r["infer_img_s"] / deit["infer_img_s"]
+            print(json.dumps(r), flush=True)
+        rows += group
     goals = []
     for r in rows:
         if r["model"].startswith("deit"):
             continue
         need = 1.0 if r["res"] <= 224 else 1.5
         ok = r["train_vs_deit"] >= need
-        goals.append(f"{r['model']} @ {r['res']}: train {r['train_vs_deit']:.2f}x DeiT (goal >= {need}x: "
+        goals.append(f"{r['model']} ({r['mode']}) @ {r['res']}: train {r['train_vs_deit']:.2f}x DeiT (goal >= {need}x: "
                      f"{'met' if ok else 'NOT met'})")
     with open(os.path.join(args.out, "bench_image.json"), "w") as f:
         json.dump({"env": env, "args": vars(args), "rows": rows, "goals": goals}, f, indent=1)

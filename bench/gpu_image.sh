@@ -18,6 +18,7 @@
 # Environment: IMG_STAGES  IMG_EPOCHS [60]  IMG_RES [112]  IMG_MODELS [hgrn1d_vit_tiny,hgrn2_vit_tiny,
 #   deit_tiny_patch16_224]  IMG_WORKERS [12]  IMG_DATA [digits]  IMG_TRAIN_S [150: limit per model]
 #   IMG_EXTRA (more KEY=VALUE overrides for every evidence run, word-split)
+#   IMG_BENCH_ARGS (e.g. --modes eager,compile)  IMG_BENCH_S [300]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT}"
@@ -90,7 +91,7 @@ EOF
 fi
 
 if [[ ",$STAGES," == *",bench,"* ]]; then
-  timeout 300 python3 bench/bench_image.py --out "$OUT/bench" > "$OUT/bench.log" 2>&1
+  timeout "${IMG_BENCH_S:-300}" python3 bench/bench_image.py --out "$OUT/bench" ${IMG_BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
   echo "bench rc=$? at $(el)s"; tail -14 "$OUT/bench.log"
 fi
 echo "gpu_image.sh done at $(el)s"

@@ -69,6 +69,9 @@ class HgrnVit(nn.Module):
         drop_rate: dropout before the head. proj_drop_rate: dropout on both residual branches.
         drop_path_rate: stochastic depth, rising linearly from 0 (first block) to this (last block).
         backend: recurrence kernels, ``'auto'`` (Triton on CUDA, PyTorch reference elsewhere).
+        block_compile: ``'train'`` runs each block's training forward through ``torch.compile``
+            (``HgrnBlock(compile=...)``: norms, activations and residual adds fused; the scans stay
+            ours); ``'none'`` (default): eager.
     """
 
     def __init__(
@@ -90,6 +93,7 @@ class HgrnVit(nn.Module):
         proj_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         backend: str = "auto",
+        block_compile: str = "none",
         grad_checkpointing: bool = False,
     ):
         super().__init__()
@@ -122,6 +126,7 @@ class HgrnVit(nn.Module):
                 build_token_mixer(token_mixer, embed_dim, causal=False, expand_ratio=expand_ratio,
                                   variant=hgru2_variant, backend=backend),
                 embed_dim, glu_dim, glu_activation="silu", dropout=proj_drop_rate, drop_path=rates[i],
+                compile=block_compile,
             )
             for i in range(depth)
         )

@@ -265,6 +265,23 @@ def test_two_d_scan_differs_from_raster_scan():
     assert math.isfinite(float(b(x).sum()))
 
 
+def test_block_compile_option_gives_the_eager_numbers(monkeypatch):
+    monkeypatch.setenv("HGRN_COMPILE_BACKEND", "aot_eager")  # no C compiler needed
+    torch.manual_seed(4)
+    kwargs = dict(num_classes=3, depth=2, embed_dim=8, glu_dim=8, patch_size=4)
+    eager = timm.create_model("hgrn2_2d_vit_tiny", expand_ratio=4, **kwargs)
+    compiled = timm.create_model("hgrn2_2d_vit_tiny", expand_ratio=4, block_compile="train", **kwargs)
+    compiled.load_state_dict(eager.state_dict())
+    assert all(b.compile_mode == "train" for b in compiled.blocks)
+    x = torch.randn(2, 3, 8, 12)
+    a, b = eager(x), compiled(x)  # training mode: the compiled path
+    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    a.sum().backward()
+    b.sum().backward()
+    for p, q in zip(eager.parameters(), compiled.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
+
+
 # ------------------------------------------------------------------------- GPU: Triton path vs float64
 @pytest.mark.gpu
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available(),
