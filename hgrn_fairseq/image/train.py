@@ -216,8 +216,10 @@ def build_data(cfg, rt: Runtime, per_gpu: int, eval_batch: int):
                                   seed=int(cfg.train.seed), drop_last=True)
     sampler = SkipSampler(base)
     workers = int(cfg.data.workers)
-    common = dict(num_workers=workers, pin_memory=rt.device.type == "cuda", persistent_workers=False)
-    train_loader = DataLoader(train_set, batch_size=per_gpu, sampler=sampler, drop_last=True, **common)
+    common = dict(num_workers=workers, pin_memory=rt.device.type == "cuda")
+    # persistent training workers: the sampler runs in this process, so set_epoch / skip still apply
+    train_loader = DataLoader(train_set, batch_size=per_gpu, sampler=sampler, drop_last=True,
+                              persistent_workers=workers > 0, **common)
     val_loader = DataLoader(val_set, batch_size=eval_batch, sampler=ShardSampler(len(val_set), rt.rank, rt.world),
                             shuffle=False, drop_last=False, **common)
     return train_split, val_split, train_loader, val_loader, sampler
@@ -373,6 +375,7 @@ def run(cfg, dry_run: bool = False) -> int:
     if updates_per_epoch < 1 and not cfg.train.eval_only:
         raise UsageError(f"{len(train_split.samples)} training images give {batches_per_epoch} batches of {per_gpu} "
                          f"per process, fewer than one update of {accumulation} batches: lower optim.batch_size")
+    torch.manual_seed(int(cfg.train.seed))  # the same initial weights on every process and every run
     model = build_model(cfg, num_classes)
     checkpoint_path = Path(cfg.train.checkpoint) if cfg.train.checkpoint else out / CHECKPOINT
     plan = {
@@ -424,7 +427,6 @@ def train_loop(cfg, rt, model, train_loader, val_loader, sampler, plan, log, out
     from timm.utils import ModelEmaV3
     from tqdm import tqdm
 
-    torch.manual_seed(int(cfg.train.seed))
     model.to(rt.device)
     o = cfg.optim
     optimizer = create_optimizer_v2(model, opt=o.opt, lr=lr, weight_decay=o.weight_decay, eps=o.opt_eps,
@@ -443,14 +445,24 @@ def train_loop(cfg, rt, model, train_loader, val_loader, sampler, plan, log, out
         if state["config"]["model"]["name"] != cfg.model.name:
             raise UsageError(f"{path} holds a {state['config']['model']['name']} run, not {cfg.model.name}: "
                              "pass another train.output_dir")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        if ema is not None and state.get("ema") is not None:
-            ema.module.load_state_dict(state["ema"])
+        try:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            if ema is not None and state.get("ema") is not None:
+                ema.module.load_state_dict(state["ema"])
+        except (RuntimeError, ValueError) as e:
+            first = str(e).strip().splitlines()[0]
+            raise UsageError(f"{path} does not fit this model ({first}): the data set or model.kwargs changed; "
+                             "pass another train.output_dir") from None
         epoch, batch_in_epoch, num_updates = state["epoch"], state["batch_in_epoch"], state["num_updates"]
         best_top1, unreadable_total = state["best_top1"], state["unreadable_images"]
-        log("resume", checkpoint=str(path), epoch=epoch, batch_in_epoch=batch_in_epoch, update=num_updates)
+        # the schedule is a function of the update count: recomputing it (instead of loading the
+        # scheduler's saved fields) lets a rerun change optim.epochs, warm-up or lrs
+        scheduler.step_update(num_updates)
+        changed = sorted(k for k, v in flatten(OmegaConf.to_container(cfg, resolve=True)).items()
+                         if flatten(state["config"]).get(k) != v)
+        log("resume", checkpoint=str(path), epoch=epoch, batch_in_epoch=batch_in_epoch, update=num_updates,
+            changed_settings=changed)
     max_updates = int(cfg.train.max_updates)
     if epoch >= int(o.epochs) or (max_updates and num_updates >= max_updates):
         log("done", message=f"{path} is already at the end of training (epoch {epoch}, update {num_updates}); "
@@ -570,6 +582,17 @@ def train_loop(cfg, rt, model, train_loader, val_loader, sampler, plan, log, out
     log("done", epoch=epoch, update=num_updates, best_top1=best_top1, unreadable_images=unreadable_total)
     log.close()
     return 0
+
+
+def flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    """``{"a": {"b": 1}} -> {"a.b": 1}``."""
+    out: Dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

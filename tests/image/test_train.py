@@ -2,6 +2,7 @@
 scripts/train_imagenet.sh on a tiny generated ImageFolder (CPU): the presets hold the papers' recipes,
 one training update and one evaluation, resume, the run lock, the data errors, unreadable images."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -119,6 +120,7 @@ def test_one_update_evaluation_and_resume(folder, tmp_path, capsys):
     assert code == 0, err
     log = events(out)[4:]
     assert log[0] == {**log[0], "event": "resume", "update": 1, "epoch": 0, "batch_in_epoch": 1}
+    assert log[0]["changed_settings"] == ["train.max_updates"]
     assert [e["update"] for e in log if e["event"] == "train"] == [2, 3, 4]
     second = torch.load(out / train.CHECKPOINT, weights_only=False)
     assert second["num_updates"] == 4
@@ -127,6 +129,23 @@ def test_one_update_evaluation_and_resume(folder, tmp_path, capsys):
     changed = [k for k in first["model"] if not torch.equal(first["model"][k], second["model"][k])]
     assert changed, "resumed training changed no weight"
     assert second["optimizer"]["state"], "optimizer state was not saved"
+
+    # the learning rate follows the schedule across the restart: linear warm-up over 1 epoch (3 updates)
+    # from 1e-6, then DeiT's cosine, whose period of 9 updates counts the warm-up
+    lrs = {e["update"]: e["lr"] for e in events(out) if e["event"] == "train"}
+    peak, floor, total = 5e-4 * 8 / 512, 1e-5, 9
+    assert lrs[4] == pytest.approx(floor + 0.5 * (peak - floor) * (1 + math.cos(math.pi * 4 / total)))
+    assert lrs[2] == pytest.approx(1e-6 + 2 * (peak - 1e-6) / 3)
+
+    # a checkpoint of another data set is refused
+    other = tmp_path / "other"
+    assert make_image_folder.main(["--dest", str(other), "--per-class", "3", "--size", "16", "--seed", "1"]) == 0
+    import shutil
+
+    shutil.rmtree(other / "train" / "ring")
+    shutil.rmtree(other / "val" / "ring")
+    code, _, err = run(capsys, *[a.replace(str(folder), str(other)) for a in common], "train.max_updates=5")
+    assert code == 1 and "does not fit this model" in err
 
     # the same command again: nothing left to do
     code, stdout, _ = run(capsys, *common, "train.max_updates=4")
