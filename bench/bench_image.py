@@ -12,7 +12,8 @@ hgrn1d_vit_*, hgrn2_vit_* and deit_*_patch16_224 (built at that resolution), bf1
 
 Ratios are images/s of each model over the DeiT of the same size and resolution. The issue's goals:
 training at least DeiT's at 224 px and at least 1.5x it at 448 px. Results: OUT/bench_image.json and
-OUT/bench_image.md (GPU, versions, commit, date with the numbers).
+OUT/bench_image.md (GPU, versions, commit, date with the numbers). ``--modes eager,compile,graphs``
+adds rows where both sides use torch.compile, or CUDA graphs for the training step.
 
     python bench/bench_image.py --out results/bench_image
 """
@@ -60,11 +61,18 @@ def measure(name: str, res: int, args, device: str, mode: str = "eager") -> Dict
 
     torch.manual_seed(0)
     hgrn = not name.startswith("deit")
-    extra = {"block_compile": "train"} if (hgrn and mode == "compile") else {}
+    extra = {"compile": {"block_compile": "train"}, "graphs": {"cuda_graphs": True}}.get(mode, {}) if hgrn else {}
     model = timm.create_model(name, pretrained=False, num_classes=1000, img_size=res,
                               drop_path_rate=0.1, **extra).to(device)
     params = sum(p.numel() for p in model.parameters())
-    net = torch.compile(model) if (mode == "compile" and not hgrn) else model
+    net = model
+    if mode == "compile" and not hgrn:
+        net = torch.compile(model)
+    elif mode == "graphs" and not hgrn:  # the same CUDA-graph cache as the HGRN models' cuda_graphs option
+        from hgrn_fairseq.modules.cuda_graph import GraphedCallCache
+
+        cache = GraphedCallCache(model, name=name)
+        net = lambda t: cache(t) if GraphedCallCache.usable(model, t) else model(t)  # noqa: E731
     scale = (224 * 224) / (res * res)
     tb, ib = max(1, int(args.train_batch * scale)), max(1, int(args.infer_batch * scale))
     x = torch.randn(tb, 3, res, res, device=device)
@@ -151,9 +159,10 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=100, help="do_bench warm-up (ms)")
     p.add_argument("--rep", type=int, default=500, help="do_bench measuring time (ms)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--modes", default="eager", help="eager and/or compile (comma-separated): compile = the HGRN "
+    p.add_argument("--modes", default="eager", help="eager, compile, graphs (comma-separated). compile: the HGRN "
                    "blocks' torch.compile option (block_compile='train'; the scans stay ours) against "
-                   "torch.compile of the whole DeiT")
+                   "torch.compile of the whole DeiT; graphs: training forward and backward replayed as CUDA "
+                   "graphs (the HGRN models' cuda_graphs option; DeiT through the same cache); inference eager")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     env = environment(args.device)

@@ -14,11 +14,11 @@
 #             clip 5, bf16; IMG_EPOCHS epochs at IMG_RES px, batch 128, base lr 2e-3, i.e. lr 5e-4).
 #             Table: $OUT/evidence.md / .json (top-1/top-5 of the model and of its EMA, time)
 #   bench     bench/bench_image.py: training / inference images/s and peak memory, tiny and small, 224 and
-#             448 px, against DeiT ($OUT/bench/bench_image.md / .json)
+#             448 px, against DeiT, eager and with CUDA graphs for both ($OUT/bench/bench_image.md / .json)
 # Environment: IMG_STAGES  IMG_EPOCHS [60]  IMG_RES [112]  IMG_MODELS [hgrn1d_vit_tiny,hgrn2_vit_tiny,
 #   deit_tiny_patch16_224]  IMG_WORKERS [12]  IMG_DATA [digits]  IMG_TRAIN_S [150: limit per model]
 #   IMG_EXTRA (more KEY=VALUE overrides for every evidence run, word-split)
-#   IMG_BENCH_ARGS (e.g. --modes eager,compile)  IMG_BENCH_S [300]
+#   IMG_BENCH_ARGS [--modes eager,graphs] (compile: + torch.compile rows, minutes of compiling)  IMG_BENCH_S [300]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT}"
@@ -91,7 +91,8 @@ EOF
 fi
 
 if [[ ",$STAGES," == *",bench,"* ]]; then
-  timeout "${IMG_BENCH_S:-300}" python3 bench/bench_image.py --out "$OUT/bench" ${IMG_BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+  timeout "${IMG_BENCH_S:-300}" python3 bench/bench_image.py --out "$OUT/bench" ${IMG_BENCH_ARGS:---modes eager,graphs} \
+    > "$OUT/bench.log" 2>&1
   echo "bench rc=$? at $(el)s"; tail -14 "$OUT/bench.log"
 fi
 echo "gpu_image.sh done at $(el)s"

@@ -39,7 +39,9 @@ from timm.layers import trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from ..modules.block import HgrnBlock, build_token_mixer
+from ..modules.cuda_graph import GraphedCallCache
 from ..modules.lower_bound import LayerLowerBounds
+from ..modules.transient import TransientAttrs
 
 Tensor = torch.Tensor
 MIXERS = ("hgru", "hgru2")
@@ -47,7 +49,7 @@ SCANS = ("1d", "2d")
 HGRU2_VARIANTS = ("lm", "lra")
 
 
-class HgrnVit(nn.Module):
+class HgrnVit(TransientAttrs, nn.Module):
     """HGRN image classifier. ``forward(x [B, in_chans, H, W]) -> logits [B, num_classes]``.
 
     ``H`` and ``W`` may be any multiples of ``patch_size`` (nothing depends on the resolution).
@@ -72,6 +74,9 @@ class HgrnVit(nn.Module):
         block_compile: ``'train'`` runs each block's training forward through ``torch.compile``
             (``HgrnBlock(compile=...)``: norms, activations and residual adds fused; the scans stay
             ours); ``'none'`` (default): eager.
+        cuda_graphs: on CUDA, record each training forward and backward (per input shape) as CUDA
+            graphs and replay them (``modules/cuda_graph.py``, as the LM's ``--cuda-graphs``): the host
+            issues two launches a step instead of hundreds. Same numbers as eager; evaluation is eager.
     """
 
     def __init__(
@@ -94,6 +99,7 @@ class HgrnVit(nn.Module):
         drop_path_rate: float = 0.0,
         backend: str = "auto",
         block_compile: str = "none",
+        cuda_graphs: bool = False,
         grad_checkpointing: bool = False,
     ):
         super().__init__()
@@ -116,7 +122,7 @@ class HgrnVit(nn.Module):
         self.patch_size, self.in_chans, self.num_classes = patch_size, in_chans, num_classes
         self.global_pool, self.scan = global_pool, scan
         self.embed_dim = self.num_features = self.head_hidden_size = embed_dim
-        self.grad_checkpointing = grad_checkpointing
+        self.grad_checkpointing, self.cuda_graphs = grad_checkpointing, cuda_graphs
         # a linear map of each flattened patch (p * p * in_chans inputs): as a strided convolution
         self.patch_embed = nn.Module()
         self.patch_embed.proj = nn.Conv2d(in_chans, embed_dim, patch_size, stride=patch_size)
@@ -194,8 +200,24 @@ class HgrnVit(nn.Module):
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
 
+    _TRANSIENT = ("_graphs",)  # built on first use, never pickled or deep-copied (modules/transient.py)
+
     def forward(self, x: Tensor) -> Tensor:
+        if self.cuda_graphs and GraphedCallCache.usable(self, x):
+            # (the logits are the graph's output buffer: valid until the next training forward)
+            return self._transient("_graphs", lambda: GraphedCallCache(_Eager(self), name=type(self).__name__))(x)
         return self.forward_head(self.forward_features(x))
+
+
+class _Eager(nn.Module):
+    """The eager forward of a model (whose parameters it shares): what a CUDA graph records."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.model.forward_head(self.model.forward_features(x))
 
 
 def _cfg(**overrides) -> Dict[str, Any]:

@@ -311,3 +311,27 @@ def test_gpu_kernels_match_float64_forward_and_gradients(name):
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         y16 = gpu(x.float().cuda()).float()
     assert (y16.double().cpu() - y_ref).norm() / y_ref.norm() < 5e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available(),
+                    reason="GPU-only (CUDA, TRITON_INTERPRET unset)")
+def test_gpu_cuda_graphs_give_the_eager_numbers():
+    torch.manual_seed(6)
+    kwargs = dict(num_classes=10, depth=2, embed_dim=64, glu_dim=128)
+    eager = timm.create_model("hgrn2_2d_vit_tiny", **kwargs).cuda()
+    graphed = timm.create_model("hgrn2_2d_vit_tiny", cuda_graphs=True, **kwargs).cuda()
+    graphed.load_state_dict(eager.state_dict())
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-3)
+    opt_g = torch.optim.AdamW(graphed.parameters(), lr=1e-3)
+    for step in range(3):  # capture, then replays after in-place optimiser updates
+        x = torch.randn(4, 3, 64, 96, device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            ye, yg = eager(x), graphed(x)
+        torch.testing.assert_close(yg.float(), ye.float(), rtol=2e-2, atol=2e-2)
+        ye.float().square().mean().backward()
+        yg.float().square().mean().backward()
+        for a, b in zip(eager.parameters(), graphed.parameters()):
+            torch.testing.assert_close(b.grad, a.grad, rtol=5e-2, atol=1e-3)
+        opt_e.step(), opt_g.step(), opt_e.zero_grad(), opt_g.zero_grad()
+    assert len(graphed.__dict__["_graphs"].graphed) == 1
