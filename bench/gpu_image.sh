@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # GPU evidence for the image models (issue 21), run by bench/gpu_session.sh (stage image) or alone:
 #
-#   OUT=/some/dir bash bench/gpu_session.sh image:560          # everything, one GPU call (~8 min on an H100)
-#   OUT=/some/dir IMG_STAGES=tests,bench bash bench/gpu_image.sh
+#   OUT=/some/dir bash bench/gpu_image.sh                      # everything (~8-9 min on an H100)
+#   OUT=/some/dir IMG_STAGES=tests,bench bash bench/gpu_image.sh    # ~4 min
+#   OUT=/some/dir IMG_STAGES=evidence bash bench/gpu_image.sh       # ~5 min
+# (alone it needs the .whl/ wheels of DEVICE.md for hydra, not fairseq; or as stage image of gpu_session.sh)
 #
 # Stages (IMG_STAGES, default tests,evidence,bench):
 #   tests     tests/image/test_models.py on CUDA: the models' Triton path against float64 (forward,
@@ -30,6 +32,16 @@ RES=${IMG_RES:-112}
 MODELS=${IMG_MODELS:-hgrn1d_vit_tiny,hgrn2_vit_tiny,deit_tiny_patch16_224}
 T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
+# Alone (not under gpu_session.sh): hydra-core / omegaconf from the wheels of .whl/ (DEVICE.md) and their
+# antlr4 runtime from its source archive; fairseq is not needed (hgrn_fairseq skips it when absent).
+if ! python3 -c "import hydra" 2>/dev/null; then
+  R=$PWD
+  . bench/gpu_fairseq.sh
+  gpu_env > /dev/null
+  (cd /tmp && python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site \
+     "$R"/.whl/antlr4*.tar.gz) || echo "antlr4 runtime: install failed (hydra will not import)"
+  export PYTHONPATH=$R:/tmp/site
+fi
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton, timm; print('torch', torch.__version__, 'triton', triton.__version__, 'timm', timm.__version__)"
   git log -1 --format='commit %h %cd' 2>/dev/null; git status --porcelain --untracked-files=no 2>/dev/null | head -5; } \
