@@ -30,8 +30,10 @@
 #   RESULTS_DIR     where results.md / results.csv are written (default: the parent of SAVE_DIR)
 #   NUM_WORKERS     data-loading workers per process (default 2; 0 on CPU)
 #   SKIP_TEST=1     train only.  PYTHON: interpreter (default python3).
-# Resume: rerun the same command; fairseq continues from SAVE_DIR/checkpoint_last.pt (a finished run
-# only redoes the test evaluation).
+# Resume: rerun the same command; fairseq continues from SAVE_DIR/checkpoint_last.pt. A run that reached
+# its --max-update leaves SAVE_DIR/finished_max_update_N, and a rerun only redoes the test evaluation.
+# A run stopped by TRAIN_MINUTES stops again at once when rerun (fairseq counts the training time in the
+# checkpoint): raise TRAIN_MINUTES to continue it.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -151,14 +153,27 @@ if [ "$DRY_RUN" -eq 1 ]; then
 fi
 
 [ -d "$DATA_DIR" ] || die "DATA_DIR $DATA_DIR does not exist: prepare it with data_prep/prepare_lra.py $TASK --dest $DATA_DIR (see docs/lra.md) or pass the directory as the third argument"
-CHECK=$("$PYTHON" -m hgrn_fairseq.tasks.lra_format validate "$DATA_DIR" 2>&1) || die "$(echo "$CHECK" | grep -v -i 'warn\|INFO' | tail -5)"
-note "data: $(echo "$CHECK" | tail -1)"
-mkdir -p "$SAVE_DIR" "$LOG_DIR"
-{
-    printf '# %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    printf '%q ' "${TRAIN[@]}"; echo
-} >>"$LOG_DIR/command.txt"
-"${TRAIN[@]}"
+# fairseq-train restarted after a run that reached --max-update makes one more update before it notices:
+# a finished run leaves a mark, and a rerun goes straight to the test evaluation.
+PLANNED=""
+for ((i = 0; i < ${#TRAIN[@]} - 1; i++)); do [ "${TRAIN[$i]}" = --max-update ] && PLANNED=${TRAIN[$((i + 1))]}; done
+DONE_MARK="$SAVE_DIR/finished_max_update_$PLANNED"
+if [ -f "$DONE_MARK" ]; then
+    note "training already reached --max-update $PLANNED ($DONE_MARK): going to the test evaluation (delete the mark to train on)"
+else
+    CHECK=$("$PYTHON" -m hgrn_fairseq.tasks.lra_format validate "$DATA_DIR" 2>&1) ||
+        die "$(echo "$CHECK" | grep -v -i 'warn\|INFO' | tail -5)"
+    note "data: $(echo "$CHECK" | tail -1)"
+    mkdir -p "$SAVE_DIR" "$LOG_DIR"
+    {
+        printf '# %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+        printf '%q ' "${TRAIN[@]}"; echo
+    } >>"$LOG_DIR/command.txt"
+    "${TRAIN[@]}"
+    if grep -q "Stopping training due to num_updates: [0-9]* >= max_update: $PLANNED\$" "$LOG_DIR/train.log" 2>/dev/null; then
+        date -u +%Y-%m-%dT%H:%M:%SZ >"$DONE_MARK"
+    fi
+fi
 if [ "${SKIP_TEST:-0}" = 1 ]; then
     note "SKIP_TEST=1: no test evaluation"
     exit 0

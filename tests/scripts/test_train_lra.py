@@ -1,0 +1,183 @@
+"""scripts/train_lra.sh and its helpers: the recipes against SPEC 7, --dry-run commands, argument errors,
+configs/lra in sync with the recipes, the results table, a CPU run end to end (train, resume, test JSON,
+table) and a smoke run of bench/bench_lra.py."""
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import hgrn_fairseq  # noqa: F401
+from tests.script_module import load_script
+
+from ..tasks.test_lra_format import write_tiny
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(REPO, "scripts", "train_lra.sh")
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+import lra_recipes as recipes  # noqa: E402  (a dataclass module: imported by name, not by path)
+
+# SPEC 7, written out again: lr, weight decay, warm-up, total, epochs, total batch, clip, paper accuracy
+SPEC = {
+    ("listops", "hgrn1"): (5e-4, 0.01, 5000, 50000, 50, 128, 0.0, 59.95),
+    ("text", "hgrn1"): (5e-3, 0.0, 10000, 50000, 32, 32, 0.0, 88.14),
+    ("retrieval", "hgrn1"): (5e-3, 0.0, 312, 50000, 20, 64, 0.0, 94.23),
+    ("image", "hgrn1"): (3e-3, 0.0, 30000, 50000, 100, 50, 0.0, 88.69),
+    ("pathfinder", "hgrn1"): (2e-3, 0.0, 50000, 500000, 200, 128, 0.0, 92.92),
+    ("pathx", "hgrn1"): (7.5e-4, 0.0, 150000, 500000, 100, 16, 0.0, 97.50),
+    ("listops", "hgrn2"): (5e-4, 0.0, 5000, 50000, 50, 128, 0.0, 60.52),
+    ("text", "hgrn2"): (5e-3, 0.0, 10000, 50000, 40, 64, 0.0, 88.97),
+    ("retrieval", "hgrn2"): (5e-3, 0.0, 312, 50000, 20, 128, 1.0, 95.07),
+    ("image", "hgrn2"): (3e-3, 0.0, 30000, 50000, 75, 64, 0.0, 89.33),
+    ("pathfinder", "hgrn2"): (2e-3, 0.0, 50000, 500000, 100, 128, 0.0, 93.95),
+    ("pathx", "hgrn2"): (7.5e-4, 0.0, 150000, 500000, 200, 256, 1.0, 98.12),
+}
+
+
+def run(args, env=None, timeout=120):
+    return subprocess.run(["bash", SCRIPT, *args], capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHON=sys.executable, **(env or {})), cwd=REPO)
+
+
+def flag(cmd, name):
+    i = cmd.index(name)
+    return cmd[i + 1]
+
+
+@pytest.mark.parametrize("key", list(SPEC))
+def test_recipes_are_the_papers(key):
+    task, model = key
+    lr, wd, warm, total, epochs, batch, clip, acc = SPEC[key]
+    r = recipes.recipe(task, model)
+    assert (r.lr, r.weight_decay, r.warmup, r.total, r.epochs, r.batch, r.clip, r.paper_accuracy) == \
+        (lr, wd, warm, total, epochs, batch, clip, acc)
+    assert r.precision == ("bf16" if model == "hgrn2" else "fp32")
+    assert r.augment == (task == "image")
+    args = recipes.fairseq_args(task, model)
+    assert flag(args, "--lr") == repr(lr) and flag(args, "--weight-decay") == repr(wd)
+    assert flag(args, "--warmup-updates") == str(warm) and flag(args, "--max-update") == str(total)
+    assert flag(args, "--max-epoch") == str(epochs) and flag(args, "--batch-size") == str(batch)
+    assert flag(args, "--seed") == "2222" and flag(args, "--clip-norm") == repr(clip)
+    assert flag(args, "--arch") == f"{model}_lra_{task}" and flag(args, "--lr-scheduler") == "cosine"
+    assert ("--bf16" in args) == (model == "hgrn2") and ("--augment" in args) == (task == "image")
+    assert flag(args, "--best-checkpoint-metric") == "accuracy" and "--maximize-best-checkpoint-metric" in args
+
+
+def test_dry_run_prints_the_commands(tmp_path):
+    p = run(["--dry-run", "listops", "hgrn1", str(tmp_path)], env={"NUM_GPUS": "0"})
+    assert p.returncode == 0, p.stderr
+    train, evaluate, results = p.stdout.strip().splitlines()
+    assert "scripts/fairseq_train.py" in train and str(tmp_path) in train and "--task lra_text" in train
+    assert "--arch hgrn1_lra_listops" in train and "--cpu" in train and "--tensorboard-logdir" in train
+    assert "lra_eval.py" in evaluate and "checkpoints/lra/listops_hgrn1/checkpoint_best.pt" in evaluate
+    assert "--split test" in evaluate and "test_result.json" in evaluate
+    assert "lra_results.py" in results
+    # four GPUs: torchrun, the total batch of 128 split in four
+    p = run(["--dry-run", "pathfinder", "hgrn2"], env={"NUM_GPUS": "4"})
+    assert p.returncode == 0, p.stderr
+    line = p.stdout.splitlines()[0]
+    assert "torch.distributed.run --standalone --nproc_per_node 4" in line
+    assert "--batch-size 32 --update-freq 1" in line and "--distributed-world-size 4" in line and "--bf16" in line
+    assert "data-bin/lra/pathfinder" in line and "--task lra_image" in line
+
+
+def test_shortened_runs_compress_the_schedule():
+    p = run(["--dry-run", "listops", "hgrn2"], env={"NUM_GPUS": "1", "MAX_UPDATE": "5000", "BATCH_PER_GPU": "32",
+                                                    "TRAIN_MINUTES": "3"})
+    assert p.returncode == 0, p.stderr
+    line = p.stdout.splitlines()[0]
+    assert "--warmup-updates 500 " in line and "--max-update 5000 " in line and "--max-epoch" not in line
+    assert "--batch-size 32 --update-freq 4" in line and "--stop-time-hours 0.050000" in line
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["lisops", "hgrn1"], {}, "unknown TASK 'lisops': use one of: listops text retrieval image pathfinder pathx"),
+    (["listops", "hgrn3"], {}, "unknown MODEL 'hgrn3': use hgrn1 or hgrn2"),
+    (["listops"], {}, "usage: bash scripts/train_lra.sh TASK MODEL"),
+    (["listops", "hgrn1"], {"NUM_GPUS": "3"}, "batch of 128 cannot be split evenly over 3 processes"),
+    (["listops", "hgrn1"], {"MAX_UPDATE": "many"}, "MAX_UPDATE='many' must be a positive whole number"),
+    (["listops", "hgrn1"], {"BATCH_PER_GPU": "48", "NUM_GPUS": "1"}, "BATCH_PER_GPU=48 does not divide the 128"),
+    (["listops", "hgrn1", "/nonexistent/lra"], {"NUM_GPUS": "0"},
+     "DATA_DIR /nonexistent/lra does not exist: prepare it with data_prep/prepare_lra.py listops"),
+])
+def test_argument_errors_name_the_fix(args, env, message):
+    p = run(args, env=env)
+    assert p.returncode == 2
+    assert message in p.stderr, p.stderr
+
+
+def test_configs_match_the_recipes(tmp_path):
+    written = recipes.write_configs(str(tmp_path))
+    assert len(written) == 12
+    for path in written:
+        committed = os.path.join(REPO, "configs", "lra", os.path.basename(path))
+        with open(path) as a, open(committed) as b:
+            assert a.read() == b.read(), f"{committed} is stale: run python scripts/lra_recipes.py write-configs"
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(os.path.join(REPO, "configs", "lra", "retrieval_hgrn2.yaml"))
+    lr, wd, warm, total, epochs, batch, clip, _ = SPEC[("retrieval", "hgrn2")]
+    assert cfg.optimization.lr == [lr] and cfg.optimization.clip_norm == clip and cfg.common.bf16 is True
+    assert cfg.lr_scheduler.warmup_updates == warm and cfg.dataset.batch_size == batch and cfg.common.seed == 2222
+    assert cfg.model.encoder_embed_dim == 256 and cfg.model.norm == "syncbatch" and cfg.model.expand_ratio == 2
+
+
+def test_results_table(tmp_path):
+    results = load_script(os.path.join(REPO, "scripts", "lra_results.py"))
+    for task, model, acc in (("listops", "hgrn1", 58.45), ("pathfinder", "hgrn2", 70.0)):
+        os.makedirs(tmp_path / f"{task}_{model}")
+        with open(tmp_path / f"{task}_{model}" / "test_result.json", "w") as f:
+            json.dump({"arch": f"{model}_lra_{task}", "accuracy": acc, "num_updates": 3000, "planned_updates": 3000,
+                       "data_comparable": task == "listops", "data_source": None if task == "listops" else "generator",
+                       "precision": "fp32", "device": "NVIDIA H100", "date": "2026-11-24T00:00:00Z",
+                       "examples": 2000}, f)
+    assert results.main([str(tmp_path)]) == 0
+    md = (tmp_path / "results.md").read_text()
+    assert "| HGRN1 | listops | 58.45 | 59.95 | -1.50 | 3,000 (3,000; 50,000) | 2000 | LRA |" in md
+    assert "| HGRN2 | pathfinder | 70.00 | 93.95 | -23.95 |" in md and "generated (generator)" in md
+    assert "HGRN1 average: ours - (needs all six tasks on LRA's data), paper 86.91" in md
+    rows = list(csv.DictReader(open(tmp_path / "results.csv")))
+    assert len(rows) == 12 and rows[0]["task"] == "listops" and rows[0]["ours"] == "58.45"
+
+
+def test_cpu_run_end_to_end_and_resume(tmp_path):
+    data = str(tmp_path / "data")
+    write_tiny(data, "listops", sizes=(64, 24, 20))
+    env = {"NUM_GPUS": "0", "MAX_UPDATE": "12", "SAVE_DIR": str(tmp_path / "runs" / "listops_hgrn1"),
+           "SAVE_INTERVAL_UPDATES": "6"}
+    tiny = ["--encoder-embed-dim", "8", "--encoder-layers", "1", "--batch-size", "16", "--batch-size-valid", "16"]
+    p = run(["listops", "hgrn1", data, *tiny], env=env, timeout=300)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    result = json.load(open(tmp_path / "runs" / "listops_hgrn1" / "test_result.json"))
+    assert result["examples"] == 20 and result["split"] == "test" and result["num_updates"] == 12
+    assert result["planned_updates"] == 12 and result["paper_accuracy"] == 59.95
+    assert result["data_comparable"] is False  # the tiny data say so in meta.json
+    assert "lra_eval: listops hgrn1_lra_listops: test accuracy" in p.stdout
+    assert (tmp_path / "runs" / "results.md").is_file() and (tmp_path / "runs" / "results.csv").is_file()
+    assert (tmp_path / "runs" / "listops_hgrn1" / "logs" / "train.log").is_file()
+    assert (tmp_path / "runs" / "listops_hgrn1" / "finished_max_update_12").is_file()
+    # rerun of a finished run: no training (fairseq would make a 13th update), straight to the test
+    p = run(["listops", "hgrn1", data, *tiny], env=dict(env, SKIP_TEST="1"), timeout=300)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    assert "training already reached --max-update 12" in p.stderr
+    # a longer plan resumes from checkpoint_last.pt at update 12
+    p = run(["listops", "hgrn1", data, *tiny], env=dict(env, SKIP_TEST="1", MAX_UPDATE="14"), timeout=300)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    assert re.search(r"Loaded checkpoint \S+checkpoint_last.pt \(epoch \d+ @ 12 updates\)", p.stdout + p.stderr)
+    log = open(tmp_path / "runs" / "listops_hgrn1" / "logs" / "train.log").read()  # fairseq_cli.train's messages
+    assert "Stopping training due to num_updates: 14 >= max_update: 14" in log
+
+
+def test_bench_lra_smoke(tmp_path):
+    bench = load_script(os.path.join(REPO, "bench", "bench_lra.py"))
+    assert bench.main(["--out", str(tmp_path), "--quick", "--device", "cpu", "--steps", "1", "--tasks",
+                       "retrieval,pathx", "--models", "hgrn2,transformer@hgrn2"]) == 0
+    rows = json.load(open(tmp_path / "bench_lra.json"))["rows"]
+    assert [(r["task"], r["model"]) for r in rows] == [("retrieval", "hgrn2"), ("retrieval", "transformer@hgrn2"),
+                                                       ("pathx", "hgrn2"), ("pathx", "transformer@hgrn2")]
+    assert all("error" not in r for r in rows), rows
+    assert rows[2]["scan_2d"] == "series" and rows[3]["mixer"] == "attention"
+    assert "| pathx | hgrn2 | hgru2 | bf16 |" in (tmp_path / "bench_lra.md").read_text()
