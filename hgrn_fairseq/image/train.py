@@ -135,6 +135,9 @@ class RunLock:
         self.file.write(f"pid {os.getpid()} on {os.uname().nodename} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         self.file.flush()
 
+    def release(self) -> None:
+        self.file.close()  # closing the descriptor drops the lock
+
 
 def save_atomic(obj: Any, path: Path) -> None:
     """torch.save to a temporary file in the same folder, fsync, then rename over ``path``."""
@@ -344,6 +347,7 @@ class Log:
             self.file.close()
         if self.writer is not None:
             self.writer.close()
+        self.file = self.writer = None
 
 
 # --------------------------------------------------------------------------------------------- training
@@ -398,10 +402,15 @@ def run(cfg, dry_run: bool = False) -> int:
         return run_eval_only(cfg, rt, model, val_loader, checkpoint_path, show)
 
     out.mkdir(parents=True, exist_ok=True)
-    lock = RunLock(out) if rt.main else None  # noqa: F841 (held until the process ends)
+    lock = RunLock(out) if rt.main else None
     log = Log(out, rt.main)
-    return train_loop(cfg, rt, model, train_loader, val_loader, sampler, plan, log, out, show,
-                      per_gpu, accumulation, lr, batches_per_epoch, updates_per_epoch, num_classes)
+    try:
+        return train_loop(cfg, rt, model, train_loader, val_loader, sampler, plan, log, out, show,
+                          per_gpu, accumulation, lr, batches_per_epoch, updates_per_epoch, num_classes)
+    finally:
+        log.close()
+        if lock is not None:
+            lock.release()
 
 
 def run_eval_only(cfg, rt, model, val_loader, checkpoint_path: Path, show: bool) -> int:
@@ -580,7 +589,6 @@ def train_loop(cfg, rt, model, train_loader, val_loader, sampler, plan, log, out
         checkpoint()
         last_save = time.monotonic()
     log("done", epoch=epoch, update=num_updates, best_top1=best_top1, unreadable_images=unreadable_total)
-    log.close()
     return 0
 
 

@@ -164,7 +164,7 @@ def test_a_second_run_on_a_folder_in_use_is_refused(folder, tmp_path, capsys):
     held = train.RunLock(out)  # what a running training holds
     code, _, err = run(capsys, f"data.path={folder}", f"train.output_dir={out}", "train.max_updates=1", *TINY)
     assert code == 1 and "is in use by another training run" in err and f"pid {os.getpid()}" in err
-    held.file.close()
+    held.release()
     code, _, err = run(capsys, f"data.path={folder}", f"train.output_dir={out}", "train.max_updates=1",
                        "optim.epochs=1", *TINY)
     assert code == 0, err
