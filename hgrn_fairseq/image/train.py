@@ -235,10 +235,15 @@ def build_model(cfg, num_classes: int):
     from . import models  # noqa: F401  (registers the HGRN models with timm)
 
     kwargs = dict(cfg.model.kwargs or {})
+    common = dict(pretrained=False, num_classes=num_classes, drop_rate=float(cfg.model.drop),
+                  drop_path_rate=float(cfg.model.drop_path), **kwargs)
     try:
-        model = timm.create_model(cfg.model.name, pretrained=False, num_classes=num_classes,
-                                  img_size=int(cfg.model.img_size), drop_rate=float(cfg.model.drop),
-                                  drop_path_rate=float(cfg.model.drop_path), **kwargs)
+        try:
+            model = timm.create_model(cfg.model.name, img_size=int(cfg.model.img_size), **common)
+        except TypeError as e:
+            if "img_size" not in str(e):
+                raise
+            model = timm.create_model(cfg.model.name, **common)  # convolutional nets take any size as they are
     except RuntimeError as e:
         if "Unknown model" in str(e):
             raise UsageError(f"model.name={cfg.model.name!r} is not a timm model (HGRN ones: "

@@ -279,3 +279,12 @@ def test_train_imagenet_sh_picks_the_recipe(folder, tmp_path):
     res = subprocess.run(["bash", os.path.join(REPO, "scripts", "train_imagenet.sh"), "hgrn1d_vit_tiny"],
                          capture_output=True, text=True, env=env)
     assert res.returncode == 1 and "usage" in res.stderr
+
+
+def test_other_timm_models_train_with_the_same_entry_point():
+    # models without an img_size argument (convolutional nets) are built without it
+    cfg = train.load_config("deit", None, ["data.path=/x", "model.name=resnet18", "model.drop_path=0.0"])
+    assert train.build_model(cfg, 5).num_classes == 5
+    cfg = train.load_config("deit", None, ["data.path=/x", "model.img_size=64"])
+    model = train.build_model(cfg, 3)
+    assert model(torch.randn(1, 3, 64, 64)).shape == (1, 3)  # DeiT at 64 px (its position table built so)
