@@ -151,27 +151,36 @@ class CheckedLanguageModelingTask(LanguageModelingTask):
 
     # ---- generation says what it did ------------------------------------------------------------------
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
-        check_length_budget(generator, sample, self.source_dictionary.pad(), self.source_dictionary.bos())
+        # the prompt as fairseq's LanguageModelingTask.inference_step builds it: the prefix tokens, else the
+        # source without its leading begin-of-sentence token (eos, or bos with --add-bos-token)
+        dictionary = self.source_dictionary
+        bos = dictionary.bos() if getattr(self.args, "add_bos_token", False) else dictionary.eos()
+        check_length_budget(generator, sample, prefix_tokens, dictionary.pad(), bos)
         return super().inference_step(generator, models, sample, prefix_tokens=prefix_tokens, constraints=constraints)
 
 
-def check_length_budget(generator, sample, pad: int, bos: int) -> None:
+def check_length_budget(generator, sample, prefix_tokens, pad: int, bos: int) -> None:
     """Refuse prompts that fill the generator's length budget: fairseq caps prompt plus continuation at
-    ``min(max_len_a * prompt + max_len_b, model positions - 1)`` and would return the prompt cut to that
-    budget, with nothing generated."""
+    ``min(max_len_a * source length + max_len_b, model positions - 1)`` and would return the prompt cut
+    to that budget, with nothing generated."""
     max_len_a, max_len_b = getattr(generator, "max_len_a", None), getattr(generator, "max_len_b", None)
     if max_len_b is None or sample is None or "net_input" not in sample:
         return
-    tokens = sample["net_input"]["src_tokens"]
-    lengths = tokens.ne(pad).sum(dim=1)
-    if tokens.size(1) > 0 and bool(tokens[:, 0].eq(bos).all()):
-        lengths = lengths - 1
-    src_len = tokens.size(1)
-    budget = int(max_len_a * src_len + max_len_b)
+    src_tokens = sample["net_input"]["src_tokens"]
+    if prefix_tokens is None:
+        prompt = src_tokens
+        if prompt.size(1) > 0 and bool(prompt[:, 0].eq(bos).all()):
+            prompt = prompt[:, 1:]
+    else:
+        prompt = prefix_tokens
+    if prompt.numel() == 0:
+        return
+    lengths = prompt.ne(pad).sum(dim=1)
+    budget = int(max_len_a * src_tokens.size(1) + max_len_b)
     model_cap = getattr(generator, "max_len", None)
     if model_cap:
         budget = min(budget, int(model_cap) - 1)
-    longest = int(lengths.max()) if lengths.numel() else 0
+    longest = int(lengths.max())
     if longest >= budget:
         over = int((lengths >= budget).sum())
         raise DataError(
