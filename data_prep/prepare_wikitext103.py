@@ -14,8 +14,16 @@ Tokenizers (``--tokenizer``):
 * ``sentencepiece`` (offline alternative): a BPE trained on ``wiki.train.raw``
   (``sentencepiece_bpe.py``). Perplexities with it are NOT comparable with the papers'; the
   ``TOKENIZER_INFO.json`` marker in the output directory says so.
-* ``auto`` (default): ``gpt2`` when the three GPT-2 files are in ``--gpt2-dir``, otherwise
-  ``sentencepiece`` with a warning.
+* ``auto`` (default): ``gpt2`` when ``--gpt2-dir`` is given (its three files must be there),
+  ``sentencepiece`` with a warning when it is not.
+
+The GPT-2 files are verified before any work starts: ``encoder.json`` and ``vocab.bpe`` must have the
+SHA-256 of the published files (OpenAI's release, which fairseq mirrors; the same digests tiktoken
+pins), ``dict.txt`` must be fairseq's GPT-2 dictionary (50260 lines of encoder ids and
+``madeupword`` fillers), and the encoder must load. A mismatch (a partial download, an edited file) is
+an error naming the file, unless ``--custom-gpt2`` says the files are meant to differ; the output is
+then marked not comparable with the papers. A tokenizer that fails to load stops the run at once
+(never a pool of workers restarting forever).
 
 Encoding runs on ``--workers`` processes (default: all cores) with a progress bar, binarisation
 through ``fairseq-preprocess --workers``. The token count of every split is printed and written
@@ -49,6 +57,13 @@ GPT2_URLS = {
     "dict.txt": "https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe/dict.txt",
 }
 RAW_FILES = {"train": "wiki.train.raw", "valid": "wiki.valid.raw", "test": "wiki.test.raw"}
+# SHA-256 of the published GPT-2 BPE files (OpenAI's gpt-2/encodings/main release; fairseq's
+# dl.fbaipublicfiles.com/fairseq/gpt2_bpe/ copies are those files; tiktoken pins the same digests)
+GPT2_SHA256 = {
+    "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
+    "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+}
+GPT2_DICT_LINES = 50260  # fairseq's GPT-2 dict.txt: + 4 specials = 50264 entries
 STAMP = "PREPARED.json"
 GPT2_LABEL = "GPT-2 BPE (encoder.json / vocab.bpe) with fairseq's GPT-2 dict.txt: the papers' tokenizer"
 _CHUNK_LINES = 2048
@@ -142,6 +157,58 @@ def gpt2_files(gpt2_dir: Optional[str]) -> Tuple[Dict[str, str], List[str]]:
     return paths, missing
 
 
+def verify_gpt2_files(paths: Dict[str, str], custom: bool = False) -> Dict[str, str]:
+    """Check the three GPT-2 files before any work; returns their SHA-256 (see the module docstring)."""
+    shas = {}
+    for name, path in paths.items():
+        try:
+            shas[name] = _sha256(path)
+        except OSError as e:
+            raise PrepError(f"{path} cannot be read ({e.strerror}): fetch it again from {GPT2_URLS[name]}") from None
+    if not custom:
+        for name, expected in GPT2_SHA256.items():
+            if shas[name] != expected:
+                raise PrepError(
+                    f"{paths[name]} is not the published GPT-2 {name} (sha256 {shas[name][:16]}..., expected "
+                    f"{expected[:16]}...): a partial or altered download? fetch it again from {GPT2_URLS[name]}, "
+                    f"or pass --custom-gpt2 to use these files (the output is then marked not comparable)"
+                )
+    try:
+        encoder = load_gpt2_bpe_utils().get_encoder(paths["encoder.json"], paths["vocab.bpe"])
+    except Exception as e:  # json / unicode / index errors of a damaged file
+        raise PrepError(
+            f"the GPT-2 BPE files {paths['encoder.json']} / {paths['vocab.bpe']} cannot be loaded "
+            f"({type(e).__name__}: {str(e)[:80]}): fetch them again from {GPT2_URLS['encoder.json']} and "
+            f"{GPT2_URLS['vocab.bpe']}"
+        ) from None
+    _check_gpt2_dict(paths["dict.txt"], len(encoder.encoder), custom)
+    return shas
+
+
+def _check_gpt2_dict(path: str, vocab: int, custom: bool) -> None:
+    seen = set()
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise PrepError(f"{path} cannot be read ({e}): fetch it again from {GPT2_URLS['dict.txt']}") from None
+    for number, line in enumerate(lines, 1):
+        fields = line.split(" ")
+        ok = len(fields) == 2 and fields[1].isdigit() and (
+            (fields[0].isdigit() and int(fields[0]) < vocab) or fields[0].startswith("madeupword"))
+        if not ok or fields[0] in seen:
+            raise PrepError(
+                f"{path}:{number}: {line[:40]!r} is not a line of fairseq's GPT-2 dict.txt ('<encoder id> <count>', "
+                f"ids below {vocab}, each once): fetch it again from {GPT2_URLS['dict.txt']}"
+            )
+        seen.add(fields[0])
+    if not custom and len(lines) != GPT2_DICT_LINES:
+        raise PrepError(
+            f"{path} has {len(lines)} lines, fairseq's GPT-2 dict.txt has {GPT2_DICT_LINES}: a partial download? "
+            f"fetch it again from {GPT2_URLS['dict.txt']}, or pass --custom-gpt2"
+        )
+
+
 def _missing_gpt2_message(gpt2_dir: Optional[str], name: str) -> str:
     where = os.path.join(gpt2_dir, name) if gpt2_dir else f"{name} (no --gpt2-dir given)"
     return (
@@ -155,6 +222,7 @@ def _missing_gpt2_message(gpt2_dir: Optional[str], name: str) -> str:
 # GPT-2 BPE encoding (parallel)
 # --------------------------------------------------------------------------------------------
 _GPT2 = None
+_GPT2_ERROR: Optional[str] = None
 
 
 def load_gpt2_bpe_utils():
@@ -176,11 +244,18 @@ def load_gpt2_bpe_utils():
 
 
 def _gpt2_init(encoder_json: str, vocab_bpe: str) -> None:
-    global _GPT2
-    _GPT2 = load_gpt2_bpe_utils().get_encoder(encoder_json, vocab_bpe)
+    # A worker whose initializer raises exits and the pool starts another, forever: keep the error
+    # and raise it from the first task instead, which ends the run.
+    global _GPT2, _GPT2_ERROR
+    try:
+        _GPT2 = load_gpt2_bpe_utils().get_encoder(encoder_json, vocab_bpe)
+    except Exception as e:
+        _GPT2_ERROR = f"{type(e).__name__}: {str(e)[:200]}"
 
 
 def _gpt2_encode_chunk(lines: List[str]) -> Tuple[List[str], int]:
+    if _GPT2 is None:
+        raise RuntimeError(f"the GPT-2 BPE encoder did not load in a worker process ({_GPT2_ERROR})")
     nbytes = sum(len(line.encode("utf-8")) + 1 for line in lines)
     out = []
     for line in lines:
@@ -230,6 +305,12 @@ def gpt2_encode_files(
             bar.close()
             os.replace(out_path + ".tmp", out_path)
             lines[split] = n
+    except BaseException:
+        if pool is not None:
+            pool.terminate()  # a failed chunk ends the run now, not after the queued ones
+            pool.join()
+            pool = None
+        raise
     finally:
         if pool is not None:
             pool.close()
@@ -251,9 +332,15 @@ def prepare(
     download: bool = False,
     force: bool = False,
     log=print,
+    custom_gpt2: bool = False,
 ) -> Dict[str, dict]:
     """Run the whole preparation; returns the token counts {split: {lines, tokens}}."""
     workers = workers or os.cpu_count() or 1
+    if workers < 1:
+        raise PrepError(f"--workers {workers}: give a number of processes >= 1")
+    if vocab_size < 8:
+        raise PrepError(f"--vocab-size {vocab_size}: give a sentencepiece vocabulary of at least 8 pieces")
+    asked_for_gpt2 = tokenizer == "gpt2" or (tokenizer == "auto" and gpt2_dir is not None)
     workdir = workdir or dest.rstrip("/") + ".work"
     if tokenizer not in ("auto", "gpt2", "sentencepiece"):
         raise PrepError(f"--tokenizer {tokenizer!r} is not one of auto, gpt2, sentencepiece")
@@ -268,7 +355,13 @@ def prepare(
     raw = locate_raw(source, workdir, log)  # before the tokenizer: a missing dataset is the first problem
     if tokenizer in ("auto", "gpt2"):
         paths, missing = gpt2_files(gpt2_dir)
-        if missing and tokenizer == "gpt2":
+        if gpt2_dir and not os.path.isdir(gpt2_dir) and asked_for_gpt2:
+            raise PrepError(
+                f"--gpt2-dir {gpt2_dir} does not exist: put encoder.json, vocab.bpe and dict.txt "
+                f"(https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe/) there, or leave --gpt2-dir out and pass "
+                f"--tokenizer sentencepiece (offline, not comparable with the paper)"
+            )
+        if missing and asked_for_gpt2:
             raise PrepError(_missing_gpt2_message(gpt2_dir, missing[0]))
         if missing:
             log(f"[wikitext] WARNING: {_missing_gpt2_message(gpt2_dir, missing[0])}")
@@ -280,7 +373,8 @@ def prepare(
     inputs = {"raw": {s: _fingerprint(p) for s, p in raw.items()}, "tokenizer": tokenizer}
     if tokenizer == "gpt2":
         paths, _ = gpt2_files(gpt2_dir)
-        inputs["gpt2_sha256"] = {n: _sha256(p) for n, p in paths.items()}
+        inputs["gpt2_sha256"] = verify_gpt2_files(paths, custom_gpt2)
+        inputs["custom_gpt2"] = bool(custom_gpt2)
     else:
         inputs["vocab_size"] = vocab_size
     stamp_path = os.path.join(dest, STAMP)
@@ -303,8 +397,9 @@ def prepare(
         srcdict = paths["dict.txt"]
         marker = {
             "tokenizer": "gpt2-bpe",
-            "comparable_with_paper": True,
-            "label": GPT2_LABEL,
+            "comparable_with_paper": not custom_gpt2,
+            "label": GPT2_LABEL if not custom_gpt2 else
+            "custom GPT-2-style BPE files (--custom-gpt2): NOT comparable with the papers' perplexities",
             "source": os.path.abspath(source),
             "gpt2_sha256": inputs["gpt2_sha256"],
         }
@@ -346,10 +441,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--vocab-size", type=int, default=32000, help="sentencepiece vocabulary (offline tokenizer)")
     p.add_argument("--download", action="store_true", help="fetch missing inputs from their published URLs")
     p.add_argument("--force", action="store_true", help="redo every step")
+    p.add_argument("--custom-gpt2", action="store_true",
+                   help="the --gpt2-dir files are meant to differ from the published ones (no checksum check; "
+                        "the output is marked not comparable with the papers)")
     args = p.parse_args(argv)
     try:
         prepare(args.source, args.dest, args.tokenizer, args.gpt2_dir, args.workdir, args.workers,
-                args.vocab_size, args.download, args.force)
+                args.vocab_size, args.download, args.force, custom_gpt2=args.custom_gpt2)
     except (PrepError, FileNotFoundError, ValueError, RuntimeError) as e:
         print(f"prepare_wikitext103.py: error: {e}", file=sys.stderr)
         return 2

@@ -34,6 +34,8 @@ The fixes are narrow and idempotent; ``install()`` runs when the plugin is impor
    absent; fairseq sets one rate for all). fairseq's ``--fp16`` / ``--bf16`` optimizers train flattened
    copies of the parameters, which lose the marks: the trainer refuses that combination instead of
    dropping the groups in silence.
+7. Checkpoints survive a kill, one run per save directory, a missing ``--restore-file`` is an error:
+   ``checkpoint_safety.py``.
 """
 import argparse
 import functools
@@ -72,6 +74,9 @@ def install() -> None:
     install_help_fix()
     install_legacy_config_upgrade()
     install_optimizer_groups()
+    from . import checkpoint_safety
+
+    checkpoint_safety.install()
 
 
 _CLI_MODULES = ("fairseq_cli.train", "fairseq_cli.eval_lm", "fairseq_cli.generate", "fairseq_cli.interactive",

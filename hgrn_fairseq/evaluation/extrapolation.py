@@ -46,6 +46,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
+from ..data_checks import DataError
+
 DEFAULT_LENGTHS: Tuple[int, ...] = tuple(range(512, 14336 + 1, 256))
 MODES = ("stateless", "stateful")
 MODE_LABELS = {
@@ -59,8 +61,9 @@ REPORT_STEM = "extrapolation"
 SOFTMAX_CHUNK = 2048
 
 
-class ExtrapolationError(ValueError):
-    """Bad input (lengths, files, checkpoint/data mismatch, unsupported mode): a one-line message."""
+class ExtrapolationError(DataError):
+    """Bad input (lengths, files, checkpoint/data mismatch, unsupported mode): a one-line message.
+    (The data checks of the task the checkpoint loads with raise ``DataError``, its base class.)"""
 
 
 class TokenCountMismatch(RuntimeError):
@@ -702,7 +705,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             progress=not args.no_progress, on_result=on_result,
         )
         paths = write_reports(results, info, out_dir, plot=not args.no_plot)
-    except (ExtrapolationError, TokenCountMismatch) as e:
+    except (DataError, TokenCountMismatch) as e:
         kind = "token count check failed" if isinstance(e, TokenCountMismatch) else "error"
         print(f"extrapolation: {kind}: {e}", file=sys.stderr)
         return 3 if isinstance(e, TokenCountMismatch) else 2

@@ -212,7 +212,8 @@ class HgrnFairseqLM(TemplateLM):
         super().__init__()
         import torch
 
-        from .extrapolation import ExtrapolationError, load_checkpoint_for_eval, supports_stateful
+        from ..data_checks import DataError
+        from .extrapolation import load_checkpoint_for_eval, supports_stateful
 
         sizes = {"batch_size": batch_size, "rolling_chunk": rolling_chunk, "max_gen_toks": max_gen_toks}
         for name, value in sizes.items():
@@ -227,7 +228,7 @@ class HgrnFairseqLM(TemplateLM):
         try:
             loaded = load_checkpoint_for_eval(path, data, split=None, device=device, dtype=dtype,
                                               lift_max_positions=False)
-        except ExtrapolationError as e:
+        except DataError as e:  # ExtrapolationError and the task's data checks
             raise ZeroShotError(str(e)) from None
         self.loaded, self.model, self._device = loaded, loaded.model, loaded.device
         self.dictionary = loaded.task.target_dictionary

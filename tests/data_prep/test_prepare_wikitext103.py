@@ -79,9 +79,10 @@ def test_gpt2_path_with_byte_level_files(wikitext, tmp_path):
     files = fixtures_corpus.write_byte_level_gpt2_files(str(tmp_path / "gpt2"))
     dest = str(tmp_path / "gpt2-bin")
     counts = pw.prepare(wikitext, dest, tokenizer="auto", gpt2_dir=str(tmp_path / "gpt2"), workers=2,
-                        log=lambda *_: None)
+                        log=lambda *_: None, custom_gpt2=True)
     marker = json.load(open(os.path.join(dest, "TOKENIZER_INFO.json")))
-    assert marker["tokenizer"] == "gpt2-bpe" and marker["comparable_with_paper"] is True
+    # these small files are not the published ones: accepted only as custom, and marked so
+    assert marker["tokenizer"] == "gpt2-bpe" and marker["comparable_with_paper"] is False
     decoder = get_encoder(files["encoder.json"], files["vocab.bpe"])
     raw = _lines(os.path.join(wikitext, "wiki.test.raw"))
     enc = _lines(os.path.join(dest + ".work", "gpt2", "test.bpe"))
@@ -119,3 +120,59 @@ def test_incomplete_folder(tmp_path):
     (folder / "wiki.train.raw").write_text(" = A = \n")
     with pytest.raises(pw.PrepError, match="wiki.valid.raw not found"):
         pw.locate_raw(str(tmp_path), str(tmp_path / "w"))
+
+
+# ---- the GPT-2 files are verified before any work (issue 19) -------------------------------------------
+def test_gpt2_files_that_are_not_the_published_ones_are_refused(wikitext, tmp_path):
+    fixtures_corpus.write_byte_level_gpt2_files(str(tmp_path / "gpt2"))
+    with pytest.raises(pw.PrepError) as err:
+        pw.prepare(wikitext, str(tmp_path / "d"), tokenizer="gpt2", gpt2_dir=str(tmp_path / "gpt2"),
+                   log=lambda *_: None)
+    msg = str(err.value)
+    assert "encoder.json is not the published GPT-2 encoder.json" in msg and "--custom-gpt2" in msg
+    assert not os.path.exists(tmp_path / "d")  # nothing was written
+
+
+def test_a_gpt2_dir_that_does_not_exist_is_an_error_not_a_fallback(wikitext, tmp_path):
+    with pytest.raises(pw.PrepError, match="--gpt2-dir .*nowhere does not exist"):
+        pw.prepare(wikitext, str(tmp_path / "d"), tokenizer="auto", gpt2_dir=str(tmp_path / "nowhere"),
+                   log=lambda *_: None)
+
+
+def test_damaged_encoder_ends_the_preparation_at_once(wikitext, tmp_path):
+    """A partial encoder.json (cut in the middle) with 2 workers: one error line, exit 2, in seconds."""
+    import time
+
+    files = fixtures_corpus.write_byte_level_gpt2_files(str(tmp_path / "gpt2"))
+    with open(files["encoder.json"], "rb") as f:
+        data = f.read()
+    with open(files["encoder.json"], "wb") as f:
+        f.write(data[: len(data) // 2])
+    start = time.time()
+    proc = subprocess.run(
+        [sys.executable, os.path.join(fixtures_corpus.DATA_PREP, "prepare_wikitext103.py"), "--source", wikitext,
+         "--dest", str(tmp_path / "d"), "--gpt2-dir", str(tmp_path / "gpt2"), "--custom-gpt2", "--workers", "2"],
+        capture_output=True, text=True, env=fixtures_corpus.subprocess_env(), timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert time.time() - start < 60
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and "cannot be loaded" in errors[0] and "encoder.json" in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_worker_that_cannot_load_the_encoder_fails_its_first_chunk(tmp_path):
+    """The pool's workers keep their load error and raise it from their first task (a raising
+    initializer would make multiprocessing.Pool restart workers forever)."""
+    pw._gpt2_init(str(tmp_path / "missing.json"), str(tmp_path / "missing.bpe"))
+    try:
+        with pytest.raises(RuntimeError, match="did not load in a worker"):
+            pw._gpt2_encode_chunk(["a line"])
+    finally:
+        pw._GPT2, pw._GPT2_ERROR = None, None
+
+
+def test_the_published_checksums_are_pinned():
+    # the digests tiktoken pins for OpenAI's GPT-2 files (which fairseq's gpt2_bpe/ mirrors)
+    assert pw.GPT2_SHA256["encoder.json"].startswith("196139668be63f3b")
+    assert pw.GPT2_SHA256["vocab.bpe"].startswith("1ce1664773c50f3e")

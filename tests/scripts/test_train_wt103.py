@@ -241,7 +241,7 @@ def test_dictionary_smaller_than_the_data(tmp_path, data):
     with open(wrong / "dict.txt", "w") as f:  # a dictionary from another tokenizer, smaller than the data's
         f.write("\n".join(lines[:50]) + "\n")
     err = one_line_error(run_script("--dry-run", "hgrn2_lm_base", wrong))
-    assert "train data uses token id" in err and "has only 54 entries" in err and "--srcdict" in err
+    assert "split 'train' uses token id" in err and "has only 54 entries" in err and "--srcdict" in err
 
 
 @pytest.mark.parametrize("env, message", [

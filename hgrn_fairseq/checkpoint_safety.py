@@ -1,0 +1,190 @@
+"""fairseq-train checkpoints that survive a kill, and a save directory one run at a time.
+
+Installed by ``fairseq_compat.install()`` (so by ``--user-dir hgrn_fairseq``); it changes fairseq 0.12's
+``checkpoint_utils`` as follows, and nothing else:
+
+* **Complete or absent.** fairseq writes the first checkpoint of a save aside and renames it into place,
+  but then *copies* it to the others (``checkpoint_last.pt``, ``checkpoint_best.pt``): a kill during a
+  copy left a truncated ``checkpoint_last.pt``, on which every rerun of the same command died. The copies
+  are now written aside and renamed into place too.
+* **Resume from the newest intact checkpoint.** A kill between fairseq's first write of a save and its
+  copy to ``checkpoint_last.pt`` leaves that file missing or older than the save; a damaged one (written
+  by something else, a full disk) cannot be loaded. In each case the run resumes from the newest intact
+  ``checkpoint*.pt`` of the save directory and says so (a damaged file is kept as
+  ``checkpoint_last.pt.damaged``).
+* **One run per save directory.** The master process holds an exclusive lock on
+  ``SAVE_DIR/.hgrn_train.lock`` for its lifetime (released by the system when it ends, however it ends); a
+  second run on the same directory stops with a message naming the first one's process id.
+* **A ``--restore-file`` that does not exist is an error** (fairseq trained from scratch with exit 0).
+"""
+from __future__ import annotations
+
+import functools
+import glob
+import logging
+import os
+import re
+import shutil
+import zipfile
+from typing import Dict, Optional
+
+from .data_checks import DataError
+
+logger = logging.getLogger(__name__)
+LOCK_NAME = ".hgrn_train.lock"
+_HELD_LOCKS: Dict[str, object] = {}  # save_dir -> open lock file, kept for the life of the process
+
+
+class CheckpointError(DataError):
+    """A checkpoint or save directory that cannot be used as asked."""
+
+
+def _atomic_copy(src: str, dst: str) -> None:
+    tmp = dst + ".tmp"
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+class _PathManagerWithAtomicCopy:
+    """fairseq's ``PathManager`` with ``copy`` of local files done aside then renamed."""
+
+    def __init__(self, path_manager):
+        self._pm = path_manager
+
+    def __getattr__(self, name):
+        return getattr(self._pm, name)
+
+    def copy(self, src_path: str, dst_path: str, overwrite: bool = False) -> bool:
+        if "://" in src_path or "://" in dst_path:
+            return self._pm.copy(src_path, dst_path, overwrite)
+        if os.path.exists(dst_path) and not overwrite:
+            return False
+        _atomic_copy(src_path, dst_path)
+        return True
+
+
+def is_intact(path: str) -> bool:
+    """True when ``path`` is a complete ``torch.save`` zip archive (a truncated one has no central
+    directory at its end) whose members all pass their CRC check."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return z.testzip() is None
+    except (OSError, zipfile.BadZipFile, EOFError):
+        return False
+
+
+def _updates_of(path: str) -> int:
+    m = re.search(r"_(\d+)\.pt$", os.path.basename(path))
+    return int(m.group(1)) if m else -1
+
+
+def newest_intact_checkpoint(save_dir: str, exclude=()) -> Optional[str]:
+    """The most recently written intact ``checkpoint*.pt`` of ``save_dir`` (None when there is none)."""
+    candidates = [p for p in glob.glob(os.path.join(save_dir, "checkpoint*.pt")) if p not in exclude]
+    # newest first; at equal times checkpoint_last.pt, then the most updates
+    candidates.sort(key=lambda p: (os.path.getmtime(p), "checkpoint_last" in os.path.basename(p), _updates_of(p)),
+                    reverse=True)
+    for path in candidates:
+        if is_intact(path):
+            return path
+        logger.warning("%s is damaged (not a complete checkpoint): skipped", path)
+    return None
+
+
+def resume_choice(save_dir: str, last: str, master: bool) -> Optional[str]:
+    """The checkpoint to resume from when it is not ``last`` (None: fairseq's own choice, ``last`` or a
+    fresh start). A kill can leave ``last`` missing, damaged, or older than a checkpoint written in the
+    same save (fairseq writes one file, then copies it to the others, ``last`` at the end)."""
+    if not os.path.isdir(save_dir):
+        return None
+    newest = newest_intact_checkpoint(save_dir)
+    if os.path.exists(last) and not is_intact(last):
+        if master:
+            os.replace(last, last + ".damaged")
+        if newest is None:
+            logger.warning("%s is damaged (kept as %s.damaged) and the save directory holds no intact checkpoint: "
+                           "training starts from scratch", last, last)
+        else:
+            logger.warning("%s is damaged (kept as %s.damaged): resuming from %s, the newest intact checkpoint",
+                           last, last, newest)
+        return newest
+    if newest is None or os.path.abspath(newest) == os.path.abspath(last):
+        return None
+    if not os.path.exists(last):
+        logger.warning("%s is missing (a run stopped while saving): resuming from %s, the newest intact checkpoint",
+                       last, newest)
+        return newest
+    if os.path.getmtime(newest) > os.path.getmtime(last):
+        logger.warning("%s is older than %s (a run stopped while saving): resuming from the newer one", last, newest)
+        return newest
+    return None
+
+
+def lock_save_dir(save_dir: str) -> None:
+    """Hold ``save_dir``'s lock for the life of this process, or stop when another process holds it."""
+    import fcntl
+
+    key = os.path.realpath(save_dir)
+    if key in _HELD_LOCKS:
+        return
+    os.makedirs(save_dir, exist_ok=True)
+    path = os.path.join(save_dir, LOCK_NAME)
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise CheckpointError(
+            f"save directory {save_dir} is in use by another fairseq-train (process {holder}): wait for it to "
+            f"finish, stop it, or pass another --save-dir"
+        ) from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    _HELD_LOCKS[key] = f
+
+
+def _restore_path(cfg, suffix: str) -> str:
+    if suffix:
+        return cfg.restore_file.replace(".pt", suffix + ".pt")
+    return cfg.restore_file
+
+
+def _safe_load_checkpoint(load_checkpoint):
+    @functools.wraps(load_checkpoint)
+    def wrapped(cfg, trainer, **passthrough_args):
+        from omegaconf import open_dict
+
+        suffix = trainer.checkpoint_suffix or ""
+        if trainer.is_data_parallel_master and not cfg.no_save:
+            lock_save_dir(cfg.save_dir)
+        if cfg.restore_file != "checkpoint_last.pt":
+            path = _restore_path(cfg, suffix)
+            if not os.path.isfile(path):
+                raise CheckpointError(
+                    f"--restore-file {cfg.restore_file} does not exist (looked for {os.path.abspath(path)}): "
+                    f"give the path of a checkpoint, or leave the option out to resume from "
+                    f"{os.path.join(cfg.save_dir, 'checkpoint_last.pt')}"
+                )
+        else:
+            last = os.path.join(cfg.save_dir, f"checkpoint_last{suffix}.pt")
+            choice = resume_choice(cfg.save_dir, last, trainer.is_data_parallel_master)
+            if choice is not None:
+                with open_dict(cfg):
+                    cfg.restore_file = os.path.abspath(choice)
+        return load_checkpoint(cfg, trainer, **passthrough_args)
+
+    wrapped._hgrn_safe = True
+    return wrapped
+
+
+def install() -> None:
+    from fairseq import checkpoint_utils
+
+    if not isinstance(checkpoint_utils.PathManager, _PathManagerWithAtomicCopy):
+        checkpoint_utils.PathManager = _PathManagerWithAtomicCopy(checkpoint_utils.PathManager)
+    if not getattr(checkpoint_utils.load_checkpoint, "_hgrn_safe", False):
+        checkpoint_utils.load_checkpoint = _safe_load_checkpoint(checkpoint_utils.load_checkpoint)

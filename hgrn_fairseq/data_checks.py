@@ -1,0 +1,175 @@
+"""Checks of binarised fairseq data and of the dictionary a checkpoint was trained with.
+
+Every entry point that reads a binarised split (``fairseq-train`` / ``-validate`` / ``-eval-lm`` /
+``-generate`` / ``-interactive`` through the ``hgrn_language_modeling`` task, the extrapolation tool,
+the lm-evaluation-harness model, ``scripts/check_lm_data.py``) checks it here before any work starts:
+
+* ``dict.txt`` parses; the split has ``.bin`` and ``.idx`` in fairseq's ``mmap`` format, is not
+  empty, its ``.bin`` holds exactly the tokens its index describes, and no token id reaches past the
+  dictionary (data binarised with a larger dictionary would crash deep in the embedding lookup, or
+  train on the wrong words);
+* a checkpoint records the SHA-256 of its training dictionary (the symbols in id order, not a path)
+  and of the tokenizer recorded next to the data (``TOKENIZER_INFO.json``); evaluating it on data
+  with another dictionary is an error.
+
+numpy only: no torch, no fairseq.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # what fairseq's Dictionary puts before dict.txt
+TOKENIZER_MARKER = "TOKENIZER_INFO.json"
+MMAP_MAGIC = b"MMIDIDX\x00\x00"
+# fairseq.data.indexed_dataset._code_to_dtype (integer codes only)
+DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16, 9: np.uint32, 10: np.uint64}
+PREPROCESS_HINT = (
+    "binarise with fairseq-preprocess --only-source --srcdict DATA_DIR/dict.txt (or the data_prep/ scripts)"
+)
+
+
+class DataError(ValueError):
+    """Input data that cannot be used as asked; the message names the problem and the fix."""
+
+
+def read_dictionary_symbols(path: str) -> List[str]:
+    """The symbols of a fairseq ``dict.txt`` in id order, fairseq's four specials first."""
+    if not os.path.isfile(path):
+        raise DataError(f"dictionary {path} is missing: {PREPROCESS_HINT}")
+    symbols = list(FAIRSEQ_SPECIALS)
+    try:
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                fields = line.rstrip("\n").rsplit(" ", 2)
+                if len(fields) < 2:
+                    raise DataError(f"{path}:{number}: expected 'symbol count', got {line.strip()[:40]!r}: "
+                                    f"use the dict.txt that fairseq-preprocess wrote")
+                if fields[-1] == "#fairseq:overwrite":
+                    fields = fields[:-1]
+                symbol = " ".join(fields[:-1]) if len(fields) > 2 else fields[0]
+                symbols.append(symbol)
+    except UnicodeDecodeError as e:
+        raise DataError(f"dictionary {path} is not UTF-8 text ({e.reason} at byte {e.start}): "
+                        f"use the dict.txt that fairseq-preprocess wrote") from None
+    if len(symbols) == len(FAIRSEQ_SPECIALS):
+        raise DataError(f"dictionary {path} is empty: {PREPROCESS_HINT}")
+    return symbols
+
+
+def symbols_fingerprint(symbols: Sequence[str]) -> str:
+    h = hashlib.sha256()
+    for s in symbols:
+        h.update(s.encode("utf-8") + b"\n")
+    return h.hexdigest()
+
+
+def tokenizer_record(data_dir: str) -> Optional[dict]:
+    """What ``TOKENIZER_INFO.json`` (written by ``data_prep/``) says about the tokenizer, or None."""
+    path = os.path.join(data_dir, TOKENIZER_MARKER)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            info = json.load(f)
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path} cannot be read ({e}): rerun the data_prep/ script that wrote it") from None
+    keep = ("tokenizer", "spm_model_sha256", "gpt2_sha256", "comparable_with_paper")
+    return {k: info[k] for k in keep if k in info}
+
+
+def data_fingerprint(data_dir: str, symbols: Optional[Sequence[str]] = None) -> Dict[str, object]:
+    """The record a checkpoint keeps about its training data: dictionary SHA-256 and size, tokenizer."""
+    if symbols is None:
+        symbols = read_dictionary_symbols(os.path.join(data_dir, "dict.txt"))
+    return {
+        "dictionary_sha256": symbols_fingerprint(symbols),
+        "dictionary_size": len(symbols),
+        "tokenizer": tokenizer_record(data_dir),
+    }
+
+
+def compare_fingerprints(trained: Dict[str, object], given: Dict[str, object], data_dir: str, what: str) -> None:
+    """Raise ``DataError`` when ``given`` (the data passed now) is not the data ``what`` was trained on."""
+    if trained.get("dictionary_sha256") != given.get("dictionary_sha256"):
+        raise DataError(
+            f"{what} was trained with another dictionary than {os.path.join(data_dir, 'dict.txt')} "
+            f"({trained.get('dictionary_size')} entries, sha256 {str(trained.get('dictionary_sha256'))[:12]}... "
+            f"vs {given.get('dictionary_size')} entries, {str(given.get('dictionary_sha256'))[:12]}...): "
+            f"evaluate on data binarised with the training dictionary"
+        )
+    a, b = trained.get("tokenizer"), given.get("tokenizer")
+    if a and b and a != b:
+        raise DataError(
+            f"{what} was trained on data encoded with another tokenizer than {data_dir} "
+            f"({TOKENIZER_MARKER}: {a} vs {b}): evaluate on data encoded with the training tokenizer"
+        )
+
+
+def _read_index(idx: str) -> Tuple[np.dtype, np.ndarray]:
+    """(token dtype, sizes) from a fairseq ``mmap`` index file."""
+    with open(idx, "rb") as f:
+        if f.read(9) != MMAP_MAGIC:
+            raise DataError(f"{idx} is not in fairseq's mmap format: re-binarise with fairseq-preprocess "
+                            f"--dataset-impl mmap (the default)")
+        f.read(8)  # version
+        head = f.read(1 + 8)
+        if len(head) < 9:
+            raise DataError(f"{idx} is truncated: re-binarise the split")
+        code, length = struct.unpack("<BQ", head)
+        if code not in DTYPES:
+            raise DataError(f"{idx}: token dtype code {code} is not an integer type: re-binarise the split")
+        sizes = np.frombuffer(f.read(4 * length), dtype=np.int32)
+    if sizes.size != length:
+        raise DataError(f"{idx} is truncated ({sizes.size} of {length} sizes): re-binarise the split")
+    return np.dtype(DTYPES[code]), sizes
+
+
+def check_split(prefix: str, dictionary_size: int) -> Tuple[int, int]:
+    """Check one binarised split against its index and the dictionary; returns (tokens, largest id)."""
+    name = os.path.basename(prefix)
+    idx, bin_ = prefix + ".idx", prefix + ".bin"
+    missing = [p for p in (idx, bin_) if not os.path.isfile(p)]
+    if missing:
+        raise DataError(f"split {name!r} is missing ({', '.join(missing)}): {PREPROCESS_HINT}")
+    dtype, sizes = _read_index(idx)
+    num_tokens = int(sizes.astype(np.int64).sum())
+    if num_tokens == 0 or os.path.getsize(bin_) == 0:
+        raise DataError(f"split {name!r} ({bin_}) is empty: binarise a non-empty text file for it, or leave "
+                        f"the split out (--valid-subset / --gen-subset)")
+    expected_bytes = num_tokens * dtype.itemsize
+    if os.path.getsize(bin_) != expected_bytes:
+        raise DataError(f"{bin_} has {os.path.getsize(bin_)} bytes but its index describes {num_tokens} tokens "
+                        f"({expected_bytes} bytes): the .bin and .idx are from different runs or damaged; re-binarise")
+    max_id = int(np.memmap(bin_, dtype=dtype, mode="r").max())
+    if max_id >= dictionary_size:
+        data_dir = os.path.dirname(prefix) or "."
+        raise DataError(
+            f"split {name!r} uses token id {max_id} but {data_dir}/dict.txt has only {dictionary_size} entries "
+            f"(with fairseq's 4 specials): the data was binarised with another dictionary; put that dict.txt "
+            f"in {data_dir} or re-binarise with fairseq-preprocess --srcdict {data_dir}/dict.txt"
+        )
+    return num_tokens, max_id
+
+
+def check_data_dir(data_dir: str, splits: Sequence[str]) -> Tuple[int, Dict[str, Tuple[int, int]]]:
+    """Dictionary size and ``{split: (tokens, largest id)}`` after checking every split."""
+    if not os.path.isdir(data_dir):
+        raise DataError(f"data directory {data_dir} does not exist: {PREPROCESS_HINT}")
+    size = len(read_dictionary_symbols(os.path.join(data_dir, "dict.txt")))
+    return size, {split: check_split(os.path.join(data_dir, split), size) for split in splits}
+
+
+def check_positive(name: str, value, fix: str = "") -> None:
+    """One-line error for a count or length option that must be >= 1."""
+    if value is None:
+        return
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise DataError(f"{name}={value!r} must be a whole number >= 1{': ' + fix if fix else ''}")
