@@ -181,3 +181,20 @@ def test_bench_lra_smoke(tmp_path):
     assert all("error" not in r for r in rows), rows
     assert rows[2]["scan_2d"] == "series" and rows[3]["mixer"] == "attention"
     assert "| pathx | hgrn2 | hgru2 | bf16 |" in (tmp_path / "bench_lra.md").read_text()
+
+
+def test_hydra_config_trains(tmp_path):
+    """configs/lra/listops_hgrn2.yaml through fairseq-hydra-train (tiny overrides: width, updates, CPU)."""
+    data = str(tmp_path / "data")
+    write_tiny(data, "listops", sizes=(32, 16, 16))
+    save = tmp_path / "ck"
+    cmd = [sys.executable, "-m", "fairseq_cli.hydra_train", "--config-dir", os.path.join(REPO, "configs", "lra"),
+           "--config-name", "listops_hgrn2", f"task.data={data}", f"common.user_dir={REPO}/hgrn_fairseq",
+           "optimization.max_update=3", "common.cpu=true", "common.bf16=false", "model.encoder_embed_dim=8",
+           "model.encoder_layers=1", "dataset.batch_size=16", "dataset.batch_size_valid=16",
+           f"checkpoint.save_dir={save}", "common.tensorboard_logdir=null", f"hydra.run.dir={save}/logs"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-3000:]
+    assert "examples 16" in out and re.search(r"'_name': '?hgrn_lra", out) and re.search(r"'token_mixer': '?hgru2", out)
+    assert (save / "checkpoint_best.pt").is_file()
