@@ -1,6 +1,7 @@
 """hgrn_fairseq.image.models: timm registration, parameter counts by hand, any resolution, drop-path and
 dropout, and the whole forward (1-D and 2-D scans, HGRN1 and HGRN2) against a float64 loop written
 here from SPEC 1-4 and 8."""
+import contextlib
 import math
 import os
 import subprocess
@@ -282,6 +283,40 @@ def test_block_compile_option_gives_the_eager_numbers(monkeypatch):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
 
 
+@contextlib.contextmanager
+def full_fp32():
+    """No TF32 in CUDA matrix products or convolutions (the patch embedding) while comparing with float64."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@pytest.mark.parametrize("name", ["hgrn1d_vit_tiny", "hgrn1_2d_vit_tiny", "hgrn2_vit_tiny", "hgrn2_2d_vit_tiny"])
+def test_triton_path_matches_the_reference(name):
+    """backend='triton': the Triton scans (TRITON_INTERPRET on a CPU, compiled on a GPU), both directions,
+    rows and columns, forward and gradients, against the float64 reference path of the same model."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(7)
+    kwargs = dict(num_classes=3, depth=1, embed_dim=16, glu_dim=16, patch_size=4)
+    if name.startswith("hgrn2"):
+        kwargs["expand_ratio"] = 8
+    ref = timm.create_model(name, backend="reference", **kwargs).double()
+    tri = timm.create_model(name, backend="triton", **kwargs).to(device)
+    tri.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 3, 8, 12, dtype=torch.float64)
+    y_ref = ref(x)
+    y_ref.sum().backward()
+    with full_fp32():
+        y = tri(x.float().to(device))
+        y.sum().backward()
+    torch.testing.assert_close(y.double().cpu(), y_ref, rtol=1e-4, atol=1e-5)
+    for (n, p), q in zip(ref.named_parameters(), tri.parameters()):
+        torch.testing.assert_close(q.grad.double().cpu(), p.grad, rtol=1e-3, atol=1e-5, msg=n)
+
+
 # ------------------------------------------------------------------------- GPU: Triton path vs float64
 @pytest.mark.gpu
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available(),
@@ -297,12 +332,9 @@ def test_gpu_kernels_match_float64_forward_and_gradients(name):
     x = torch.randn(2, 3, 224, 224, dtype=torch.float64)  # 16 x 16 or 14 x 14 patches
     w = torch.randn(2, 10, dtype=torch.float64)
     (ref(x) * w).sum().backward()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
+    with full_fp32():
         y = gpu(x.float().cuda())
         (y * w.float().cuda()).sum().backward()
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = True
     y_ref = ref(x).detach()
     assert (y.double().cpu() - y_ref).norm() / y_ref.norm() < 1e-4
     for (n, p_ref), p in zip(ref.named_parameters(), gpu.parameters()):
