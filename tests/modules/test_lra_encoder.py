@@ -270,40 +270,52 @@ def test_bad_input_messages():
 
 
 # ----------------------------------------------------------------------------------------------
-# GPU: the Triton scans under the encoder (padding masks, 2-D grids, series) against the PyTorch
-# reference on the same device, outputs and gradients (bench/gpu_lra.sh runs these).
+# The Triton scans under the encoder (padding masks, 2-D grids, series) against the PyTorch reference,
+# outputs and gradients: on CPU through the Triton interpreter at small sizes, on a GPU at larger ones
+# (bench/gpu_lra.sh runs those).
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Triton kernels)")
+TRITON_CASES = [("hgru", "1d_padded"), ("hgru", "2d_parallel"), ("hgru2", "1d_padded"), ("hgru2", "2d_parallel"),
+                ("hgru2", "2d_series")]  # series: HGRN2's Path-X variant
 
 
-@pytest.mark.gpu
-@needs_cuda
-@pytest.mark.parametrize("mixer, case", [("hgru", "1d_padded"), ("hgru", "2d_parallel"), ("hgru2", "1d_padded"),
-                                         ("hgru2", "2d_parallel"), ("hgru2", "2d_series")])  # series: HGRN2's Path-X
-def test_triton_encoder_matches_reference_on_gpu(mixer, case):
+def triton_vs_reference(mixer, case, device, dim, layers, T, lengths, grid, tol):
     outs = {}
     for backend in ("reference", "triton"):
         torch.manual_seed(0)
-        kw = dict(mixer=mixer, dim=32, num_layers=2, norm="batch", expand_ratio=8, backend=backend,
+        kw = dict(mixer=mixer, dim=dim, num_layers=layers, norm="batch", expand_ratio=8, backend=backend,
                   position_dropout=0.0, max_len=4096)
         if case == "1d_padded":
             enc = LraEncoder(input="tokens", vocab_size=20, padding_idx=1, **kw)
         else:
             enc = LraEncoder(input="pixels", in_channels=1, scan_2d=case[3:], positions="none", **kw)
-        model = randomise(LraClassifier(enc, 4)).cuda().train()
+        model = randomise(LraClassifier(enc, 4)).to(device).train()
         g = torch.Generator().manual_seed(1)
         if case == "1d_padded":
-            x = torch.randint(4, 20, (3, 777), generator=g)
-            mask = torch.arange(777)[None] >= torch.tensor([777, 500, 13])[:, None]
+            x = torch.randint(4, 20, (len(lengths), T), generator=g)
+            mask = torch.arange(T)[None] >= torch.tensor(lengths)[:, None]
             x[mask] = 1
-            logits = model(x.cuda(), mask.cuda())
+            logits = model(x.to(device), mask.to(device))
         else:
-            x = torch.randn(3, 37 * 29, 1, generator=g)
-            logits = model(x.cuda(), None, (37, 29))
+            x = torch.randn(3, grid[0] * grid[1], 1, generator=g)
+            logits = model(x.to(device), None, grid)
         logits.square().sum().backward()
         outs[backend] = (logits.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()})
-    torch.testing.assert_close(outs["triton"][0], outs["reference"][0], rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(outs["triton"][0], outs["reference"][0], rtol=tol, atol=tol)
     for name, grad in outs["reference"][1].items():
-        torch.testing.assert_close(outs["triton"][1][name], grad, rtol=5e-3, atol=5e-3, msg=name)
+        torch.testing.assert_close(outs["triton"][1][name], grad, rtol=5 * tol, atol=5 * tol, msg=name)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the larger case below")
+@pytest.mark.parametrize("mixer, case", TRITON_CASES)
+def test_triton_encoder_matches_reference_interpreted(mixer, case):
+    triton_vs_reference(mixer, case, "cpu", dim=16, layers=1, T=23, lengths=[23, 9], grid=(5, 3), tol=2e-4)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("mixer, case", TRITON_CASES)
+def test_triton_encoder_matches_reference_on_gpu(mixer, case):
+    triton_vs_reference(mixer, case, "cuda", dim=32, layers=2, T=777, lengths=[777, 500, 13], grid=(37, 29), tol=2e-3)
 
 
 @pytest.mark.gpu
