@@ -9,11 +9,14 @@
 #
 # (Standalone, with fairseq importable: OUT=/some/dir LRA_PARTS=... bash bench/gpu_lra.sh.)
 # Parts:
+# A call has ~600 s in all: gpu_session.sh's set-up (~1 min), data (~1.5 min for ListOps), and per model
+# LRA_TRAIN_MINUTES plus ~1 min (start-up, Triton autotuning, validation, test). LRA_MODELS="hgrn1" (or
+# "hgrn2") trains one model per call, e.g. LRA_MODELS=hgrn1 LRA_TRAIN_MINUTES=5 for a longer run.
 #   listops     ListOps from the offline generator at LRA's full size (96k/2k/2k, data_prep/lra_listops.py),
 #               data_prep/prepare_lra.py, then `scripts/train_lra.sh listops hgrn1` and `... hgrn2` with
 #               the papers' recipes shortened to LRA_LISTOPS_UPDATES updates (default 2500; warm-up scaled,
-#               cosine to 0 there) and at most LRA_TRAIN_MINUTES minutes each (default 2.5; the log's "ups"
-#               says how many updates fit: set LRA_LISTOPS_UPDATES to that x 150 for the next call); test accuracy
+#               cosine to 0 there) and at most LRA_TRAIN_MINUTES minutes each (default 2.2; the log's "ups"
+#               says how many updates fit: set LRA_LISTOPS_UPDATES to that x 60 x minutes for the next call); test accuracy
 #               of the best checkpoint (JSON) and the results table beside the papers' 59.95 / 60.52.
 #   pathfinder  LRA_PF_NUM pathfinder32 images from the generator (default 40000, ~1 min on 16 cores;
 #               LRA has 200k), prepared with LRA's 80/10/10 split, then both models as above
@@ -42,12 +45,12 @@ export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 OMP_NUM_THREADS=${OMP_NUM_THREADS:-
 WORK=${LRA_WORK:-/tmp/lra_evidence}
 NPROC_CPU=$(nproc)
 PARTS=${LRA_PARTS:-listops}
-MINUTES=${LRA_TRAIN_MINUTES:-2.5}
+MINUTES=${LRA_TRAIN_MINUTES:-2.2}
 mkdir -p "$WORK" "$OUT/runs"
 
 train_both() {  # TASK UPDATES: both models, shortened recipe, test evaluation, results table
     local task=$1 updates=$2 model
-    for model in hgrn1 hgrn2; do
+    for model in ${LRA_MODELS:-hgrn1 hgrn2}; do
         echo "== train $task $model: MAX_UPDATE=$updates, at most $MINUTES min (at $(el)s)"
         SAVE_DIR=$WORK/runs/${task}_$model LOG_DIR=$OUT/runs/${task}_$model RESULTS_DIR=$WORK/runs \
             MAX_UPDATE=$updates TRAIN_MINUTES=$MINUTES NUM_GPUS=${LRA_NUM_GPUS:-1} SAVE_INTERVAL_UPDATES=500 \
