@@ -17,7 +17,8 @@
 * Every example of an evaluated split is scored: batches are built with
   ``required_batch_size_multiple=1`` and no remainder is skipped, and ``get_batch_iterator`` checks
   that the batches of a valid/test split cover each example exactly once (else an error). The
-  criterion (``classification_accuracy``) logs the number of examples it scored.
+  criterion (``classification_accuracy``) logs the number of examples it scored (summed over GPUs), and
+  ``post_validate`` raises when that differs from the split's size (e.g. with ``--max-valid-steps``).
 """
 
 import logging
@@ -266,6 +267,8 @@ class _LraTask(FairseqTask):
                            shard_id=0, num_workers=0, epoch=1, data_buffer_size=0, disable_iterator_cache=False,
                            skip_remainder_batch=False, grouped_shuffling=False, update_epoch_batch_itr=False):
         scored = getattr(dataset, "name", "train") != "train"
+        if scored:
+            self._scored_dataset = dataset  # fairseq validates one subset at a time: post_validate checks it
         itr = super().get_batch_iterator(
             dataset, max_tokens=max_tokens, max_sentences=max_sentences, max_positions=max_positions,
             ignore_invalid_inputs=False if scored else ignore_invalid_inputs,
@@ -277,6 +280,17 @@ class _LraTask(FairseqTask):
         if scored:
             check_batches_cover(itr.frozen_batches, len(dataset), f"{self.NAME} split {dataset.name}")
         return itr
+
+    def post_validate(self, model, stats, agg):
+        """After each validation subset (fairseq-train): the examples scored, summed over all GPUs by the
+        criterion's ``examples``, must be the split's size (else e.g. --max-valid-steps cut it short)."""
+        dataset = getattr(self, "_scored_dataset", None)
+        if dataset is None or "examples" not in stats:
+            return
+        if int(stats["examples"]) != len(dataset):
+            raise RuntimeError(
+                f"{self.NAME}: validation on {dataset.name} scored {int(stats['examples'])} examples but the split has "
+                f"{len(dataset)}: every example must be scored (drop --max-valid-steps)")
 
     def max_positions(self):
         return self.meta["max_len"] if self.INPUT == "tokens" else int(np.prod(self.meta["image_shape"][:2]))

@@ -148,6 +148,7 @@ RUNS = {  # name: (task data, arch, extra flags, updates)
     "bad_labels": ("bad_labels", "hgrn1_lra_listops", TINY, 2),
     "missing_file": ("missing_file", "hgrn1_lra_listops", TINY, 2),
     "wrong_task": ("pathfinder", "hgrn1_lra_listops", TINY + ["--task", "lra_text"], 2),
+    "cut_validation": ("text", "hgrn1_lra_text", TINY + ["--max-valid-steps", "0"], 2),
 }
 SPLITS = {"listops": (600, 100, 100)}
 
@@ -200,7 +201,10 @@ def valid_stats(body):
     return [json.loads(m) for m in re.findall(r"valid(?: \| |:)(\{.*\})", body)]
 
 
-@pytest.mark.parametrize("name", [n for n in RUNS if n not in ("too_long", "bad_labels", "missing_file", "wrong_task")])
+BAD = ("too_long", "bad_labels", "missing_file", "wrong_task", "cut_validation")
+
+
+@pytest.mark.parametrize("name", [n for n in RUNS if n not in BAD])
 def test_fairseq_train_end_to_end(name, runs):
     rc, out, save_dir = runs[name]
     assert rc == 0, out[-3000:]
@@ -226,6 +230,7 @@ def test_listops_like_data_is_learned_above_chance(runs):
     ("missing_file", "train.input0.idx: missing; fix: rerun data_prep/prepare_lra.py"),
     ("wrong_task", "this directory holds pixels inputs (task 'pathfinder') but the task reads tokens; "
                    "fix: use --task lra_image"),
+    ("cut_validation", "validation on valid scored 16 examples but the split has 20: every example must be scored"),
 ])
 def test_bad_input_is_refused_with_the_fix(name, message, runs):
     rc, out, _ = runs[name]
