@@ -34,8 +34,8 @@ class HGRU2(nn.Module):
         y = W_out(LayerNorm(o))                    W_out: dim -> dim (bias), affine LayerNorm(dim)
 
     Non-causal (``causal=False``): forward and reverse scans over the same gates, summed before the
-    norm. ``padding_mask`` (``[B, T]``, True at padding) zeroes v there, so padding never reaches a
-    valid position; ``grid=(H, W)`` (non-causal): the four-direction 2-D scan (scan2d.py). Incremental decoding: pass ``initial_state`` ``[B, heads, e, e]`` and
+    norm. ``padding_mask`` (``[B, T]``, True at padding) zeroes v and the log-decay there (a padded step
+    is a no-op), so padding never reaches a valid position; ``grid=(H, W)`` (non-causal): the four-direction 2-D scan (scan2d.py). Incremental decoding: pass ``initial_state`` ``[B, heads, e, e]`` and
     ``output_final_state=True``; a single CUDA step goes through the ``hgrn2_step`` kernel.
 
     ``HGRU2(512, 128, 'lm')`` has 787,968 + 1,024 + 262,656 = 1,051,648 parameters (the HGRN2
@@ -109,7 +109,9 @@ class HGRU2(nn.Module):
         grid = check_mixer_call(self, x, lower_bound, initial_state, output_final_state, padding_mask, grid)
         B, T, _ = x.shape
         q, v, log_decay = self._gates(x, lower_bound)
-        v = mask_padding(v, padding_mask)
+        # padding: v = 0 (nothing enters the state) and log-decay 0 (the state passes unchanged), so a
+        # padded step is an exact no-op and the chunked kernels see the same decay sums at valid positions
+        v, log_decay = mask_padding(v, padding_mask), mask_padding(log_decay, padding_mask)
         backend = resolve_backend(self.backend, q)
         if grid is not None:
             def both_ways(q_, v_, d_):
