@@ -208,6 +208,16 @@ class LraEncoder(nn.Module):
                              f"pass the image's (H, W)")
         return H, W
 
+    def _positions(self, T: int, like: Tensor) -> Tensor:
+        """The sinusoidal table for T positions, kept per (device, dtype) and grown when needed (not in
+        the state dict: it is a fixed function)."""
+        cache = self.__dict__.setdefault("_pe_cache", {})
+        key = (like.device, like.dtype)
+        table = cache.get(key)
+        if table is None or table.shape[0] < T:
+            table = cache[key] = sinusoidal_positions(max(T, 1), self.dim, like.device, like.dtype)
+        return table[:T]
+
     def features(self, x: Tensor, padding_mask: Optional[Tensor] = None,
                  grid: Optional[Sequence[int]] = None) -> Tensor:
         """Per-position outputs after the final norm, ``[B, T, dim]``."""
@@ -228,7 +238,7 @@ class LraEncoder(nn.Module):
             padding_mask = None  # nothing to mask: the unmasked kernels are faster
         h = self.embed(x)
         if self.positions == "sin":
-            h = self.position_dropout(h + sinusoidal_positions(T, self.dim, h.device, h.dtype))
+            h = self.position_dropout(h + self._positions(T, h))
         bounds = self.lower_bounds().to(h.device) if self.lower_bounds is not None else None
         for i, layer in enumerate(self.layers):
             h, _ = layer(h, None if bounds is None else bounds[i], None, False, padding_mask=padding_mask, grid=g)
