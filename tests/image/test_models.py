@@ -336,10 +336,13 @@ def test_gpu_kernels_match_float64_forward_and_gradients(name):
         y = gpu(x.float().cuda())
         (y * w.float().cuda()).sum().backward()
     y_ref = ref(x).detach()
-    assert (y.double().cpu() - y_ref).norm() / y_ref.norm() < 1e-4
+    # HGRN2's chunked kernels take their intra-chunk products in the input precision (TF32 for fp32):
+    # the kernel tests allow 5e-3 on the GPU; HGRN1's scans are exact fp32
+    fwd_tol, grad_tol = (5e-3, 5e-3) if name.startswith("hgrn2") else (1e-4, 1e-3)
+    assert (y.double().cpu() - y_ref).norm() / y_ref.norm() < fwd_tol
     for (n, p_ref), p in zip(ref.named_parameters(), gpu.parameters()):
         err = (p.grad.double().cpu() - p_ref.grad).norm() / p_ref.grad.norm().clamp_min(1e-12)
-        assert err < 1e-3, (n, float(err))
+        assert err < grad_tol, (n, float(err))
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         y16 = gpu(x.float().cuda()).float()
     assert (y16.double().cpu() - y_ref).norm() / y_ref.norm() < 5e-2

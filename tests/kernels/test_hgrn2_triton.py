@@ -306,6 +306,15 @@ def test_gpu_other_head_sizes(K, V):
 
 
 @gpu_only
+@pytest.mark.parametrize("reverse", [False, True])
+def test_gpu_image_model_shape(reverse):
+    """hgrn2_vit_tiny's scans (batch 128 x 3 heads of 64, 196 patches, both directions, bf16): the
+    backward hit an illegal address here on an H100 with the two-launch scheme at head 64."""
+    q, v, g, _ = make_inputs(128, 196, 3, 64, 64, torch.bfloat16, seed=14)
+    check_against_reference(q, v, g, None, reverse, "chunk", BF16_TOL, 1e-2)
+
+
+@gpu_only
 def test_gpu_steep_decay_and_intra_paths(monkeypatch):
     for scale in (3.0, 30.0):
         q, v, g, s0 = make_inputs(1, 256, 2, 128, 128, torch.bfloat16, decay_scale=scale, seed=12)
