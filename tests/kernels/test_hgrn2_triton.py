@@ -483,3 +483,12 @@ def test_gpu_every_autotune_config(monkeypatch, index, state_impl, shape, dtype)
     with pinned_configs(index):
         check_against_reference(q, v, g, s0, False, "chunk",
                                 BF16_TOL if dtype == torch.bfloat16 else FP32_TOL, 1e-2)
+
+
+def test_dqdg_configs_keep_bk16_only_for_small_heads():
+    """BK 16 faulted in the dq/dg backward at head 64 on an H100 (hgrn2_triton._prune_dqdg)."""
+    import triton
+
+    space = [triton.Config({"BK": bk}, num_warps=4) for bk in (16, 32, 64)]
+    for K, expected in ((8, [16]), (16, [16]), (32, [32]), (64, [32, 64]), (128, [32, 64])):
+        assert [c.kwargs["BK"] for c in hgrn2_triton._prune_dqdg(space, {"K": K})] == expected, K
