@@ -61,12 +61,19 @@ def load_config(config_name: str, config_dir: Optional[str], overrides: Sequence
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise UsageError(f"argument {bad[0]!r} is not KEY=VALUE (e.g. data.path=/data/imagenet optim.epochs=100)")
+    from hydra.version import VersionBase
+
+    # version_base is process-wide in hydra: left at 1.3, fairseq's own hydra.experimental.initialize
+    # (convert_namespace_to_omegaconf) raises ImportError in this process afterwards; put it back
+    previous = VersionBase.instance().getbase()
     try:
         with initialize_config_dir(config_dir=str(directory), version_base=None):
             cfg = compose(config_name=config_name, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as e:
         first = str(e).strip().splitlines()[0]
         raise UsageError(f"bad override: {first} (--dry-run prints every key)") from None
+    finally:
+        VersionBase.instance().version_base = previous  # (setbase refuses the "unspecified" marker)
     return cfg
 
 

@@ -288,3 +288,18 @@ def test_other_timm_models_train_with_the_same_entry_point():
     cfg = train.load_config("deit", None, ["data.path=/x", "model.img_size=64"])
     model = train.build_model(cfg, 3)
     assert model(torch.randn(1, 3, 64, 64)).shape == (1, 3)  # DeiT at 64 px (its position table built so)
+
+
+def test_loading_a_config_leaves_fairseq_able_to_use_hydra(tmp_path):
+    """hydra's version_base is process-wide: after the image config is composed, fairseq's
+    convert_namespace_to_omegaconf (hydra.experimental.initialize) must still work in this process."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    from hgrn_fairseq.image.train import load_config
+
+    load_config("hgrn1", None, [])
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(tmp_path), "--task", "language_modeling", "--arch", "transformer_lm", "--optimizer", "adam"])
+    cfg = convert_namespace_to_omegaconf(args)
+    assert cfg.model._name == "transformer_lm"
