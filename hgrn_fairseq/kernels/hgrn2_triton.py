@@ -47,6 +47,7 @@ CHUNK = 64  # steps per chunk (BT)
 BLOCK = 16  # rows per intra-chunk block (BC)
 MAX_HEAD_DIM = 128  # K and V: whole [CHUNK, K] tiles live in registers in the chunk kernels
 RECURRENT_MAX_T = 32  # at or below this length the recurrent kernel is used
+MAX_GRID_ROWS = 65535  # CUDA's limit on grid dimensions y and z, where the kernels put B * H
 # Intra-chunk products exp(b_i - b_j) are factorised as exp(b_i - r) * exp(r - b_j) with a reference r.
 # CHUNK_SAFE_LOG_DECAY: one reference in the middle of the chunk, used when the decay of each half chunk
 # stays within it (natural log units, every channel), so that every factor lies in exp(+-60). Otherwise
@@ -529,6 +530,17 @@ def hgrn2_fused(
     _check_inputs(q, v, log_decay, initial_state)
     if impl not in ("auto", "chunk", "recurrent"):
         raise ValueError(f"impl={impl!r} is not one of ('auto', 'chunk', 'recurrent')")
+    B, H = q.shape[0], q.shape[2]
+    if B * H > MAX_GRID_ROWS:
+        # the kernels put B * H on a grid dimension that CUDA caps at 65,535 (the LRA 2-D models' rows
+        # and columns as batch rows: 64 images x 32 rows x 256 heads gave "invalid argument" on an H100)
+        step = max(1, MAX_GRID_ROWS // H)
+        if H > MAX_GRID_ROWS:
+            raise ValueError(f"hgrn2_fused: {H} heads is more than the kernels' {MAX_GRID_ROWS} grid rows")
+        parts = [hgrn2_fused(q[i:i + step], v[i:i + step], log_decay[i:i + step],
+                             None if initial_state is None else initial_state[i:i + step], reverse, impl=impl)
+                 for i in range(0, B, step)]
+        return torch.cat([o for o, _ in parts]), torch.cat([s for _, s in parts])
     T = q.shape[1]
     if impl == "auto":
         impl = "recurrent" if T <= RECURRENT_MAX_T else "chunk"

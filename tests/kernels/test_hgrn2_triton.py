@@ -504,3 +504,22 @@ def test_dqdg_configs_keep_bk16_only_for_small_heads():
     space = [triton.Config({"BK": bk}, num_warps=4) for bk in (16, 32, 64)]
     for K, expected in ((8, [16]), (16, [16]), (32, [32]), (64, [32, 64]), (128, [32, 64])):
         assert [c.kwargs["BK"] for c in hgrn2_triton._prune_dqdg(space, {"K": K})] == expected, K
+
+
+@pytest.mark.parametrize("impl", ["chunk", "recurrent"])
+def test_batch_split_beyond_the_grid_limit(monkeypatch, impl):
+    """More batch x heads than a grid dimension takes: the op runs in batch slices, with the same
+    outputs, final states and gradients as one launch."""
+    q, v, g, s0 = make_inputs(5, 40, 3, 8, 8, torch.float32, seed=21)
+    o1, st1 = hgrn2_triton.hgrn2_fused(q, v, g, s0, False, impl=impl)
+    leaves = [x.detach().clone().requires_grad_() for x in (q, v, g, s0)]
+    monkeypatch.setattr(hgrn2_triton, "MAX_GRID_ROWS", 7)  # 2 samples x 3 heads per launch
+    o2, st2 = hgrn2_triton.hgrn2_fused(*leaves, False, impl=impl)
+    torch.testing.assert_close(o2, o1)
+    torch.testing.assert_close(st2, st1)
+    ((o2 * o2).sum() + st2.sum()).backward()
+    ref = [x.detach().double().cpu().requires_grad_() for x in (q, v, g, s0)]
+    ro, rst = hgrn2_scan_reference(*ref, False)
+    ((ro * ro).sum() + rst.sum()).backward()
+    for x, r in zip(leaves, ref):
+        assert rel(x.grad, r.grad) < (2e-5 if INTERPRET else 5e-3)

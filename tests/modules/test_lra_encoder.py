@@ -332,4 +332,9 @@ def test_padding_invariance_with_triton_kernels(mixer):
     out = model(x, mask)
     wide = F.pad(x, (0, 211), value=7)  # garbage, not the pad id, in the new padding
     wide_mask = F.pad(mask, (0, 211), value=True)
-    torch.testing.assert_close(model(wide, wide_mask), out, rtol=1e-4, atol=1e-5)
+    # HGRU2's chunked kernels take their intra-chunk products in TF32 for fp32 inputs, and a longer
+    # padded sequence puts the reverse scan's chunk boundaries elsewhere: rounding differs by ~1e-3
+    # (H100, 2026-11-24: 1.06e-3 relative, after padded steps were made exact no-ops); the kernel
+    # tests allow 5e-3 on the GPU. Padding leaking in would differ at order 1 (garbage of value 7).
+    rtol, atol = (5e-3, 1e-4) if mixer == "hgru2" else (1e-4, 1e-5)
+    torch.testing.assert_close(model(wide, wide_mask), out, rtol=rtol, atol=atol)
