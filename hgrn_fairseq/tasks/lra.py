@@ -33,9 +33,11 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
 
+from ..data_checks import DataError, symbols_fingerprint
 from . import lra_format
 
 logger = logging.getLogger(__name__)
+FINGERPRINT_KEY = "hgrn_lra_data"  # the task-state entry of checkpoints (trainer.save_checkpoint: task_state)
 
 # (mean, std) per channel of the uint8 images scaled to [0, 1]
 NORMALISATION = {
@@ -294,6 +296,39 @@ class _LraTask(FairseqTask):
 
     def max_positions(self):
         return self.meta["max_len"] if self.INPUT == "tokens" else int(np.prod(self.meta["image_shape"][:2]))
+
+    # ---- a checkpoint knows its data (as hgrn_language_modeling's: data_checks.py) --------------------
+    def data_fingerprint(self) -> dict:
+        meta = self.meta
+        record = {"task": meta["task"], "input": meta["input"], "num_classes": meta["num_classes"]}
+        if self.dictionary is not None:
+            record["dictionary_sha256"] = symbols_fingerprint(self.dictionary.symbols)
+            record["dictionary_size"] = len(self.dictionary)
+        else:
+            record["image_shape"] = list(meta["image_shape"])
+        return record
+
+    def state_dict(self):
+        state = dict(super().state_dict())
+        state[FINGERPRINT_KEY] = self.data_fingerprint()
+        return state
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict or {})
+        trained = state_dict.pop(FINGERPRINT_KEY, None)
+        super().load_state_dict(state_dict)
+        if trained is None:
+            logger.warning(f"{self.NAME}: the checkpoint records no data fingerprint: cannot check that "
+                           f"{self.cfg.data} is the data it was trained on")
+            return
+        given = self.data_fingerprint()
+        different = [k for k in sorted(set(trained) | set(given)) if trained.get(k) != given.get(k)]
+        if different:
+            raise DataError(
+                f"{self.NAME}: the checkpoint was trained on other data than {self.cfg.data} (differs in "
+                f"{', '.join(different)}: {', '.join(f'{k}={trained.get(k)!r} vs {given.get(k)!r}' for k in different)[:300]}): "
+                f"evaluate on data prepared with the training data's dictionary and task"
+            )
 
     @property
     def source_dictionary(self):

@@ -245,3 +245,23 @@ def test_wrong_norm_name_is_refused_by_the_command_line(tmp_path):
     with pytest.raises(SystemExit):
         options.parse_args_and_arch(parser, [str(tmp_path), "--user-dir", PLUGIN, "--task", "lra_text",
                                              "--arch", "hgrn1_lra_listops", "--norm", "group"])
+
+
+def test_a_checkpoint_knows_its_data(tmp_path):
+    """The task state saved in checkpoints records the dictionary (tokens) or image shape and the task;
+    loading it into a task on other data is an error, on the same data it is not."""
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    write_tiny(a, "listops", sizes=(16, 4, 4), seed=0)
+    write_tiny(b, "listops", sizes=(16, 4, 4), seed=5)
+    task_a, task_b = text_task(a), text_task(b)
+    with open(os.path.join(a, "dict.txt")) as fa, open(os.path.join(b, "dict.txt")) as fb:
+        assert fa.read() != fb.read()  # the two tiny sets' dictionaries differ (order of counts)
+    state = task_a.state_dict()
+    text_task(a).load_state_dict(state)  # same data: fine
+    with pytest.raises(ValueError, match=r"trained on other data than .*differs in dictionary_sha256"):
+        task_b.load_state_dict(state)
+    img = str(tmp_path / "img")
+    write_tiny(img, "image", sizes=(8, 4, 4), image=(4, 4, 3))
+    pix = LraImageTask.setup_task(LraImageConfig(data=img, seed=1))
+    with pytest.raises(ValueError, match="differs in .*task"):
+        pix.load_state_dict(state)
