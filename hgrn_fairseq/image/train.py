@@ -401,6 +401,8 @@ def run(cfg, dry_run: bool = False) -> int:
         "lr": lr, "updates_per_epoch": updates_per_epoch, "epochs": int(cfg.optim.epochs),
         "train": train_split.summary(), "val": val_split.summary(), "output_dir": str(out),
         "resume_from": str(checkpoint_path) if checkpoint_path.is_file() else None,
+        # what the model's outputs mean: checked when a checkpoint is resumed or evaluated
+        "classes_sha256": classes_fingerprint(train_split.classes),
     }
     if dry_run:
         if rt.main:
@@ -411,7 +413,7 @@ def run(cfg, dry_run: bool = False) -> int:
 
     rt.init_distributed()
     if cfg.train.eval_only:
-        return run_eval_only(cfg, rt, model, val_loader, checkpoint_path, show)
+        return run_eval_only(cfg, rt, model, val_loader, checkpoint_path, show, plan["classes_sha256"])
 
     out.mkdir(parents=True, exist_ok=True)
     lock = RunLock(out) if rt.main else None
@@ -425,10 +427,28 @@ def run(cfg, dry_run: bool = False) -> int:
             lock.release()
 
 
-def run_eval_only(cfg, rt, model, val_loader, checkpoint_path: Path, show: bool) -> int:
+def classes_fingerprint(names) -> str:
+    import hashlib
+
+    return hashlib.sha256("\n".join(names).encode("utf-8")).hexdigest()
+
+
+def check_classes(state: dict, path: Path, classes_sha256: str) -> None:
+    """A checkpoint's outputs are indexed by its training classes: refuse data with other class folders."""
+    recorded = (state.get("plan") or {}).get("classes_sha256")
+    if recorded is None:
+        logging.getLogger(__name__).warning("%s records no class list (written before it did): cannot check it "
+                                            "against the data's class folders", path)
+    elif recorded != classes_sha256:
+        raise UsageError(f"{path} was trained on other classes than this data's class folders (names or order "
+                         "differ): evaluate or resume on the data set it was trained on")
+
+
+def run_eval_only(cfg, rt, model, val_loader, checkpoint_path: Path, show: bool, classes_sha256: str) -> int:
     if not checkpoint_path.is_file():
         raise UsageError(f"train.eval_only: no checkpoint at {checkpoint_path}; pass train.checkpoint=PATH")
     state = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+    check_classes(state, checkpoint_path, classes_sha256)
     model.to(rt.device)
     log = Log(None, rt.main)
     for key in ("model", "ema"):
@@ -466,6 +486,7 @@ def train_loop(cfg, rt, model, train_loader, val_loader, sampler, plan, log, out
         if state["config"]["model"]["name"] != cfg.model.name:
             raise UsageError(f"{path} holds a {state['config']['model']['name']} run, not {cfg.model.name}: "
                              "pass another train.output_dir")
+        check_classes(state, path, plan["classes_sha256"])
         try:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])

@@ -145,7 +145,15 @@ def test_one_update_evaluation_and_resume(folder, tmp_path, capsys):
     shutil.rmtree(other / "train" / "ring")
     shutil.rmtree(other / "val" / "ring")
     code, _, err = run(capsys, *[a.replace(str(folder), str(other)) for a in common], "train.max_updates=5")
-    assert code == 1 and "does not fit this model" in err
+    assert code == 1 and "was trained on other classes than this data's class folders" in err
+    # ... and so is one with as many classes under other names, for training and for evaluation
+    renamed = copy_folder(folder, tmp_path / "renamed")
+    for split in ("train", "val"):
+        os.rename(renamed / split / "ring", renamed / split / "zring")
+    swapped = [a.replace(str(folder), str(renamed)) for a in common]
+    for extra in ("train.max_updates=5", "train.eval_only=true"):
+        code, _, err = run(capsys, *swapped, extra)
+        assert code == 1 and "was trained on other classes" in err, (extra, err)
 
     # the same command again: nothing left to do
     code, stdout, _ = run(capsys, *common, "train.max_updates=4")
