@@ -24,6 +24,7 @@
 set -euo pipefail
 
 die() { echo "train_imagenet.sh: $*" >&2; exit 1; }
+. "$(dirname "$0")/gpu_count.sh"  # count_gpus
 usage="usage: bash scripts/train_imagenet.sh MODEL DATA_DIR [KEY=VALUE ...] [--dry-run]"
 [ $# -ge 2 ] || die "$usage"
 MODEL=$1 DATA=$2
@@ -38,16 +39,7 @@ case "$MODEL" in
     *) RECIPE=deit ;;
 esac
 
-if [ -n "${NUM_GPUS:-}" ]; then
-    case "$NUM_GPUS" in *[!0-9]*) die "NUM_GPUS='$NUM_GPUS' is not a number: set it to the number of GPUs (0 for CPU)" ;; esac
-    NGPU=$NUM_GPUS
-elif [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
-    NGPU=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c '[0-9]' || true)
-elif command -v nvidia-smi >/dev/null 2>&1; then
-    NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-else
-    NGPU=0
-fi
+count_gpus
 
 PY=${PYTHON:-python3}
 ARGS=(--config-name "$RECIPE" "model.name=$MODEL" "data.path=$DATA" "train.output_dir=${OUTPUT_DIR:-runs/$MODEL}")

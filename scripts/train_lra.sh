@@ -45,6 +45,7 @@ die() {
     echo "train_lra.sh: error: $*" >&2
     exit 2
 }
+. "$REPO/scripts/gpu_count.sh"  # count_gpus
 note() { echo "train_lra.sh: $*" >&2; }
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; }
 absolute() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
@@ -85,16 +86,7 @@ if has_extra --cpu; then
     NPROC=1
     DEVICE=cpu
 else
-    if [ -n "${NUM_GPUS:-}" ]; then
-        case "$NUM_GPUS" in *[!0-9]*) die "NUM_GPUS='$NUM_GPUS' is not a number: set it to the number of GPUs (0 for CPU)" ;; esac
-        NGPU=$NUM_GPUS
-    elif [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
-        NGPU=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c '[0-9]' || true)
-    elif command -v nvidia-smi >/dev/null 2>&1; then
-        NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-    else
-        NGPU=0
-    fi
+    count_gpus
     if [ "$NGPU" -eq 0 ]; then
         note "note: no GPU: training on CPU (slow; for tests and smoke runs)"
         NPROC=1
