@@ -120,31 +120,48 @@ def resume_choice(save_dir: str, last: str, master: bool) -> Optional[str]:
     return None
 
 
-def lock_save_dir(save_dir: str) -> None:
-    """Hold ``save_dir``'s lock for the life of this process, or stop when another process holds it."""
+class LockHeld(Exception):
+    """Another process holds the lock; ``holder`` is what it wrote in the lock file."""
+
+    def __init__(self, holder: str):
+        super().__init__(holder)
+        self.holder = holder
+
+
+def hold_lock(path: str, holder: str):
+    """Take an exclusive lock on the file ``path`` (created if absent) for as long as the returned file
+    stays open (the system drops it when the process ends, however it ends: no stale locks), and write
+    ``holder`` in it; raise ``LockHeld`` with the current holder's line when another process has it."""
     import fcntl
 
-    key = os.path.realpath(save_dir)
-    if key in _HELD_LOCKS:
-        return
-    os.makedirs(save_dir, exist_ok=True)
-    path = os.path.join(save_dir, LOCK_NAME)
     f = open(path, "a+")
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         f.seek(0)
-        holder = f.read().strip() or "unknown"
+        current = f.read().strip()
         f.close()
-        raise CheckpointError(
-            f"save directory {save_dir} is in use by another fairseq-train (process {holder}): wait for it to "
-            f"finish, stop it, or pass another --save-dir"
-        ) from None
+        raise LockHeld(current) from None
     f.seek(0)
     f.truncate()
-    f.write(f"{os.getpid()}\n")
+    f.write(holder + "\n")
     f.flush()
-    _HELD_LOCKS[key] = f
+    return f
+
+
+def lock_save_dir(save_dir: str) -> None:
+    """Hold ``save_dir``'s lock for the life of this process, or stop when another process holds it."""
+    key = os.path.realpath(save_dir)
+    if key in _HELD_LOCKS:
+        return
+    os.makedirs(save_dir, exist_ok=True)
+    try:
+        _HELD_LOCKS[key] = hold_lock(os.path.join(save_dir, LOCK_NAME), str(os.getpid()))
+    except LockHeld as e:
+        raise CheckpointError(
+            f"save directory {save_dir} is in use by another fairseq-train (process {e.holder or 'unknown'}): wait "
+            f"for it to finish, stop it, or pass another --save-dir"
+        ) from None
 
 
 def _restore_path(cfg, suffix: str) -> str:

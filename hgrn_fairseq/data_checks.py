@@ -113,6 +113,34 @@ def compare_fingerprints(trained: Dict[str, object], given: Dict[str, object], d
         )
 
 
+class RecordsDataInCheckpoints:
+    """Mixin for fairseq tasks: ``state_dict()`` (saved in every checkpoint as its ``task_state``) holds
+    ``self.data_fingerprint()`` under ``FINGERPRINT_KEY``; ``load_state_dict`` (fairseq calls it whenever
+    a checkpoint is loaded with this task) hands the recorded one to ``self.check_data_fingerprint``,
+    and warns when the checkpoint has none. The task defines those two methods and
+    ``data_description()`` (what the warning names)."""
+
+    FINGERPRINT_KEY = "hgrn_data"
+
+    def state_dict(self):
+        state = dict(super().state_dict())
+        state[self.FINGERPRINT_KEY] = self.data_fingerprint()
+        return state
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict or {})
+        trained = state_dict.pop(self.FINGERPRINT_KEY, None)
+        super().load_state_dict(state_dict)
+        if trained is None:
+            import logging
+
+            logging.getLogger(type(self).__module__).warning(
+                "the checkpoint records no data fingerprint (written before it did): cannot check that %s is "
+                "the data it was trained on", self.data_description())
+            return
+        self.check_data_fingerprint(trained)
+
+
 def _read_index(idx: str) -> Tuple[np.dtype, np.ndarray]:
     """(token dtype, sizes) from a fairseq ``mmap`` index file."""
     with open(idx, "rb") as f:

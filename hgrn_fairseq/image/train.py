@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import fcntl
 import json
 import logging
 import math
@@ -127,20 +126,16 @@ class RunLock:
     when the process ends, so a killed run leaves no stale lock)."""
 
     def __init__(self, directory: Path):
+        from ..checkpoint_safety import LockHeld, hold_lock
+
         self.path = directory / "train.lock"
-        self.file = open(self.path, "a+")
         try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self.file.seek(0)
-            owner = self.file.read().strip() or "another process"
-            self.file.close()
-            raise UsageError(f"output folder {directory} is in use by another training run ({owner}): wait for "
-                             "it to end, or pass a different train.output_dir") from None
-        self.file.seek(0)
-        self.file.truncate()
-        self.file.write(f"pid {os.getpid()} on {os.uname().nodename} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        self.file.flush()
+            self.file = hold_lock(str(self.path), f"pid {os.getpid()} on {os.uname().nodename} since "
+                                                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
+        except LockHeld as e:
+            raise UsageError(f"output folder {directory} is in use by another training run "
+                             f"({e.holder or 'another process'}): wait for it to end, or pass a different "
+                             "train.output_dir") from None
 
     def release(self) -> None:
         self.file.close()  # closing the descriptor drops the lock

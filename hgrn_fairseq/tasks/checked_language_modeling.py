@@ -31,10 +31,10 @@ from fairseq import utils
 from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
-from ..data_checks import DataError, check_positive, check_split, compare_fingerprints, data_fingerprint
+from ..data_checks import (DataError, RecordsDataInCheckpoints, check_positive, check_split, compare_fingerprints,
+                           data_fingerprint)
 
 logger = logging.getLogger(__name__)
-FINGERPRINT_KEY = "hgrn_data"  # the task-state entry of checkpoints (trainer.save_checkpoint: task_state)
 
 PREPROCESS_HINT = (
     "binarise your text with: fairseq-preprocess --only-source --trainpref train.txt "
@@ -59,7 +59,7 @@ def check_data_dir(data: str) -> str:
 
 
 @register_task("hgrn_language_modeling", dataclass=LanguageModelingConfig)
-class CheckedLanguageModelingTask(LanguageModelingTask):
+class CheckedLanguageModelingTask(RecordsDataInCheckpoints, LanguageModelingTask):
     @classmethod
     def setup_task(cls, args, **kwargs):
         check_positive("--tokens-per-sample", getattr(args, "tokens_per_sample", None),
@@ -75,20 +75,10 @@ class CheckedLanguageModelingTask(LanguageModelingTask):
         data_dir = utils.split_paths(self.args.data)[0]
         return data_fingerprint(data_dir, self.dictionary.symbols)
 
-    def state_dict(self):
-        state = dict(super().state_dict())
-        state[FINGERPRINT_KEY] = self.data_fingerprint()
-        return state
+    def data_description(self) -> str:
+        return os.path.join(utils.split_paths(self.args.data)[0], "dict.txt")
 
-    def load_state_dict(self, state_dict):
-        state_dict = dict(state_dict or {})
-        trained = state_dict.pop(FINGERPRINT_KEY, None)
-        super().load_state_dict(state_dict)
-        if trained is None:
-            logger.warning("the checkpoint records no dictionary fingerprint (written before hgrn_fairseq "
-                           "recorded one): cannot check that %s is its training dictionary",
-                           os.path.join(utils.split_paths(self.args.data)[0], "dict.txt"))
-            return
+    def check_data_fingerprint(self, trained) -> None:
         data_dir = utils.split_paths(self.args.data)[0]
         compare_fingerprints(trained, self.data_fingerprint(), data_dir, "the checkpoint")
 

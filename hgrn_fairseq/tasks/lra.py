@@ -33,11 +33,10 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
 
-from ..data_checks import DataError, symbols_fingerprint
+from ..data_checks import DataError, RecordsDataInCheckpoints, symbols_fingerprint
 from . import lra_format
 
 logger = logging.getLogger(__name__)
-FINGERPRINT_KEY = "hgrn_lra_data"  # the task-state entry of checkpoints (trainer.save_checkpoint: task_state)
 
 # (mean, std) per channel of the uint8 images scaled to [0, 1]
 NORMALISATION = {
@@ -224,7 +223,8 @@ class LraImageConfig(LraConfig):
     )
 
 
-class _LraTask(FairseqTask):
+class _LraTask(RecordsDataInCheckpoints, FairseqTask):
+    FINGERPRINT_KEY = "hgrn_lra_data"  # (RecordsDataInCheckpoints: the task-state entry of checkpoints)
     INPUT = ""  # "tokens" or "pixels"
 
     def __init__(self, cfg, meta, dictionary: Optional[Dictionary]):
@@ -308,19 +308,10 @@ class _LraTask(FairseqTask):
             record["image_shape"] = list(meta["image_shape"])
         return record
 
-    def state_dict(self):
-        state = dict(super().state_dict())
-        state[FINGERPRINT_KEY] = self.data_fingerprint()
-        return state
+    def data_description(self) -> str:
+        return str(self.cfg.data)
 
-    def load_state_dict(self, state_dict):
-        state_dict = dict(state_dict or {})
-        trained = state_dict.pop(FINGERPRINT_KEY, None)
-        super().load_state_dict(state_dict)
-        if trained is None:
-            logger.warning(f"{self.NAME}: the checkpoint records no data fingerprint: cannot check that "
-                           f"{self.cfg.data} is the data it was trained on")
-            return
+    def check_data_fingerprint(self, trained) -> None:
         given = self.data_fingerprint()
         different = [k for k in sorted(set(trained) | set(given)) if trained.get(k) != given.get(k)]
         if different:
