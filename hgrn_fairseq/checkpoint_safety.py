@@ -78,9 +78,9 @@ def _updates_of(path: str) -> int:
     return int(m.group(1)) if m else -1
 
 
-def newest_intact_checkpoint(save_dir: str, exclude=()) -> Optional[str]:
+def newest_intact_checkpoint(save_dir: str) -> Optional[str]:
     """The most recently written intact ``checkpoint*.pt`` of ``save_dir`` (None when there is none)."""
-    candidates = [p for p in glob.glob(os.path.join(save_dir, "checkpoint*.pt")) if p not in exclude]
+    candidates = glob.glob(os.path.join(save_dir, "checkpoint*.pt"))
     # newest first; at equal times checkpoint_last.pt, then the most updates
     candidates.sort(key=lambda p: (os.path.getmtime(p), "checkpoint_last" in os.path.basename(p), _updates_of(p)),
                     reverse=True)
