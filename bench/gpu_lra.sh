@@ -23,7 +23,8 @@
 #               (LRA_PF_UPDATES, default 2000; LRA_TRAIN_MINUTES each).
 #   tests       the LRA tests that need a GPU (Triton scans under the encoder vs the reference, padding).
 #   bench       bench/bench_lra.py: training sequences/s of every LRA model and of a Transformer encoder
-#               of the same width, depth and precision (LRA_BENCH_S seconds, default 300).
+#               of the same width, depth and precision (LRA_BENCH_S seconds, default 300; LRA_BENCH_ARGS
+#               more options, e.g. "--tasks image,pathfinder --models hgrn2,transformer@hgrn2").
 # Smoke test on CPU (tiny): LRA_LISTOPS_ARGS="--train 300 --valid 50 --test 50" LRA_PF_NUM=200 LRA_NUM_GPUS=0
 #   LRA_LISTOPS_UPDATES=20 LRA_PF_UPDATES=10 LRA_TRAIN_EXTRA="--encoder-embed-dim 8 --encoder-layers 1"
 # Everything lands in $OUT: logs, test_result.json files, results.md / results.csv, tensorboard
@@ -98,7 +99,7 @@ fi
 
 if [[ ",$PARTS," == *",bench,"* ]]; then
     echo "== bench_lra at $(el)s"
-    timeout $(( ${LRA_BENCH_S:-300} + 120 )) python3 bench/bench_lra.py --out "$OUT/bench" --budget-s "${LRA_BENCH_S:-300}" \
+    timeout $(( ${LRA_BENCH_S:-300} + 120 )) python3 bench/bench_lra.py --out "$OUT/bench" --budget-s "${LRA_BENCH_S:-300}" ${LRA_BENCH_ARGS:-} \
         > "$OUT/bench_lra.log" 2>&1
     echo "   bench rc=$? at $(el)s"; cat "$OUT/bench/bench_lra.md" 2>/dev/null
 fi

@@ -76,8 +76,20 @@ def drop_path(x: Tensor, p: float, training: bool) -> Tensor:
     samples (dimension 0) and scale the others by 1 / (1 - p); the identity in evaluation."""
     if p == 0.0 or not training:
         return x
-    keep = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(1.0 - p)
-    return x * keep / (1.0 - p)
+    return x * _keep_scale(x, p)
+
+
+def _keep_scale(x: Tensor, p: float) -> Tensor:
+    """``[B, 1, ...]``: 1 / (1 - p) for the kept samples, 0 for the dropped ones."""
+    return x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(1.0 - p).div_(1.0 - p)
+
+
+def residual_add(x: Tensor, branch: Tensor, p: float, training: bool) -> Tensor:
+    """``x + drop_path(branch, p)`` in one pass each way (the scale is applied to the ``[B, 1, ...]``
+    mask, not to the branch)."""
+    if p == 0.0 or not training:
+        return x + branch
+    return torch.addcmul(x, branch, _keep_scale(branch, p))
 
 
 class HgrnBlock(TransientAttrs, nn.Module):
@@ -122,11 +134,14 @@ class HgrnBlock(TransientAttrs, nn.Module):
             raise ValueError(f"drop_path={drop_path} must be in [0, 1)")
         self.compile_mode = compile
         self.drop_path_rate = drop_path
+        # the norms and the GLU's activation follow the mixer's kernel choice (kernels/block_ops.py)
+        self.kernel_backend = getattr(mixer, "backend", "auto")
         self.mixer_norm = build_norm(norm, dim)
         self.mixer = mixer
         if glu_dim > 0:
             self.glu_norm = build_norm(norm, dim)
-            self.glu = GLU(dim, glu_dim, activation=glu_activation, bias=glu_bias)
+            self.glu = GLU(dim, glu_dim, activation=glu_activation, bias=glu_bias,
+                           backend=getattr(mixer, "backend", "auto"))
         else:
             self.glu_norm = self.glu = None
         self.dropout = nn.Dropout(dropout)
@@ -152,12 +167,12 @@ class HgrnBlock(TransientAttrs, nn.Module):
             extra["padding_mask"] = padding_mask
         if grid is not None:
             extra["grid"] = grid
-        y, state = self.mixer(apply_norm(self.mixer_norm, x, padding_mask), lower_bound, initial_state,
+        y, state = self.mixer(apply_norm(self.mixer_norm, x, padding_mask, self.kernel_backend), lower_bound, initial_state,
                               output_final_state, **extra)
         # (a fused dropout + add Triton kernel was measured on an H200, 2026-11-21: no faster at
         # 8192 tokens/step, where the step is bound by launch overhead on the CPU; see git 66b1495)
-        x = x + drop_path(self.dropout(y), self.drop_path_rate, self.training)
+        x = residual_add(x, self.dropout(y), self.drop_path_rate, self.training)
         if self.glu is not None:
-            y = self.glu(apply_norm(self.glu_norm, x, padding_mask))
-            x = x + drop_path(self.dropout(y), self.drop_path_rate, self.training)
+            y = self.glu(apply_norm(self.glu_norm, x, padding_mask, self.kernel_backend))
+            x = residual_add(x, self.dropout(y), self.drop_path_rate, self.training)
         return x, state

@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import BACKENDS
+from ..kernels.block_ops import GATED_ACTIVATIONS, gated_act
 from .hgru import stack_old_projections
 
 ACTIVATIONS: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -45,9 +47,13 @@ class GLU(nn.Module):
     ALIGN = ("cuda", "always", "never")
 
     def __init__(
-        self, dim: int, hidden_dim: int, activation: str = "none", bias: bool = True, align: str = "cuda"
+        self, dim: int, hidden_dim: int, activation: str = "none", bias: bool = True, align: str = "cuda",
+        backend: str = "auto",
     ):
         super().__init__()
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
+        self.backend = backend
         if hidden_dim < 1:
             raise ValueError(f"hidden_dim={hidden_dim} must be >= 1")
         if align not in self.ALIGN:
@@ -68,8 +74,13 @@ class GLU(nn.Module):
             w_in = F.pad(w_in.view(2, hidden, self.dim), (0, 0, 0, pad)).view(2 * padded, self.dim)
             b_in = None if b_in is None else F.pad(b_in.view(2, hidden), (0, pad)).view(2 * padded)
             w_out = F.pad(w_out, (0, pad))
-        a, b = F.linear(x, w_in, b_in).chunk(2, dim=-1)
-        return F.linear(self.act(a) * b, w_out, self.out_proj.bias)
+        ab = F.linear(x, w_in, b_in)
+        if self.activation_name in GATED_ACTIVATIONS:  # one kernel each way on the Triton path
+            hidden_act = gated_act(ab, ab.shape[-1] // 2, self.activation_name, self.backend)
+        else:
+            a, b = ab.chunk(2, dim=-1)
+            hidden_act = self.act(a) * b
+        return F.linear(hidden_act, w_out, self.out_proj.bias)
 
     def upgrade_state_dict_named(self, state_dict, name: str) -> None:
         """Checkpoints with separate ``l1``/``l2``/``l3`` load as ``in_proj``/``out_proj``."""

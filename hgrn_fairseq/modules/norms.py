@@ -13,6 +13,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ..kernels.block_ops import layer_norm
+
 Tensor = torch.Tensor
 NORMS = ("layer", "batch", "syncbatch")
 
@@ -94,8 +96,15 @@ def build_norm(kind: str, dim: int) -> nn.Module:
     raise ValueError(f"norm={kind!r} is not one of {NORMS}")
 
 
-def apply_norm(norm: nn.Module, x: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
-    """Call a norm made by ``build_norm`` (LayerNorm needs no mask: it is per position)."""
+def apply_norm(norm: nn.Module, x: Tensor, padding_mask: Optional[Tensor] = None,
+               backend: Optional[str] = None) -> Tensor:
+    """Call a norm made by ``build_norm`` (LayerNorm needs no mask: it is per position).
+
+    ``backend`` (``auto``/``triton``/``reference``): a LayerNorm runs through
+    ``kernels.block_ops.layer_norm`` (on the Triton path its output is in the autocast dtype, for a
+    matrix product to read); None: the module itself (fp32 output under autocast)."""
     if isinstance(norm, MaskedBatchNorm):
         return norm(x, padding_mask)
+    if backend is not None and type(norm) is nn.LayerNorm and norm.elementwise_affine:
+        return layer_norm(x, norm.weight, norm.bias, norm.eps, backend=backend)
     return norm(x)

@@ -1,0 +1,224 @@
+"""The element-wise parts of a residual block, one Triton kernel each way.
+
+* ``layer_norm(x, weight, bias, eps)``: LayerNorm whose output is already in the autocast dtype
+  (what the next matrix product reads). Under bf16 autocast PyTorch runs LayerNorm in fp32, writes an
+  fp32 output that the product then casts (one more pass), and its weight/bias gradient kernel is
+  slow at narrow widths (measured on an H100, 2026-11-24: 3.4 of the 29 GPU-ms of an
+  hgrn1d_vit_tiny training step at width 192, bench/profile_image.py). Here: one kernel forward
+  (statistics in fp32), one backward that also writes per-program partial sums of the weight and
+  bias gradients, and one column sum of those.
+* ``gated_act(ab, hidden, activation)``: ``act(a) * b`` for ``ab = [a | b]`` (the GLU's stacked
+  in-projection, ``[..., 2 * width]`` with ``a, b`` its first ``hidden`` columns of each half).
+  PyTorch: the activation and the product on strided halves forward, and about four kernels
+  backward (two products, the activation's gradient, a copy of both halves into one tensor); here
+  one each way, the backward writing the stacked gradient directly.
+
+Both fall back to their PyTorch definitions on the CPU, in float64, and inside ``torch.compile``
+graphs (where the compiler fuses the same operations itself).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .dispatch import resolve_backend
+
+Tensor = torch.Tensor
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+
+GATED_ACTIVATIONS = ("silu", "none")
+_ROWS_PER_PROGRAM = 16
+_BLOCK = 1024
+
+
+def layer_norm_reference(x: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float) -> Tensor:
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def gated_act_reference(ab: Tensor, hidden: int, activation: str = "silu") -> Tensor:
+    a, b = ab.chunk(2, dim=-1)
+    a, b = a[..., :hidden], b[..., :hidden]
+    return (F.silu(a) if activation == "silu" else a) * b
+
+
+def _use_triton(backend: str, t: Tensor) -> bool:
+    return (triton is not None and not torch.compiler.is_compiling() and t.dtype != torch.float64
+            and resolve_backend(backend, t) == "triton")
+
+
+def _autocast_dtype(t: Tensor) -> torch.dtype:
+    kind = t.device.type
+    if kind in ("cuda", "cpu") and torch.is_autocast_enabled(kind) and t.dtype == torch.float32:
+        return torch.get_autocast_dtype(kind)
+    return t.dtype
+
+
+if triton is not None:
+
+    @triton.jit
+    def _ln_fwd_kernel(X, W, B, Y, MEAN, RSTD, N, C, eps, HAS_BIAS: tl.constexpr, BLOCK_C: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK_C)
+        cmask = cols < C
+        x = tl.load(X + row * C + cols, mask=cmask, other=0.0).to(tl.float32)
+        mean = tl.sum(x, axis=0) / C
+        diff = tl.where(cmask, x - mean, 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(diff * diff, axis=0) / C + eps)
+        y = diff * rstd * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            y += tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)
+        tl.store(Y + row * C + cols, y.to(Y.dtype.element_ty), mask=cmask)
+        tl.store(MEAN + row, mean)
+        tl.store(RSTD + row, rstd)
+
+    @triton.jit
+    def _ln_bwd_kernel(X, W, DY, MEAN, RSTD, DX, DW_PART, DB_PART, N, C,
+                       ROWS: tl.constexpr, BLOCK_C: tl.constexpr):
+        pid = tl.program_id(0)
+        cols = tl.arange(0, BLOCK_C)
+        cmask = cols < C
+        w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+        dw = tl.zeros((BLOCK_C,), dtype=tl.float32)
+        db = tl.zeros((BLOCK_C,), dtype=tl.float32)
+        for i in range(ROWS):
+            row = pid.to(tl.int64) * ROWS + i
+            if row < N:
+                x = tl.load(X + row * C + cols, mask=cmask, other=0.0).to(tl.float32)
+                dy = tl.load(DY + row * C + cols, mask=cmask, other=0.0).to(tl.float32)
+                xhat = tl.where(cmask, (x - tl.load(MEAN + row)) * tl.load(RSTD + row), 0.0)
+                dw += dy * xhat
+                db += dy
+                dxhat = tl.where(cmask, dy * w, 0.0)
+                c1 = tl.sum(dxhat * xhat, axis=0) / C
+                c2 = tl.sum(dxhat, axis=0) / C
+                dx = (dxhat - xhat * c1 - c2) * tl.load(RSTD + row)
+                tl.store(DX + row * C + cols, dx.to(DX.dtype.element_ty), mask=cmask)
+        tl.store(DW_PART + pid.to(tl.int64) * C + cols, dw, mask=cmask)
+        tl.store(DB_PART + pid.to(tl.int64) * C + cols, db, mask=cmask)
+
+    @triton.jit
+    def _gated_fwd_kernel(AB, Y, total, hidden, width2, SILU: tl.constexpr, BLOCK: tl.constexpr):
+        idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = idx < total
+        row = idx // hidden
+        col = idx - row * hidden
+        a = tl.load(AB + row * width2 + col, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(AB + row * width2 + (width2 // 2) + col, mask=mask, other=0.0).to(tl.float32)
+        if SILU:
+            a = a / (1.0 + tl.exp(-a))
+        tl.store(Y + idx, (a * b).to(Y.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _gated_bwd_kernel(AB, DY, DAB, total, hidden, width2, SILU: tl.constexpr, BLOCK: tl.constexpr):
+        idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = idx < total
+        row = idx // hidden
+        col = idx - row * hidden
+        off_a = row * width2 + col
+        off_b = off_a + width2 // 2
+        a = tl.load(AB + off_a, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(AB + off_b, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + idx, mask=mask, other=0.0).to(tl.float32)
+        if SILU:
+            s = 1.0 / (1.0 + tl.exp(-a))
+            da = dy * b * s * (1.0 + a * (1.0 - s))
+            db = dy * a * s
+        else:
+            da = dy * b
+            db = dy * a
+        tl.store(DAB + off_a, da.to(DAB.dtype.element_ty), mask=mask)
+        tl.store(DAB + off_b, db.to(DAB.dtype.element_ty), mask=mask)
+
+
+class _LayerNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, out_dtype):
+        C = x.shape[-1]
+        xr = x.reshape(-1, C)
+        if not xr.is_contiguous():
+            xr = xr.contiguous()
+        N = xr.shape[0]
+        y = torch.empty(x.shape, device=x.device, dtype=out_dtype)
+        mean = torch.empty(N, device=x.device, dtype=torch.float32)
+        rstd = torch.empty(N, device=x.device, dtype=torch.float32)
+        block = triton.next_power_of_2(C)
+        _ln_fwd_kernel[(N,)](xr, weight, bias if bias is not None else weight, y, mean, rstd, N, C, eps,
+                             HAS_BIAS=bias is not None, BLOCK_C=block, num_warps=min(max(block // 256, 1), 8))
+        ctx.save_for_backward(xr, weight, mean, rstd)
+        ctx.has_bias, ctx.x_shape, ctx.x_dtype = bias is not None, x.shape, x.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        xr, weight, mean, rstd = ctx.saved_tensors
+        N, C = xr.shape
+        dy = dy.reshape(N, C)
+        if not dy.is_contiguous():
+            dy = dy.contiguous()
+        dx = torch.empty((N, C), device=xr.device, dtype=ctx.x_dtype)
+        programs = triton.cdiv(N, _ROWS_PER_PROGRAM)
+        dw_part = torch.empty((programs, C), device=xr.device, dtype=torch.float32)
+        db_part = torch.empty((programs, C), device=xr.device, dtype=torch.float32)
+        block = triton.next_power_of_2(C)
+        _ln_bwd_kernel[(programs,)](xr, weight, dy, mean, rstd, dx, dw_part, db_part, N, C,
+                                    ROWS=_ROWS_PER_PROGRAM, BLOCK_C=block, num_warps=min(max(block // 256, 1), 8))
+        db = db_part.sum(0).to(weight.dtype) if ctx.has_bias else None
+        return dx.view(ctx.x_shape), dw_part.sum(0).to(weight.dtype), db, None, None
+
+
+class _GatedAct(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, ab, hidden, silu):
+        width2 = ab.shape[-1]
+        rows = ab.numel() // width2
+        y = torch.empty((*ab.shape[:-1], hidden), device=ab.device, dtype=ab.dtype)
+        total = rows * hidden
+        _gated_fwd_kernel[(triton.cdiv(total, _BLOCK),)](ab, y, total, hidden, width2, SILU=silu, BLOCK=_BLOCK)
+        ctx.save_for_backward(ab)
+        ctx.hidden, ctx.silu = hidden, silu
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (ab,) = ctx.saved_tensors
+        width2, hidden = ab.shape[-1], ctx.hidden
+        dy = dy.contiguous()
+        # columns past ``hidden`` in each half (the GLU's alignment padding) get zero gradient
+        dab = torch.empty_like(ab) if 2 * hidden == width2 else torch.zeros_like(ab)
+        total = dy.numel()
+        _gated_bwd_kernel[(triton.cdiv(total, _BLOCK),)](ab, dy, dab, total, hidden, width2,
+                                                          SILU=ctx.silu, BLOCK=_BLOCK)
+        return dab, None, None
+
+
+def layer_norm(x: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float = 1e-5, backend: str = "auto") -> Tensor:
+    """LayerNorm over the last dimension with an affine ``weight`` (and ``bias`` or None).
+
+    On the Triton path the output is in the autocast dtype when autocast is on and ``x`` is fp32
+    (bf16 for the next product to read), else in ``x``'s dtype; statistics in fp32. Elsewhere
+    ``F.layer_norm`` (fp32 output under autocast)."""
+    C = x.shape[-1]
+    if weight is None or tuple(weight.shape) != (C,) or (bias is not None and tuple(bias.shape) != (C,)):
+        raise ValueError(f"layer_norm needs an affine weight of shape ({C},) (and a bias of that shape or None)")
+    if not _use_triton(backend, x) or C > 16384 or x.numel() == 0:
+        return layer_norm_reference(x, weight, bias, eps)
+    return _LayerNorm.apply(x, weight, bias, float(eps), _autocast_dtype(x))
+
+
+def gated_act(ab: Tensor, hidden: int, activation: str = "silu", backend: str = "auto") -> Tensor:
+    """``act(a) * b`` with ``a, b = ab.chunk(2, -1)`` cut to their first ``hidden`` columns;
+    ``activation`` is ``'silu'`` or ``'none'``. ``[..., 2 * width] -> [..., hidden]``, in ``ab``'s dtype."""
+    if activation not in GATED_ACTIVATIONS:
+        raise ValueError(f"activation={activation!r} is not one of {GATED_ACTIVATIONS}")
+    if ab.shape[-1] % 2 or not 0 < hidden <= ab.shape[-1] // 2:
+        raise ValueError(f"ab has {ab.shape[-1]} columns: need an even number, at least 2 * hidden ({hidden})")
+    if not _use_triton(backend, ab) or not ab.is_contiguous() or ab.numel() == 0:
+        return gated_act_reference(ab, hidden, activation)
+    return _GatedAct.apply(ab, hidden, activation == "silu")
