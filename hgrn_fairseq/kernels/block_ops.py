@@ -12,6 +12,7 @@
   PyTorch: the activation and the product on strided halves forward, and about four kernels
   backward (two products, the activation's gradient, a copy of both halves into one tensor); here
   one each way, the backward writing the stacked gradient directly.
+* ``scaled_residual(x, y, scale)``: ``x + y * scale[b]``, the residual add with stochastic depth.
 
 Both fall back to their PyTorch definitions on the CPU, in float64, and inside ``torch.compile``
 graphs (where the compiler fuses the same operations itself).
@@ -79,7 +80,7 @@ if triton is not None:
         tl.store(RSTD + row, rstd)
 
     @triton.jit
-    def _ln_bwd_kernel(X, W, DY, MEAN, RSTD, DX, DW_PART, DB_PART, N, C,
+    def _ln_bwd_kernel(X, W, DY, MEAN, RSTD, DX, PART, N, C,
                        ROWS: tl.constexpr, BLOCK_C: tl.constexpr):
         pid = tl.program_id(0)
         cols = tl.arange(0, BLOCK_C)
@@ -100,8 +101,8 @@ if triton is not None:
                 c2 = tl.sum(dxhat, axis=0) / C
                 dx = (dxhat - xhat * c1 - c2) * tl.load(RSTD + row)
                 tl.store(DX + row * C + cols, dx.to(DX.dtype.element_ty), mask=cmask)
-        tl.store(DW_PART + pid.to(tl.int64) * C + cols, dw, mask=cmask)
-        tl.store(DB_PART + pid.to(tl.int64) * C + cols, db, mask=cmask)
+        tl.store(PART + pid.to(tl.int64) * 2 * C + cols, dw, mask=cmask)  # [programs, 2, C]: dw, db
+        tl.store(PART + pid.to(tl.int64) * 2 * C + C + cols, db, mask=cmask)
 
     @triton.jit
     def _gated_fwd_kernel(AB, Y, total, hidden, width2, SILU: tl.constexpr, BLOCK: tl.constexpr):
@@ -137,6 +138,46 @@ if triton is not None:
         tl.store(DAB + off_b, db.to(DAB.dtype.element_ty), mask=mask)
 
 
+    @triton.jit
+    def _scaled_add_kernel(X, Y, S, OUT, total, per_sample, BLOCK: tl.constexpr):
+        """OUT = X + Y * S[sample]."""
+        idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = idx < total
+        s = tl.load(S + idx // per_sample, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(Y + idx, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(X + idx, mask=mask, other=0.0).to(tl.float32)
+        tl.store(OUT + idx, (x + y * s).to(OUT.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _scale_kernel(G, S, OUT, total, per_sample, BLOCK: tl.constexpr):
+        idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = idx < total
+        s = tl.load(S + idx // per_sample, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(G + idx, mask=mask, other=0.0).to(tl.float32)
+        tl.store(OUT + idx, (g * s).to(OUT.dtype.element_ty), mask=mask)
+
+
+class _ScaledResidual(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y, scale):
+        out_dtype = torch.promote_types(x.dtype, y.dtype)
+        out = torch.empty(x.shape, device=x.device, dtype=out_dtype)
+        total, per_sample = x.numel(), x.numel() // x.shape[0]
+        _scaled_add_kernel[(triton.cdiv(total, _BLOCK),)](x, y, scale, out, total, per_sample, BLOCK=_BLOCK)
+        ctx.save_for_backward(scale)
+        ctx.x_dtype, ctx.y_dtype, ctx.per_sample = x.dtype, y.dtype, per_sample
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        (scale,) = ctx.saved_tensors
+        g = g.contiguous()
+        dy = torch.empty(g.shape, device=g.device, dtype=ctx.y_dtype)
+        total = g.numel()
+        _scale_kernel[(triton.cdiv(total, _BLOCK),)](g, scale, dy, total, ctx.per_sample, BLOCK=_BLOCK)
+        return g.to(ctx.x_dtype), dy, None
+
+
 class _LayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps, out_dtype):
@@ -164,13 +205,12 @@ class _LayerNorm(torch.autograd.Function):
             dy = dy.contiguous()
         dx = torch.empty((N, C), device=xr.device, dtype=ctx.x_dtype)
         programs = triton.cdiv(N, _ROWS_PER_PROGRAM)
-        dw_part = torch.empty((programs, C), device=xr.device, dtype=torch.float32)
-        db_part = torch.empty((programs, C), device=xr.device, dtype=torch.float32)
+        part = torch.empty((programs, 2, C), device=xr.device, dtype=torch.float32)
         block = triton.next_power_of_2(C)
-        _ln_bwd_kernel[(programs,)](xr, weight, dy, mean, rstd, dx, dw_part, db_part, N, C,
+        _ln_bwd_kernel[(programs,)](xr, weight, dy, mean, rstd, dx, part, N, C,
                                     ROWS=_ROWS_PER_PROGRAM, BLOCK_C=block, num_warps=min(max(block // 256, 1), 8))
-        db = db_part.sum(0).to(weight.dtype) if ctx.has_bias else None
-        return dx.view(ctx.x_shape), dw_part.sum(0).to(weight.dtype), db, None, None
+        dw, db = part.sum(0).to(weight.dtype).unbind(0)  # one column sum for both
+        return dx.view(ctx.x_shape), dw, (db if ctx.has_bias else None), None, None
 
 
 class _GatedAct(torch.autograd.Function):
@@ -210,6 +250,19 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float = 1
     if not _use_triton(backend, x) or C > 16384 or x.numel() == 0:
         return layer_norm_reference(x, weight, bias, eps)
     return _LayerNorm.apply(x, weight, bias, float(eps), _autocast_dtype(x))
+
+
+def scaled_residual(x: Tensor, y: Tensor, scale: Tensor, backend: str = "auto") -> Tensor:
+    """``x + y * scale[b]`` for ``x, y: [B, ...]`` and a per-sample ``scale: [B]`` (stochastic depth's
+    kept/dropped mask divided by the keep probability), one kernel each way on the Triton path (PyTorch
+    broadcasts the ``[B, 1, ...]`` factor through its slower non-vectorised kernel)."""
+    if x.shape != y.shape or scale.shape != (x.shape[0],):
+        raise ValueError(f"scaled_residual: x {tuple(x.shape)}, y {tuple(y.shape)} and scale "
+                         f"{tuple(scale.shape)} must be [B, ...], [B, ...] and [B]")
+    if (not _use_triton(backend, y) or not (x.is_contiguous() and y.is_contiguous() and scale.is_contiguous())
+            or x.numel() == 0):
+        return x + y * scale.reshape((-1,) + (1,) * (y.dim() - 1)).to(y.dtype)
+    return _ScaledResidual.apply(x, y, scale)
 
 
 def gated_act(ab: Tensor, hidden: int, activation: str = "silu", backend: str = "auto") -> Tensor:

@@ -8,6 +8,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import nn
 
+from ..kernels.block_ops import scaled_residual
 from .glu import GLU
 from .hgru import HGRU
 from .norms import NORMS, apply_norm, build_norm
@@ -81,15 +82,16 @@ def drop_path(x: Tensor, p: float, training: bool) -> Tensor:
 
 def _keep_scale(x: Tensor, p: float) -> Tensor:
     """``[B, 1, ...]``: 1 / (1 - p) for the kept samples, 0 for the dropped ones."""
-    return x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(1.0 - p).div_(1.0 - p)
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32  # 1 / (1 - p) not rounded to bf16
+    return x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1), dtype=dtype).bernoulli_(1.0 - p).div_(1.0 - p)
 
 
-def residual_add(x: Tensor, branch: Tensor, p: float, training: bool) -> Tensor:
-    """``x + drop_path(branch, p)`` in one pass each way (the scale is applied to the ``[B, 1, ...]``
-    mask, not to the branch)."""
+def residual_add(x: Tensor, branch: Tensor, p: float, training: bool, backend: str = "auto") -> Tensor:
+    """``x + drop_path(branch, p)`` in one pass each way (kernels.block_ops.scaled_residual; the
+    1 / (1 - p) is applied to the ``[B]`` mask, not to the branch)."""
     if p == 0.0 or not training:
         return x + branch
-    return torch.addcmul(x, branch, _keep_scale(branch, p))
+    return scaled_residual(x, branch, _keep_scale(branch, p).reshape(-1), backend)
 
 
 class HgrnBlock(TransientAttrs, nn.Module):
@@ -171,8 +173,8 @@ class HgrnBlock(TransientAttrs, nn.Module):
                               output_final_state, **extra)
         # (a fused dropout + add Triton kernel was measured on an H200, 2026-11-21: no faster at
         # 8192 tokens/step, where the step is bound by launch overhead on the CPU; see git 66b1495)
-        x = residual_add(x, self.dropout(y), self.drop_path_rate, self.training)
+        x = residual_add(x, self.dropout(y), self.drop_path_rate, self.training, self.kernel_backend)
         if self.glu is not None:
             y = self.glu(apply_norm(self.glu_norm, x, padding_mask, self.kernel_backend))
-            x = residual_add(x, self.dropout(y), self.drop_path_rate, self.training)
+            x = residual_add(x, self.dropout(y), self.drop_path_rate, self.training, self.kernel_backend)
         return x, state

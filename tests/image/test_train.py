@@ -311,3 +311,22 @@ def test_loading_a_config_leaves_fairseq_able_to_use_hydra(tmp_path):
         str(tmp_path), "--task", "language_modeling", "--arch", "transformer_lm", "--optimizer", "adam"])
     cfg = convert_namespace_to_omegaconf(args)
     assert cfg.model._name == "transformer_lm"
+
+
+def test_cuda_graph_setting_is_applied_and_reported(folder, tmp_path, capsys):
+    """train.cuda_graphs: on in the HGRN presets, off in DeiT's; the plan says what it does for the model."""
+    assert train.load_config("hgrn1", None, ["data.path=/x"]).train.cuda_graphs is True
+    assert train.load_config("hgrn2_tiny", None, ["data.path=/x"]).train.cuda_graphs is True
+    assert train.load_config("deit", None, ["data.path=/x"]).train.cuda_graphs is False
+    cfg = train.load_config("hgrn1", None, ["data.path=/x", *TINY])
+    model = train.build_model(cfg, 3)
+    assert train.cuda_graph_setting(cfg, model, torch.device("cpu")) == "off: not on CUDA"
+    assert model.cuda_graphs is False
+    assert train.cuda_graph_setting(cfg, model, torch.device("cuda")) == "on" and model.cuda_graphs is True
+    other = torch.nn.Linear(2, 2)
+    assert "has no CUDA-graph option" in train.cuda_graph_setting(cfg, other, torch.device("cuda"))
+    off = train.load_config("hgrn1", None, ["data.path=/x", "train.cuda_graphs=false", *TINY])
+    assert train.cuda_graph_setting(off, train.build_model(off, 3), torch.device("cuda")) == "off"
+    code, stdout, _ = run(capsys, "--config-name", "hgrn1", "--dry-run", f"data.path={folder}",
+                          f"train.output_dir={tmp_path / 'r'}", *TINY)
+    assert code == 0 and '"cuda_graphs": "off: not on CUDA"' in stdout

@@ -125,3 +125,25 @@ def test_residual_drop_path_keeps_or_drops_whole_samples():
     assert bool((kept ^ dropped).all())
     assert 0.15 < dropped.double().mean().item() < 0.35
     torch.testing.assert_close(residual_add(x, branch, 0.25, training=False), x + branch)
+
+
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float32), (torch.float32, torch.bfloat16),
+                                    (torch.bfloat16, torch.bfloat16)])
+def test_scaled_residual_matches_float64(dtypes):
+    from hgrn_fairseq.kernels.block_ops import scaled_residual
+
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(5, 7, 9, generator=g).to(DEV, dtypes[0])
+    y = torch.randn(5, 7, 9, generator=g).to(DEV, dtypes[1])
+    scale = torch.tensor([0.0, 1.25, 1.25, 0.0, 1.25]).to(DEV)
+    dout = torch.randn(5, 7, 9, generator=g).to(DEV)
+    out, (dx, dy) = grads(lambda a, b: scaled_residual(a, b, scale, backend="triton"), x, y, dy=dout)
+    want = x.double() + y.double() * scale.double()[:, None, None]
+    tol = 1e-2 if torch.bfloat16 in dtypes else 1e-6
+    assert out.dtype == torch.promote_types(*dtypes)
+    torch.testing.assert_close(out.double(), want, rtol=tol, atol=tol)
+    assert dx.dtype == dtypes[0] and dy.dtype == dtypes[1]
+    torch.testing.assert_close(dx.double(), dout.to(dtypes[0]).double(), rtol=tol, atol=tol)
+    torch.testing.assert_close(dy.double(), dout.double() * scale.double()[:, None, None], rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match="must be"):
+        scaled_residual(x, y, scale[:3])
