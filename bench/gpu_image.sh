@@ -49,7 +49,7 @@ fi
 cat "$OUT/env.txt"
 
 if [[ ",$STAGES," == *",tests,"* ]]; then
-  OMP_NUM_THREADS=4 timeout 240 python3 -m pytest -q -p no:cacheprovider -rfEs tests/image/test_models.py tests/kernels/test_block_ops.py \
+  OMP_NUM_THREADS=4 timeout 240 python3 -m pytest -q -p no:cacheprovider -rfEs ${IMG_TEST_PATHS:-tests/image/test_models.py tests/kernels/test_block_ops.py} \
     > "$OUT/gpu_tests.log" 2>&1
   echo "tests rc=$? at $(el)s"; tail -4 "$OUT/gpu_tests.log"
 fi
