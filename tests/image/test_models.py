@@ -106,6 +106,17 @@ def test_fairseq_start_up_does_not_import_the_image_package():
 
 
 # ------------------------------------------------------------------------------ drop-path and dropout
+def test_blocks_see_a_contiguous_residual_stream():
+    """The patch embedding's transposed view is made contiguous once: element-wise ops keep their
+    input's layout, so otherwise every block's adds, norms and copies would run on [B, D, T] strides."""
+    m = HgrnVit(img_size=32, patch_size=8, embed_dim=16, depth=2, num_classes=3, drop_path_rate=0.2)
+    seen = []
+    for block in m.blocks:
+        block.register_forward_pre_hook(lambda mod, args: seen.append(args[0].is_contiguous()))
+    m.train()(torch.randn(2, 3, 32, 32))
+    assert seen == [True, True]
+
+
 def test_drop_path_rates_rise_linearly_and_act_only_in_training():
     torch.manual_seed(0)
     model = timm.create_model("hgrn1d_vit_tiny", num_classes=4, depth=3, embed_dim=16, glu_dim=32,
