@@ -13,6 +13,10 @@
   backward (two products, the activation's gradient, a copy of both halves into one tensor); here
   one each way, the backward writing the stacked gradient directly.
 * ``scaled_residual(x, y, scale)``: ``x + y * scale[b]``, the residual add with stochastic depth.
+* ``linear(x, weight, bias)``: ``F.linear`` whose backward sums the bias gradient with a matrix
+  product (a row of ones times the output gradient) instead of PyTorch's column reduction, which
+  is slow for narrow outputs (H100, 2026-11-24: 50 bias reductions took 2.8 of the 17.6 GPU-ms of an
+  hgrn1d_vit_tiny step, ~56 us each for 12-63 MB).
 
 Both fall back to their PyTorch definitions on the CPU, in float64, and inside ``torch.compile``
 graphs (where the compiler fuses the same operations itself).
@@ -236,6 +240,42 @@ class _GatedAct(torch.autograd.Function):
         _gated_bwd_kernel[(triton.cdiv(total, _BLOCK),)](ab, dy, dab, total, hidden, width2,
                                                           SILU=ctx.silu, BLOCK=_BLOCK)
         return dab, None, None
+
+
+class _Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        kind = x.device.type
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+        xc, wc = x.to(dtype), weight.to(dtype)  # what autocast would hand F.linear
+        with torch.autocast(kind, enabled=False):
+            y = F.linear(xc, wc, bias.to(dtype))
+        ctx.save_for_backward(xc, wc)
+        ctx.dtypes = (x.dtype, weight.dtype, bias.dtype)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        xc, wc = ctx.saved_tensors
+        x_dtype, w_dtype, b_dtype = ctx.dtypes
+        g = dy.reshape(-1, dy.shape[-1])
+        if g.dtype != wc.dtype:
+            g = g.to(wc.dtype)
+        dx = (g @ wc).view(*dy.shape[:-1], wc.shape[1]) if ctx.needs_input_grad[0] else None
+        dw = (g.t() @ xc.reshape(-1, xc.shape[-1])).to(w_dtype) if ctx.needs_input_grad[1] else None
+        db = None
+        if ctx.needs_input_grad[2]:
+            ones = torch.ones((1, g.shape[0]), device=g.device, dtype=g.dtype)
+            db = (ones @ g).view(-1).to(b_dtype)
+        return (dx.to(x_dtype) if dx is not None else None), dw, db
+
+
+def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], backend: str = "auto") -> Tensor:
+    """``F.linear(x, weight, bias)`` (autocast as usual); on the Triton path (CUDA, not inside
+    ``torch.compile``) the bias gradient is one matrix product with a row of ones."""
+    if bias is None or not _use_triton(backend, x) or x.numel() == 0:
+        return F.linear(x, weight, bias)
+    return _Linear.apply(x, weight, bias)
 
 
 def layer_norm(x: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float = 1e-5, backend: str = "auto") -> Tensor:

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import BACKENDS
-from ..kernels.block_ops import GATED_ACTIVATIONS, gated_act
+from ..kernels.block_ops import GATED_ACTIVATIONS, gated_act, linear
 from .hgru import stack_old_projections
 
 ACTIVATIONS: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -74,13 +74,13 @@ class GLU(nn.Module):
             w_in = F.pad(w_in.view(2, hidden, self.dim), (0, 0, 0, pad)).view(2 * padded, self.dim)
             b_in = None if b_in is None else F.pad(b_in.view(2, hidden), (0, pad)).view(2 * padded)
             w_out = F.pad(w_out, (0, pad))
-        ab = F.linear(x, w_in, b_in)
+        ab = linear(x, w_in, b_in, self.backend)
         if self.activation_name in GATED_ACTIVATIONS:  # one kernel each way on the Triton path
             hidden_act = gated_act(ab, ab.shape[-1] // 2, self.activation_name, self.backend)
         else:
             a, b = ab.chunk(2, dim=-1)
             hidden_act = self.act(a) * b
-        return F.linear(hidden_act, w_out, self.out_proj.bias)
+        return linear(hidden_act, w_out, self.out_proj.bias, self.backend)
 
     def upgrade_state_dict_named(self, state_dict, name: str) -> None:
         """Checkpoints with separate ``l1``/``l2``/``l3`` load as ``in_proj``/``out_proj``."""

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import BACKENDS, hgru_scan
+from ..kernels.block_ops import linear
 from ..kernels.norm_gate import norm_gate
 from .scan2d import check_grid, grid_scan
 
@@ -160,7 +161,8 @@ class HGRU(nn.Module):
         B, T, _ = x.shape
         if isinstance(lower_bound, Tensor):
             lower_bound = lower_bound.to(x.dtype)
-        inputs, forget, gate = self.in_proj(x).split(self.projection_sizes, dim=-1)
+        inputs, forget, gate = linear(x, self.in_proj.weight, self.in_proj.bias, self.backend).split(
+            self.projection_sizes, dim=-1)
         inputs = mask_padding(inputs, padding_mask)
         if self.complex:
             inputs = inputs.unflatten(-1, (self.state_dim, 2))
@@ -182,7 +184,7 @@ class HGRU(nn.Module):
             y = norm_gate(h, gate, self.norm.weight, self.norm.bias, self.norm.eps, backend=self.backend)
         else:
             y = self.norm(h * F.silu(gate))
-        return self.out_proj(y), (final if output_final_state else None)
+        return linear(y, self.out_proj.weight, self.out_proj.bias, self.backend), (final if output_final_state else None)
 
     def extra_repr(self) -> str:
         return (

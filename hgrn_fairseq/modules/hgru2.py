@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import BACKENDS, hgrn2_scan, hgrn2_step, resolve_backend
+from ..kernels.block_ops import linear
 from ..kernels.hgrn2_gates import hgrn2_gates
 from ..kernels.reference import hgrn2_log_decay_reference
 from .hgru import check_mixer_call, mask_padding
@@ -82,7 +83,7 @@ class HGRU2(nn.Module):
 
     def _gates(self, x: Tensor, lower_bound) -> Tuple[Tensor, Tensor, Tensor]:
         B, T, _ = x.shape
-        v, q, f = self.in_proj(x).chunk(3, dim=-1)
+        v, q, f = linear(x, self.in_proj.weight, self.in_proj.bias, self.backend).chunk(3, dim=-1)
         if self.variant == "lra":
             v = F.silu(v)
         # q's activation and the log-decay (fp32 math) in one kernel on the Triton path
@@ -127,7 +128,7 @@ class HGRU2(nn.Module):
         if not self.causal:
             o_r, _ = hgrn2_scan(q, v, log_decay, None, True, backend)
             o = o + o_r
-        y = self.out_proj(self.norm(o.reshape(B, T, self.dim)))
+        y = linear(self.norm(o.reshape(B, T, self.dim)), self.out_proj.weight, self.out_proj.bias, self.backend)
         return y, (final if output_final_state else None)
 
     def extra_repr(self) -> str:

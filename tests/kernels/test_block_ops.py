@@ -147,3 +147,25 @@ def test_scaled_residual_matches_float64(dtypes):
     torch.testing.assert_close(dy.double(), dout.double() * scale.double()[:, None, None], rtol=tol, atol=tol)
     with pytest.raises(ValueError, match="must be"):
         scaled_residual(x, y, scale[:3])
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_linear_matches_float64(autocast):
+    """block_ops.linear (bias gradient as a product with a row of ones) against float64 formulas."""
+    from hgrn_fairseq.kernels.block_ops import linear
+
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(3, 5, 12, generator=g).to(DEV)
+    w = torch.randn(20, 12, generator=g).to(DEV) * 0.3
+    b = torch.randn(20, generator=g).to(DEV)
+    dy = torch.randn(3, 5, 20, generator=g).to(DEV)
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
+        y, (dx, dw, db) = grads(lambda a, c, d: linear(a, c, d, backend="triton"), x, w, b, dy=dy)
+    x64, w64, dy64 = x.double(), w.double(), dy.double()
+    tol = 5e-2 if autocast else 1e-5
+    assert y.dtype == (torch.bfloat16 if autocast else torch.float32)
+    torch.testing.assert_close(y.double(), x64 @ w64.t() + b.double(), rtol=tol, atol=tol)
+    assert (dx.dtype, dw.dtype, db.dtype) == (torch.float32,) * 3
+    torch.testing.assert_close(dx.double(), dy64 @ w64, rtol=tol, atol=tol)
+    torch.testing.assert_close(dw.double(), dy64.reshape(-1, 20).t() @ x64.reshape(-1, 12), rtol=tol, atol=tol)
+    torch.testing.assert_close(db.double(), dy64.reshape(-1, 20).sum(0), rtol=tol, atol=tol * 4)
