@@ -111,7 +111,7 @@ def compile_sm90(fn, constexprs, num_warps):
     from triton.compiler import ASTSource
 
     module = fn.fn.__module__.rsplit(".", 1)[-1]
-    ints = _INTS["hgru_triton" if module == "hgru_triton" else "hgrn2"]
+    ints = _INTS["hgrn2" if module.startswith("hgrn2") else "hgru_triton"]  # (HGRU: hgru/*.py)
     fp32 = _FP32_PTRS | ({"A", "dA"} if not constexprs.get("LOWP", True) else set())
     signature, constants = {}, {}
     for p in fn.params:
