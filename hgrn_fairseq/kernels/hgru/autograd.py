@@ -140,18 +140,9 @@ class _HGRUScanFunction(torch.autograd.Function):
                     LBW=lbw, VEC=_vec_width(D, vec, x, a, h), BT=plan["BT"], BD=plan["BD"],
                     num_warps=plan["num_warps"], **flags)
             elif mode == "lookback":
-                lbuf, state = _lookback_buffers(dev, (4 if is_complex else 2) * nc * B * D)
-                _hgru_fwd_lb_kernel[(n_cols * nc,)](
-                    *args, lbuf, state, B, T, D, nc, plan["BD"], dw, PUBLISH_INC=tuning["publish_inclusive"] is not False,
-                    LBW=lbw, BT=plan["BT"], BD=plan["BD"], num_warps=plan["num_warps"], **flags)
+                _launch_lookback(_hgru_fwd_lb_kernel, args, n_cols, B, T, D, nc, dw, is_complex, dev, lbw, flags, plan)
             else:
-                agg_m, agg_s, kmode = dummy, dummy, MODE_SEQ
-                if nc > 1:
-                    agg_m, agg_s = _agg_buffers(nc, B, D, is_complex, dev)
-                    _hgru_fwd_kernel[(n_cols * (nc - 1),)](
-                        *args, agg_m, agg_s, B, T, D, nc, cl, plan["BD"], dw, MODE=MODE_AGG, **flags, **plan)
-                    kmode = MODE_APPLY
-                _hgru_fwd_kernel[(n_cols * nc,)](*args, agg_m, agg_s, B, T, D, nc, cl, plan["BD"], dw, MODE=kmode, **flags, **plan)
+                _launch_chunks(_hgru_fwd_kernel, args, n_cols, B, T, D, nc, cl, dw, is_complex, dev, dummy, flags, plan)
         ctx.save_for_backward(x if fused else None, a, theta, gamma, h0, h)
         ctx.cfg = (is_complex, fused, reverse, gamma_val, x.shape, x.dtype)
         return h, ht
@@ -206,18 +197,9 @@ class _HGRUScanFunction(torch.autograd.Function):
                     NEED_DH0=need_h0, BT=plan["BT"], BD=plan["BD"], STAGES=plan["STAGES"],
                     num_warps=plan["num_warps"])
             elif mode == "lookback":
-                lbuf, state = _lookback_buffers(dev, (4 if is_complex else 2) * nc * B * D)
-                _hgru_bwd_lb_kernel[(n_cols * nc,)](
-                    *args, lbuf, state, B, T, D, nc, plan["BD"], dw, PUBLISH_INC=tuning["publish_inclusive"] is not False,
-                    LBW=lbw, BT=plan["BT"], BD=plan["BD"], num_warps=plan["num_warps"], **flags)
+                _launch_lookback(_hgru_bwd_lb_kernel, args, n_cols, B, T, D, nc, dw, is_complex, dev, lbw, flags, plan)
             else:
-                agg_m, agg_s, kmode = dummy, dummy, MODE_SEQ
-                if nc > 1:
-                    agg_m, agg_s = _agg_buffers(nc, B, D, is_complex, dev)
-                    _hgru_bwd_kernel[(n_cols * (nc - 1),)](
-                        *args, agg_m, agg_s, B, T, D, nc, cl, plan["BD"], dw, MODE=MODE_AGG, **flags, **plan)
-                    kmode = MODE_APPLY
-                _hgru_bwd_kernel[(n_cols * nc,)](*args, agg_m, agg_s, B, T, D, nc, cl, plan["BD"], dw, MODE=kmode, **flags, **plan)
+                _launch_chunks(_hgru_bwd_kernel, args, n_cols, B, T, D, nc, cl, dw, is_complex, dev, dummy, flags, plan)
         dtheta = dtheta_p.sum(0).to(theta.dtype) if need_theta else None
         dgamma = dgamma_p.sum(0).to(gamma.dtype) if need_gamma else None
         return (dx if need_x else None, da if need_a else None, dtheta, dgamma,
@@ -226,6 +208,26 @@ class _HGRUScanFunction(torch.autograd.Function):
 
 def _gamma_mode(gamma: Optional[Tensor], gamma_val: Optional[float]) -> int:
     return 2 if gamma is not None else (1 if gamma_val is not None else 0)
+
+
+def _launch_lookback(kernel, args, n_cols, B, T, D, nc, dw, is_complex, dev, lbw, flags, plan):
+    """``kernel`` (``_hgru_fwd_lb_kernel`` or ``_hgru_bwd_lb_kernel``): "lookback", one tile per program."""
+    lbuf, state = _lookback_buffers(dev, (4 if is_complex else 2) * nc * B * D)
+    kernel[(n_cols * nc,)](*args, lbuf, state, B, T, D, nc, plan["BD"], dw,
+                           PUBLISH_INC=tuning["publish_inclusive"] is not False, LBW=lbw, BT=plan["BT"], BD=plan["BD"],
+                           num_warps=plan["num_warps"], **flags)
+
+
+def _launch_chunks(kernel, args, n_cols, B, T, D, nc, cl, dw, is_complex, dev, dummy, flags, plan):
+    """``kernel`` (``_hgru_fwd_kernel`` or ``_hgru_bwd_kernel``) as "seq" (``nc`` 1: one launch) or "twopass":
+    the chunk maps (MODE_AGG), then the chunks entered with the composed maps (MODE_APPLY)."""
+    agg_m, agg_s, kmode = dummy, dummy, MODE_SEQ
+    if nc > 1:
+        agg_m, agg_s = _agg_buffers(nc, B, D, is_complex, dev)
+        kernel[(n_cols * (nc - 1),)](*args, agg_m, agg_s, B, T, D, nc, cl, plan["BD"], dw, MODE=MODE_AGG, **flags,
+                                     **plan)
+        kmode = MODE_APPLY
+    kernel[(n_cols * nc,)](*args, agg_m, agg_s, B, T, D, nc, cl, plan["BD"], dw, MODE=kmode, **flags, **plan)
 
 
 def _agg_buffers(nc: int, B: int, D: int, is_complex: bool, device: torch.device):

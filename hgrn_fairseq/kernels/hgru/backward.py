@@ -17,11 +17,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .lookback import _chunk_map, _epoch_done, _launch_tag, _lb_program, _lookback
-from .scan_math import (_combine_pair, _combine_real, _first_decay, _gamma, _gate_decay, _rotation_tiles,
-                        _scan_carry, _sigmoid, _sigmoid_pair)
-from .tiles import (_MODE_AGG, _MODE_APPLY, _carry_in, _frame, _load_pair, _load_state, _store_pair,
-                    _stream_column, _walk_next, _walk_scan, _walk_step)
+from .lookback import _chunk_map, _epoch_done, _lookback, _tile_program, _tile_scan
+from .scan_math import _first_decay, _gamma, _gate_decay, _rotation_tiles, _scan_carry, _sigmoid, _sigmoid_pair
+from .tiles import (_carry_in, _chunk_program, _frame, _load_pair, _load_state, _MODE_AGG, _MODE_APPLY,
+                    _store_chunk_map, _store_pair, _stream_column, _walk_next, _walk_scan, _walk_step)
 
 
 @triton.jit
@@ -65,6 +64,48 @@ def _bwd_load(X, sxb, sxt: tl.constexpr, A, sab, sat: tl.constexpr, H, H0r, H0i,
         hpr = a_prev
         hpi = a_prev
     return a_prev, a_t, ur, ui, gr, gi, hpr, hpi
+
+
+@triton.jit
+def _final_grad_in(DHT, b64, stb, std, stc, d, dm, cs, sn, gr, gi, COMPLEX: tl.constexpr):
+    """``(gr, gi)`` set to the gradient of the final state (channels ``d`` of batch row ``b64``; strides
+    stb, std, stc), in fp32. It enters the first backward step without a transition, but the tile
+    rotates the incoming state by exp(-i theta): pre-rotated (``gi`` is left as given for the real scans)."""
+    tr = tl.load(DHT + b64 * stb + d * std, mask=dm, other=0.0).to(tl.float32)
+    if COMPLEX:
+        ti = tl.load(DHT + b64 * stb + d * std + stc, mask=dm, other=0.0).to(tl.float32)
+        gr = cs * tr - sn * ti
+        gi = sn * tr + cs * ti
+    else:
+        gr = tr
+    return gr, gi
+
+
+@triton.jit
+def _store_dh0(DH0, A, b64, sab, sat, T, D, c, NC, d, dm, gam1, cs, sn, gr, gi, FUSED: tl.constexpr,
+               REVERSE: tl.constexpr, COMPLEX: tl.constexpr):
+    """``dh0 = conj(A_first) g_first`` (contiguous [B, D] or [B, D, 2]), from the programs of the last
+    backward chunk; ``(gr, gi)``: g_first, the gradient state leaving that chunk."""
+    fm = dm & ((d * 0 + c) == NC - 1)
+    a0 = _first_decay(A + b64 * sab, sat, T, d, fm, gam1, FUSED, REVERSE)
+    off = b64 * D + d
+    if COMPLEX:
+        tl.store(DH0 + 2 * off, (a0 * (cs * gr + sn * gi)).to(DH0.dtype.element_ty), mask=fm)
+        tl.store(DH0 + 2 * off + 1, (a0 * (cs * gi - sn * gr)).to(DH0.dtype.element_ty), mask=fm)
+    else:
+        tl.store(DH0 + off, (a0 * gr).to(DH0.dtype.element_ty), mask=fm)
+
+
+@triton.jit
+def _bwd_decay(a_prev, gam, mp, FUSED: tl.constexpr):
+    """The decay carrying the gradient back to a backward tile's rows: the forward's next step's (the
+    loaded decay, or the gate lambda of its forget logits when FUSED); 1 outside ``mp`` (no next step)."""
+    if FUSED:
+        mu_p, omu_p = _sigmoid_pair(a_prev)
+        dec = gam + (1.0 - gam) * mu_p
+    else:
+        dec = a_prev
+    return tl.where(mp, dec, 1.0)
 
 
 @triton.jit
@@ -132,19 +173,7 @@ def _hgru_bwd_kernel(
     PRECISE: tl.constexpr, PREFETCH: tl.constexpr, FOLD: tl.constexpr, NCP: tl.constexpr,
     AGG_REV: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    ndb = tl.cdiv(D, BD)
-    db = pid % ndb
-    bc = pid // ndb
-    b = bc % B
-    c = bc // B
-    b64 = b.to(tl.int64)
-    d = db * BD + tl.arange(0, BD)
-    dm = d < D
-    rows = tl.arange(0, BT)
-
-    s_lo = c * CL
-    s_hi = tl.minimum(s_lo + CL, T)
+    b, b64, c, db, d, dm, rows, s_lo, s_hi = _chunk_program(B, T, D, CL, BD, BT)
     n_tiles = tl.cdiv(s_hi - s_lo, BT)
     IS_AGG: tl.constexpr = MODE == _MODE_AGG
     LOAD_ALL: tl.constexpr = MODE != _MODE_AGG
@@ -164,13 +193,7 @@ def _hgru_bwd_kernel(
     gci = tl.zeros([BD], tl.float32)
     if not IS_AGG:
         if HAS_DHT:
-            tr = tl.load(DHT + b64 * stb + d * std, mask=dm, other=0.0).to(tl.float32)
-            if COMPLEX:
-                ti = tl.load(DHT + b64 * stb + d * std + stc, mask=dm, other=0.0).to(tl.float32)
-                gcr = cs * tr - sn * ti
-                gci = sn * tr + cs * ti
-            else:
-                gcr = tr
+            gcr, gci = _final_grad_in(DHT, b64, stb, std, stc, d, dm, cs, sn, gcr, gci, COMPLEX)
         if MODE == _MODE_APPLY:
             gcr, gci = _carry_in(AGG_M, AGG_S, gcr, gci, b, c, d, dm, B, D, NC, COMPLEX, NCP)
     mr = tl.zeros([BD], tl.float32) + 1.0
@@ -211,12 +234,7 @@ def _hgru_bwd_kernel(
         valid = q < s_hi
         m2 = valid[:, None] & dm[None, :]
         mp = ((q >= 1) & valid)[:, None] & dm[None, :]
-        if FUSED:
-            mu_p, omu_p = _sigmoid_pair(a_prev)
-            dec = gam + (1.0 - gam) * mu_p
-        else:
-            dec = a_prev
-        dec = tl.where(mp, dec, 1.0)
+        dec = _bwd_decay(a_prev, gam, mp, FUSED)
         # g = dh + conj(A_next) g_next, scanned in the frame rotating with exp(-i theta)
         last = tl.minimum(s_hi - s0, BT) - 1
         gr, gi, gcr, gci, mr, mi = _walk_scan(dec, dhr, dhi, gcr, gci, mr, mi, fr, fi, ffr, ffi, rows, last,
@@ -234,16 +252,7 @@ def _hgru_bwd_kernel(
                         BT, BD, 1)
 
     if IS_AGG:
-        off = (c.to(tl.int64) * B + b) * D + d
-        if COMPLEX:
-            plane = (NC - 1).to(tl.int64) * B * D
-            tl.store(AGG_M + off, mr, mask=dm)
-            tl.store(AGG_M + plane + off, mi, mask=dm)
-            tl.store(AGG_S + off, gcr, mask=dm)
-            tl.store(AGG_S + plane + off, gci, mask=dm)
-        else:
-            tl.store(AGG_M + off, mr, mask=dm)
-            tl.store(AGG_S + off, gcr, mask=dm)
+        _store_chunk_map(AGG_M, AGG_S, b, c, B, D, NC, d, dm, mr, mi, gcr, gci, COMPLEX)
     else:
         prow = (b64 * NC + c) * D + d
         if NEED_DTHETA:
@@ -251,14 +260,7 @@ def _hgru_bwd_kernel(
         if NEED_DGAMMA:
             tl.store(DGAMMA_P + prow, tl.sum(acc_g, axis=0), mask=dm)
         if NEED_DH0:
-            fm = dm & ((d * 0 + c) == NC - 1)
-            a0 = _first_decay(A + b64 * sab, sat, T, d, fm, gam1, FUSED, REVERSE)
-            off = b64 * D + d
-            if COMPLEX:
-                tl.store(DH0 + 2 * off, (a0 * (cs * gcr + sn * gci)).to(DH0.dtype.element_ty), mask=fm)
-                tl.store(DH0 + 2 * off + 1, (a0 * (cs * gci - sn * gcr)).to(DH0.dtype.element_ty), mask=fm)
-            else:
-                tl.store(DH0 + off, (a0 * gcr).to(DH0.dtype.element_ty), mask=fm)
+            _store_dh0(DH0, A, b64, sab, sat, T, D, c, NC, d, dm, gam1, cs, sn, gcr, gci, FUSED, REVERSE, COMPLEX)
 
 
 
@@ -360,13 +362,7 @@ def _hgru_bwd_lb_kernel(
 ):
     """The backward over one tile per program, single pass (see ``_hgru_fwd_lb_kernel``); chunks are
     numbered in the backward scan's order."""
-    c, n_cols, db, b = _lb_program(D, B, BD)
-    b64 = b.to(tl.int64)
-    d0 = db * bd_rt  # = db * BD; runtime, so rows are not known to be aligned (see _load_pair)
-    d = d0 + tl.arange(0, BD)
-    dm = d < D
-    rows = tl.arange(0, BT)
-    E = _launch_tag(STATE)
+    c, n_cols, b, b64, d0, d, dm, rows, E = _tile_program(STATE, B, D, bd_rt, BD, BT)
 
     gam1 = _gamma(GAMMA, gamma_val, d, dm, GAMMA_MODE)
     gam = gam1[None, :]
@@ -395,34 +391,16 @@ def _hgru_bwd_lb_kernel(
     a_prev, a_t, ur, ui, dhr, dhi, hpr, hpi = _bwd_load(
         X, sxb, sxt, A, sab, sat, H, h0r, h0i, DH, sgb, sgt, b64, t_ref, rel, q, T, T, d0, D, DW,
         COMPLEX, FUSED, REVERSE, HAS_DH, NEED_A_T, True, BT, BD)
-    if FUSED:
-        mu_p, omu_p = _sigmoid_pair(a_prev)
-        dec = gam + (1.0 - gam) * mu_p
-    else:
-        dec = a_prev
-    dec = tl.where(mp, dec, 1.0)
-    if COMPLEX:
-        yr = fr * dhr + fi * dhi
-        yi = fr * dhi - fi * dhr
-        p, zr, zi = tl.associative_scan((dec, yr, yi), 0, _combine_pair)
-    else:
-        p, zr = tl.associative_scan((dec, dhr), 0, _combine_real)
-        zi = zr
-    last = tl.minimum(T - c * BT, BT) - 1
-    mr, mi, sr, si = _chunk_map(p, zr, zi, fr, fi, rows, last, COMPLEX)
+    dec = _bwd_decay(a_prev, gam, mp, FUSED)
+    p, zr, zi = _tile_scan(dec, dhr, dhi, fr, fi, COMPLEX)
+    mr, mi, sr, si = _chunk_map(p, zr, zi, fr, fi, rows, tl.minimum(T - c * BT, BT) - 1, COMPLEX)  # (last row)
 
     # the final state's gradient enters the first backward step without a transition, but the
     # tile rotates the incoming state by exp(-i theta): pre-rotate it
     ir = tl.zeros([BD], tl.float32)
     ii = tl.zeros([BD], tl.float32)
     if HAS_DHT:
-        tr = tl.load(DHT + b64 * stb + d * std, mask=dm, other=0.0).to(tl.float32)
-        if COMPLEX:
-            ti = tl.load(DHT + b64 * stb + d * std + stc, mask=dm, other=0.0).to(tl.float32)
-            ir = cs * tr - sn * ti
-            ii = sn * tr + cs * ti
-        else:
-            ir = tr
+        ir, ii = _final_grad_in(DHT, b64, stb, std, stc, d, dm, cs, sn, ir, ii, COMPLEX)
     cr, ci = _lookback(LBUF, c, NC, B, D, b, d, dm, mr, mi, sr, si, ir, ii, E,
                        COMPLEX, PUBLISH_INC, LBW)
 
@@ -444,16 +422,7 @@ def _hgru_bwd_lb_kernel(
         tl.store(DTHETA_P + prow, tl.sum(th_c, axis=0), mask=dm)
     if NEED_DGAMMA:
         tl.store(DGAMMA_P + prow, tl.sum(g_c, axis=0), mask=dm)
-    if NEED_DH0:
-        # dh0 = conj(A_first) g_first, g_first the state leaving the last backward chunk
-        fm = dm & ((d * 0 + c) == NC - 1)
-        a0 = _first_decay(A + b64 * sab, sat, T, d, fm, gam1, FUSED, REVERSE)
-        glr = mr * cr - mi * ci + sr
-        gli = mr * ci + mi * cr + si
-        off = b64 * D + d
-        if COMPLEX:
-            tl.store(DH0 + 2 * off, (a0 * (cs * glr + sn * gli)).to(DH0.dtype.element_ty), mask=fm)
-            tl.store(DH0 + 2 * off + 1, (a0 * (cs * gli - sn * glr)).to(DH0.dtype.element_ty), mask=fm)
-        else:
-            tl.store(DH0 + off, (a0 * glr).to(DH0.dtype.element_ty), mask=fm)
+    if NEED_DH0:  # g_first: the state leaving the last backward chunk
+        _store_dh0(DH0, A, b64, sab, sat, T, D, c, NC, d, dm, gam1, cs, sn, mr * cr - mi * ci + sr,
+                   mr * ci + mi * cr + si, FUSED, REVERSE, COMPLEX)
     _epoch_done(STATE, c, NC, n_cols)

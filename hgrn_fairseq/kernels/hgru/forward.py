@@ -15,11 +15,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .lookback import _chunk_map, _epoch_done, _launch_tag, _lb_program, _lookback
-from .scan_math import (_combine_pair, _combine_real, _extract_row, _gamma, _gate_decay, _rotation_tiles,
-                        _scan_carry, _sigmoid)
-from .tiles import (_MODE_AGG, _MODE_APPLY, _carry_in, _frame, _load_pair, _load_state, _store_final, _store_pair,
-                    _stream_column, _walk_next, _walk_scan, _walk_step)
+from .lookback import _chunk_map, _epoch_done, _launch_tag, _lb_program, _lookback, _tile_program, _tile_scan
+from .scan_math import _combine_real, _extract_row, _gamma, _gate_decay, _rotation_tiles, _scan_carry, _sigmoid
+from .tiles import (_carry_in, _chunk_program, _frame, _load_pair, _load_state, _MODE_AGG, _MODE_APPLY,
+                    _store_chunk_map, _store_final, _store_pair, _stream_column, _walk_next, _walk_scan, _walk_step)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -126,19 +125,7 @@ def _hgru_fwd_kernel(
     GAMMA_MODE: tl.constexpr, MODE: tl.constexpr, PRECISE: tl.constexpr, PREFETCH: tl.constexpr,
     FOLD: tl.constexpr, NCP: tl.constexpr, AGG_REV: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    ndb = tl.cdiv(D, BD)
-    db = pid % ndb
-    bc = pid // ndb
-    b = bc % B
-    c = bc // B
-    b64 = b.to(tl.int64)
-    d = db * BD + tl.arange(0, BD)
-    dm = d < D
-    rows = tl.arange(0, BT)
-
-    s_lo = c * CL
-    s_hi = tl.minimum(s_lo + CL, T)
+    b, b64, c, db, d, dm, rows, s_lo, s_hi = _chunk_program(B, T, D, CL, BD, BT)
     IS_AGG: tl.constexpr = MODE == _MODE_AGG
     gam, fr, fi, ffr, ffi, rel, t_first, step = _fwd_setup(THETA, GAMMA, gamma_val, d, dm, rows, T, s_lo, COMPLEX,
                                                            FUSED, REVERSE, GAMMA_MODE, PRECISE, BT, BD)
@@ -158,16 +145,7 @@ def _hgru_fwd_kernel(
                                PREFETCH, FOLD, 1, BT, BD)
 
     if IS_AGG:
-        off = (c.to(tl.int64) * B + b) * D + d
-        if COMPLEX:
-            plane = (NC - 1).to(tl.int64) * B * D
-            tl.store(AGG_M + off, mr, mask=dm)
-            tl.store(AGG_M + plane + off, mi, mask=dm)
-            tl.store(AGG_S + off, hr, mask=dm)
-            tl.store(AGG_S + plane + off, hi, mask=dm)
-        else:
-            tl.store(AGG_M + off, mr, mask=dm)
-            tl.store(AGG_S + off, hr, mask=dm)
+        _store_chunk_map(AGG_M, AGG_S, b, c, B, D, NC, d, dm, mr, mi, hr, hi, COMPLEX)
     else:
         _store_final(HT, b64, D, d, dm, c, NC, hr, hi, COMPLEX)
 
@@ -342,13 +320,7 @@ def _hgru_fwd_lb_kernel(
 ):
     """The forward over one tile of ``BT`` steps per program (chunk-major grid), in a single pass:
     local scan, look-back for the incoming state, outputs."""
-    c, n_cols, db, b = _lb_program(D, B, BD)
-    b64 = b.to(tl.int64)
-    d0 = db * bd_rt  # = db * BD; runtime, so rows are not known to be aligned (see _load_pair)
-    d = d0 + tl.arange(0, BD)
-    dm = d < D
-    rows = tl.arange(0, BT)
-    E = _launch_tag(STATE)
+    c, n_cols, b, b64, d0, d, dm, rows, E = _tile_program(STATE, B, D, bd_rt, BD, BT)
 
     q = c * BT + rows
     valid = q < T
@@ -366,16 +338,11 @@ def _hgru_fwd_lb_kernel(
     lam, xr, xi = _fwd_gates(av, xr, xi, gam, m2, FUSED, COMPLEX)
     if COMPLEX:
         cs, sn, fr, fi = _rotation_tiles(THETA, d, dm, 1.0, PRECISE, BT, BD)
-        yr = fr * xr + fi * xi
-        yi = fr * xi - fi * xr
-        p, zr, zi = tl.associative_scan((lam, yr, yi), 0, _combine_pair)
     else:
         fr = 0.0
         fi = 0.0
-        p, zr = tl.associative_scan((lam, xr), 0, _combine_real)
-        zi = zr
-    last = tl.minimum(T - c * BT, BT) - 1
-    mr, mi, sr, si = _chunk_map(p, zr, zi, fr, fi, rows, last, COMPLEX)
+    p, zr, zi = _tile_scan(lam, xr, xi, fr, fi, COMPLEX)
+    mr, mi, sr, si = _chunk_map(p, zr, zi, fr, fi, rows, tl.minimum(T - c * BT, BT) - 1, COMPLEX)  # (last row)
 
     ir = tl.zeros([BD], tl.float32)
     ii = tl.zeros([BD], tl.float32)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .scan_math import _combine_affine_complex, _combine_real, _extract_row
+from .scan_math import _combine_affine_complex, _combine_pair, _combine_real, _extract_row
 
 _MAX_SPINS = tl.constexpr(1 << 20)  # a wait never lasts this long unless something is broken
 
@@ -76,6 +76,35 @@ def _lookback(LBUF, c, NC, B, D, b, d, dm, mr, mi, sr, si, ir, ii, E,
 
 
 @triton.jit
+def _spin(spins):
+    """One more poll that found its predecessor unpublished: the walk goes on until ``_MAX_SPINS`` polls
+    (never reached unless something is broken). Returns the count and whether to go on (int32)."""
+    spins += 1
+    return spins, (spins < _MAX_SPINS).to(tl.int32)
+
+
+@triton.jit
+def _read_published(LBUF, plane, row, mask, ready, E, COMPLEX: tl.constexpr):
+    """What chunks published at ``row`` of LBUF (loads under ``mask``): Re M, Im M, Re S-or-state and
+    Im S-or-state (the imaginary parts 0 for the real scans), and per element whether the chunk's state
+    (tag E + 2) or its whole map (tag E + 1) is there; elements in ``ready`` (channels past D) count as
+    both."""
+    tm, kmr = _unpack(tl.load(LBUF + row, mask=mask, other=0, cache_modifier=".cg"))
+    ts, ksr = _unpack(tl.load(LBUF + plane + row, mask=mask, other=0, cache_modifier=".cg"))
+    inc_ok = (ts == E + 2) | ready
+    agg_ok = ((tm == E + 1) & (ts == E + 1)) | ready
+    if COMPLEX:
+        tmi, kmi = _unpack(tl.load(LBUF + 2 * plane + row, mask=mask, other=0, cache_modifier=".cg"))
+        tsi, ksi = _unpack(tl.load(LBUF + 3 * plane + row, mask=mask, other=0, cache_modifier=".cg"))
+        inc_ok = inc_ok & ((tsi == E + 2) | ready)
+        agg_ok = agg_ok & (((tmi == E + 1) & (tsi == E + 1)) | ready)
+    else:
+        kmi = kmr * 0.0
+        ksi = kmr * 0.0
+    return kmr, kmi, ksr, ksi, inc_ok, agg_ok
+
+
+@triton.jit
 def _lookback_single(LBUF, plane, c, B, D, b, d, dm, mr, cr, ci, E, COMPLEX: tl.constexpr):
     """The walk of ``_lookback`` one predecessor per round trip (``LBW == 1``). Returns the state
     entering chunk ``c`` (``(cr, ci)`` is returned unchanged only if the walk gives up)."""
@@ -89,20 +118,11 @@ def _lookback_single(LBUF, plane, c, B, D, b, d, dm, mr, cr, ci, E, COMPLEX: tl.
     off = ~dm  # channels past D are always "ready"
     while go == 1:
         krow = (k.to(tl.int64) * B + b) * D + d
-        tm, kmr = _unpack(tl.load(LBUF + krow, mask=dm, other=0, cache_modifier=".cg"))
-        ts, ksr = _unpack(tl.load(LBUF + plane + krow, mask=dm, other=0, cache_modifier=".cg"))
+        kmr, kmi, ksr, ksi, inc_ok, agg_ok = _read_published(LBUF, plane, krow, dm, off, E, COMPLEX)
         pr = ksr  # the chunk's S (tag E + 1) or its state (tag E + 2)
-        inc_ok = (ts == E + 2) | off
-        agg_ok = ((tm == E + 1) & (ts == E + 1)) | off
         if COMPLEX:
-            tmi, kmi = _unpack(tl.load(LBUF + 2 * plane + krow, mask=dm, other=0, cache_modifier=".cg"))
-            tsi, ksi = _unpack(tl.load(LBUF + 3 * plane + krow, mask=dm, other=0, cache_modifier=".cg"))
             pi = ksi
-            inc_ok = inc_ok & ((tsi == E + 2) | off)
-            agg_ok = agg_ok & (((tmi == E + 1) & (tsi == E + 1)) | off)
         else:
-            kmi = kmr * 0.0
-            ksi = kmr * 0.0
             pi = pr * 0.0
         if tl.min(inc_ok.to(tl.int32), axis=0) == 1:
             cr = amr * pr - ami * pi + asr
@@ -114,8 +134,7 @@ def _lookback_single(LBUF, plane, c, B, D, b, d, dm, mr, cr, ci, E, COMPLEX: tl.
             k -= 1
             go = (k >= 0).to(tl.int32)
         else:
-            spins += 1
-            go = (spins < _MAX_SPINS).to(tl.int32)  # never reached unless something is broken
+            spins, go = _spin(spins)
     return cr, ci
 
 
@@ -149,15 +168,8 @@ def _lookback_window(LBUF, plane, c, B, D, b, d, dm, mr, cr, ci, E, COMPLEX: tl.
         live = kk >= 0
         wrow = ((kk.to(tl.int64) * B + b) * D)[:, None] + d[None, :]
         wm = live[:, None] & dm[None, :]
-        tm, kmr = _unpack(tl.load(LBUF + wrow, mask=wm, other=0, cache_modifier=".cg"))
-        ts, ksr = _unpack(tl.load(LBUF + plane + wrow, mask=wm, other=0, cache_modifier=".cg"))
-        inc_ok = (ts == E + 2) | dead  # then ksr is the chunk's state, else its S
-        agg_ok = ((tm == E + 1) & (ts == E + 1)) | dead
-        if COMPLEX:
-            tmi, kmi = _unpack(tl.load(LBUF + 2 * plane + wrow, mask=wm, other=0, cache_modifier=".cg"))
-            tsi, ksi = _unpack(tl.load(LBUF + 3 * plane + wrow, mask=wm, other=0, cache_modifier=".cg"))
-            inc_ok = inc_ok & ((tsi == E + 2) | dead)
-            agg_ok = agg_ok & (((tmi == E + 1) & (tsi == E + 1)) | dead)
+        # (inc_ok: ksr is the chunk's state, else its S)
+        kmr, kmi, ksr, ksi, inc_ok, agg_ok = _read_published(LBUF, plane, wrow, wm, dead, E, COMPLEX)
         inc_row = (tl.min(inc_ok.to(tl.int32), axis=1) == 1) & live
         agg_row = (tl.min(agg_ok.to(tl.int32), axis=1) == 1) | (~live)
         j = tl.max(tl.where(inc_row, w, -1), axis=0)  # -1: no inclusive state in the window
@@ -191,8 +203,7 @@ def _lookback_window(LBUF, plane, c, B, D, b, d, dm, mr, cr, ci, E, COMPLEX: tl.
                 k -= LBW
                 go = (k >= 0).to(tl.int32)
         else:
-            spins += 1
-            go = (spins < _MAX_SPINS).to(tl.int32)  # never reached unless something is broken
+            spins, go = _spin(spins)
     return cr, ci
 
 
@@ -205,6 +216,21 @@ def _lb_program(D, B, BD: tl.constexpr):
     n_cols = ndb * B
     col = pid % n_cols
     return pid // n_cols, n_cols, col % ndb, col // ndb
+
+
+@triton.jit
+def _tile_program(STATE, B, D, bd_rt, BD: tl.constexpr, BT: tl.constexpr):
+    """A "lookback" kernel's program (one tile of BT steps; ``_lb_program``): its chunk (tile), the number
+    of columns, its batch row (also as int64), its first channel ``d0``, channels, channel mask, tile
+    rows, and this launch's tag base (``_launch_tag``)."""
+    c, n_cols, db, b = _lb_program(D, B, BD)
+    b64 = b.to(tl.int64)
+    d0 = db * bd_rt  # = db * BD; runtime, so rows are not known to be aligned (see _load_pair)
+    d = d0 + tl.arange(0, BD)
+    dm = d < D
+    rows = tl.arange(0, BT)
+    E = _launch_tag(STATE)
+    return c, n_cols, b, b64, d0, d, dm, rows, E
 
 
 @triton.jit
@@ -224,6 +250,20 @@ def _epoch_done(STATE, c, NC, n_cols):
         if ticket == n_cols - 1:
             tl.atomic_xchg(STATE + 1, 0, sem="relaxed", scope="gpu")
             tl.atomic_add(STATE, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _tile_scan(lam, xr, xi, fr, fi, COMPLEX: tl.constexpr):
+    """A look-back tile scanned from zero with decay ``lam`` and input ``x`` (complex: in the frame
+    rotating with ``F``, ``(fr, fi)``): ``(p, zr, zi)``, from which ``_chunk_map`` takes the tile's map."""
+    if COMPLEX:
+        yr = fr * xr + fi * xi
+        yi = fr * xi - fi * xr
+        p, zr, zi = tl.associative_scan((lam, yr, yi), 0, _combine_pair)
+    else:
+        p, zr = tl.associative_scan((lam, xr), 0, _combine_real)
+        zi = zr
+    return p, zr, zi
 
 
 @triton.jit

@@ -48,6 +48,43 @@ def _carry_in(AGG_M, AGG_S, ir, ii, b, c, d, dm, B, D, NC, COMPLEX: tl.constexpr
     return hr, hi
 
 
+@triton.jit
+def _chunk_program(B, T, D, CL, BD: tl.constexpr, BT: tl.constexpr):
+    """This program's place in the grid of a chunk kernel (``_hgru_fwd_kernel``, ``_hgru_bwd_kernel``; channel
+    blocks fastest, then batch rows, then chunks): batch row (also as int64), chunk, channel block,
+    channels, channel mask, tile rows, and the scan steps ``s_lo .. s_hi - 1`` of its chunk of CL steps."""
+    pid = tl.program_id(0)
+    ndb = tl.cdiv(D, BD)
+    db = pid % ndb
+    bc = pid // ndb
+    b = bc % B
+    c = bc // B
+    b64 = b.to(tl.int64)
+    d = db * BD + tl.arange(0, BD)
+    dm = d < D
+    rows = tl.arange(0, BT)
+
+    s_lo = c * CL
+    s_hi = tl.minimum(s_lo + CL, T)
+    return b, b64, c, db, d, dm, rows, s_lo, s_hi
+
+
+@triton.jit
+def _store_chunk_map(AGG_M, AGG_S, b, c, B, D, NC, d, dm, mr, mi, sr, si, COMPLEX: tl.constexpr):
+    """Chunk ``c``'s map ``h -> M h + S`` into the fp32 [NC-1, B, D] buffers that ``_carry_in`` reads (complex:
+    a real plane, then an imaginary plane, NC-1 rows apart)."""
+    off = (c.to(tl.int64) * B + b) * D + d
+    if COMPLEX:
+        plane = (NC - 1).to(tl.int64) * B * D
+        tl.store(AGG_M + off, mr, mask=dm)
+        tl.store(AGG_M + plane + off, mi, mask=dm)
+        tl.store(AGG_S + off, sr, mask=dm)
+        tl.store(AGG_S + plane + off, si, mask=dm)
+    else:
+        tl.store(AGG_M + off, mr, mask=dm)
+        tl.store(AGG_S + off, sr, mask=dm)
+
+
 # Tile I/O. Every [B, T, D] (or [B, T, D, 2]) tensor the kernels touch has unit channel stride (and,
 # when complex, interleaved real/imaginary parts): the host copies anything else. The batch and time
 # strides, and D, are never specialised by the JIT, so Triton knows the channels are contiguous but not
