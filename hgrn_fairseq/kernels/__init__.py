@@ -48,7 +48,7 @@ __all__ = [
 def __getattr__(name):
     # hgru_fused lives with the Triton kernels; import them only when asked for
     if name == "hgru_fused":
-        from .hgru_triton import hgru_fused
+        from .hgru import hgru_fused
 
         return hgru_fused
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

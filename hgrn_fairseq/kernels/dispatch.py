@@ -73,7 +73,7 @@ def hgru_scan(
     """One direction of the HGRU: lambda = gamma + (1-gamma) sigmoid(f), h_t = lambda_t
     [exp(i theta)] h_{t-1} + (1 - lambda_t) SiLU(inputs_t). See ``reference.hgru_reference``."""
     if resolve_backend(backend, forget_logits) == "triton":
-        from .hgru_triton import hgru_fused
+        from .hgru import hgru_fused
 
         return hgru_fused(forget_logits, inputs, theta, lower_bound, initial_state, reverse)
     return reference.hgru_reference(forget_logits, inputs, theta, lower_bound, initial_state, reverse)
@@ -89,7 +89,7 @@ def real_scan(
 ) -> Tuple[Tensor, Tensor]:
     """h_t = a_t h_{t-1} + x_t, ``x, a: [B, T, D]``. See ``reference.real_scan_reference``."""
     if resolve_backend(backend, x) == "triton":
-        from .hgru_triton import real_scan as real_scan_triton
+        from .hgru import real_scan as real_scan_triton
 
         return real_scan_triton(x, a, initial_state, reverse)
     return reference.real_scan_reference(x, a, initial_state, reverse)
@@ -107,7 +107,7 @@ def complex_scan(
     """h_t = a_t exp(i theta) h_{t-1} + x_t, ``x: [B, T, D, 2]``, ``a: [B, T, D]``, ``theta: [D]``.
     See ``reference.complex_scan_reference``."""
     if resolve_backend(backend, x) == "triton":
-        from .hgru_triton import complex_scan as complex_scan_triton
+        from .hgru import complex_scan as complex_scan_triton
 
         return complex_scan_triton(x, a, theta, initial_state, reverse)
     return reference.complex_scan_reference(x, a, theta, initial_state, reverse)

@@ -110,8 +110,8 @@ def compile_sm90(fn, constexprs, num_warps):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    module = fn.fn.__module__.rsplit(".", 1)[-1]
-    ints = _INTS["hgru_triton" if module == "hgru_triton" else "hgrn2"]
+    module = fn.fn.__module__.rsplit(".", 2)[-2]  # (the HGRU kernels live in kernels/hgru/)
+    ints = _INTS["hgru_triton" if module == "hgru" else "hgrn2"]
     fp32 = _FP32_PTRS | ({"A", "dA"} if not constexprs.get("LOWP", True) else set())
     signature, constants = {}, {}
     for p in fn.params:

@@ -263,7 +263,7 @@ def test_report_only_reads_old_run_jsons(sweep, tmp_path):
 
 
 @pytest.mark.parametrize("script", ["bench/gpu_checks.sh", "scripts/run_mqar.sh", "bench/split_pytest.sh",
-                                    "bench/gpu_scan_run.sh", "bench/gpu_hgrn2_run.sh", "bench/gpu_block_explore.sh",
+                                    "bench/gpu_scan_run.sh", "bench/gpu_hgrn2_run.sh", "bench/explore/gpu_block_explore.sh",
                                     "bench/gpu_fairseq.sh", "bench/gpu_session.sh", "bench/gpu_lm_eval.sh",
                                     "bench/gpu_baselines.sh"])
 def test_shell_syntax(script):

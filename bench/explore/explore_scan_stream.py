@@ -8,7 +8,7 @@ parallel grid), the same streaming loop doing no scan (``copy``: the streaming c
 and the streaming scan, forward and backward, over a grid of (BT, BD, stages, warps). Each scan result
 is checked against ``hgru_triton.real_scan`` (forward) and autograd (backward) before it is timed.
 
-    python3 bench/explore_scan_stream.py --out DIR [--shapes 8x2048x1024,8x4096x1024]
+    python3 bench/explore/explore_scan_stream.py --out DIR [--shapes 8x2048x1024,8x4096x1024]
 """
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # bench/ (this file is in bench/explore/)
+sys.path.insert(0, os.path.dirname(_BENCH))
+sys.path.insert(0, _BENCH)
 
 from bench_scan import floor_op  # noqa: E402  (the floor of the table: an elementwise kernel)
 from hgrn_fairseq.kernels.hgru_triton import _combine_real, _extract_row, _scan_carry, _stream_column  # noqa: E402

@@ -21,7 +21,7 @@ also shift the segment states by a masked sum instead of ``tl.gather``: the resu
 ``results/explore_scan_block*_s11.md`` name that ``shift`` option. The copy was dropped once the
 kernel was in the library.)
 
-    python3 bench/explore_scan_block.py --out DIR [--shapes 8x2048x1024,...] [--configs JSON | --library JSON]
+    python3 bench/explore/explore_scan_block.py --out DIR [--shapes 8x2048x1024,...] [--configs JSON | --library JSON]
 """
 from __future__ import annotations
 
@@ -33,8 +33,9 @@ import sys
 import torch
 import triton
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # bench/ (this file is in bench/explore/)
+sys.path.insert(0, os.path.dirname(_BENCH))
+sys.path.insert(0, _BENCH)
 
 from hgrn_fairseq.kernels import hgru_triton as K  # noqa: E402
 
