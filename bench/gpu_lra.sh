@@ -44,7 +44,7 @@ if ! python3 -c "import fairseq" >/dev/null 2>&1; then  # standalone: set up as 
 fi
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 WORK=${LRA_WORK:-/tmp/lra_evidence}
-NPROC_CPU=$(nproc)
+NPROC_CPU=$(env -u OMP_NUM_THREADS nproc)  # (nproc honours OMP_NUM_THREADS, which gpu_session.sh sets to 4)
 PARTS=${LRA_PARTS:-listops}
 MINUTES=${LRA_TRAIN_MINUTES:-2.2}
 mkdir -p "$WORK" "$OUT/runs"

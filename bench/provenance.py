@@ -10,7 +10,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def git_version(repo: str = REPO) -> Optional[str]:
     """The short commit of ``repo``'s HEAD, with "+dirty" when tracked files differ from it (the GPU
-    machine's copy of the working tree can carry a stale HEAD and the current files), or None."""
+    machine's copy of the working tree can carry a stale HEAD and the current files), or None.
+    ``$HGRN_GIT_COMMIT`` (set by whoever copied the tree there: the commit it was copied from) wins."""
+    if os.environ.get("HGRN_GIT_COMMIT"):
+        return os.environ["HGRN_GIT_COMMIT"]
     try:
         commit = subprocess.run(["git", "-C", repo, "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True, timeout=10).stdout.strip()

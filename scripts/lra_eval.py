@@ -26,6 +26,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def git_commit() -> str:
+    if os.environ.get("HGRN_GIT_COMMIT"):  # the commit a copied tree (GPU machine) came from
+        return os.environ["HGRN_GIT_COMMIT"]
     try:
         return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               timeout=10).stdout.strip()
