@@ -8,6 +8,7 @@
 # $OUT/STAGE.log (and on stdout, tail only). Stages:
 #   precision   bench/bench_precision.py: train_wt103.sh tokens/s at fp32 / tf32 / bf16
 #   lra         bench/gpu_lra.sh           image       bench/gpu_image.sh
+#   lm_speed    bench/bench_train.py (LM_SPEED_ARGS): the LMs' training tokens/s against transformer_lm
 #   profile_image  bench/profile_image.py (PROFILE_IMAGE_ARGS): where an image training step spends GPU time
 #   baselines   bench/gpu_baselines.sh     lm_eval     bench/gpu_lm_eval.sh
 #   tests:PATHS... is not a stage: use TEST_PATHS with bench/gpu_checks.sh for kernel tests.
@@ -36,6 +37,7 @@ for spec in "$@"; do
     precision) cmd=(python3 bench/bench_precision.py --out "$OUT/precision") ;;
     lra) cmd=(bash bench/gpu_lra.sh) ;;
     image) cmd=(bash bench/gpu_image.sh) ;;
+    lm_speed) cmd=(python3 bench/bench_train.py --out "$OUT/lm_speed" ${LM_SPEED_ARGS:-}) ;;
     profile_image) cmd=(python3 bench/profile_image.py --out "$OUT/profile_image" ${PROFILE_IMAGE_ARGS:-}) ;;
     baselines) cmd=(bash bench/gpu_baselines.sh) ;;
     lm_eval) cmd=(bash bench/gpu_lm_eval.sh) ;;
