@@ -38,7 +38,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
-from ..modules.block import HgrnBlock, build_token_mixer
+from ..modules.block import HgrnBlock, build_token_mixer, use_block_ops
 from ..modules.cuda_graph import GraphedCallCache
 from ..modules.lower_bound import LayerLowerBounds
 from ..modules.transient import TransientAttrs
@@ -77,6 +77,9 @@ class HgrnVit(TransientAttrs, nn.Module):
         cuda_graphs: on CUDA, record each training forward and backward (per input shape) as CUDA
             graphs and replay them (``modules/cuda_graph.py``, as the LM's ``--cuda-graphs``): the host
             issues two launches a step instead of hundreds. Same numbers as eager; evaluation is eager.
+        block_ops: the blocks' fused element-wise kernels (``modules.block.use_block_ops``: LayerNorm,
+            gated activation, residual with stochastic depth, bias gradients) on the Triton path;
+            False gives PyTorch's operations (same function, for comparisons).
     """
 
     def __init__(
@@ -101,6 +104,7 @@ class HgrnVit(TransientAttrs, nn.Module):
         block_compile: str = "none",
         cuda_graphs: bool = False,
         grad_checkpointing: bool = False,
+        block_ops: bool = True,
     ):
         super().__init__()
         if token_mixer not in MIXERS:
@@ -136,6 +140,7 @@ class HgrnVit(TransientAttrs, nn.Module):
             )
             for i in range(depth)
         )
+        use_block_ops(self.blocks, block_ops)  # the fused element-wise kernels (modules/block.py)
         self.lower_bounds = LayerLowerBounds(depth, self.blocks[0].mixer.gate_dim, enabled=lower_bound)
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()

@@ -72,6 +72,19 @@ def build_token_mixer(
 COMPILE_MODES = ("none", "train")
 
 
+def use_block_ops(module: nn.Module, on: bool = True) -> nn.Module:
+    """Switch the blocks, mixers and GLUs inside ``module`` to the fused element-wise kernels of
+    ``kernels/block_ops.py`` (LayerNorm to the autocast dtype, gated activation, residual with
+    stochastic depth, bias gradients as a product with ones). Off by default: measured on an H100
+    (2026-11-24) they made an hgrn1d_vit_tiny training step 20 % faster on the GPU, but the
+    WikiText-103 LMs 1.3-1.7x slower (hgrn_lm_base 16x512: 426k -> 250k tokens/s, same call), so only
+    the image models turn them on. Returns ``module``."""
+    for m in module.modules():
+        if hasattr(m, "block_ops"):
+            m.block_ops = on
+    return module
+
+
 def drop_path(x: Tensor, p: float, training: bool) -> Tensor:
     """Stochastic depth: in training, zero a residual branch for a random fraction ``p`` of the
     samples (dimension 0) and scale the others by 1 / (1 - p); the identity in evaluation."""
@@ -138,6 +151,7 @@ class HgrnBlock(TransientAttrs, nn.Module):
         self.drop_path_rate = drop_path
         # the norms and the GLU's activation follow the mixer's kernel choice (kernels/block_ops.py)
         self.kernel_backend = getattr(mixer, "backend", "auto")
+        self.block_ops = False  # use_block_ops()
         self.mixer_norm = build_norm(norm, dim)
         self.mixer = mixer
         if glu_dim > 0:
@@ -163,18 +177,24 @@ class HgrnBlock(TransientAttrs, nn.Module):
             return compiled(x, lower_bound, None, False, padding_mask, grid)
         return self._forward(x, lower_bound, initial_state, output_final_state, padding_mask, grid)
 
+    def _residual(self, x: Tensor, branch: Tensor) -> Tensor:
+        if self.block_ops:
+            return residual_add(x, branch, self.drop_path_rate, self.training, self.kernel_backend)
+        return x + drop_path(branch, self.drop_path_rate, self.training)
+
     def _forward(self, x, lower_bound, initial_state, output_final_state, padding_mask=None, grid=None):
         extra = {}
         if padding_mask is not None:
             extra["padding_mask"] = padding_mask
         if grid is not None:
             extra["grid"] = grid
-        y, state = self.mixer(apply_norm(self.mixer_norm, x, padding_mask, self.kernel_backend), lower_bound, initial_state,
+        ops = self.kernel_backend if self.block_ops else None
+        y, state = self.mixer(apply_norm(self.mixer_norm, x, padding_mask, ops), lower_bound, initial_state,
                               output_final_state, **extra)
         # (a fused dropout + add Triton kernel was measured on an H200, 2026-11-21: no faster at
         # 8192 tokens/step, where the step is bound by launch overhead on the CPU; see git 66b1495)
-        x = residual_add(x, self.dropout(y), self.drop_path_rate, self.training, self.kernel_backend)
+        x = self._residual(x, self.dropout(y))
         if self.glu is not None:
-            y = self.glu(apply_norm(self.glu_norm, x, padding_mask, self.kernel_backend))
-            x = residual_add(x, self.dropout(y), self.drop_path_rate, self.training, self.kernel_backend)
+            y = self.glu(apply_norm(self.glu_norm, x, padding_mask, ops))
+            x = self._residual(x, self.dropout(y))
         return x, state

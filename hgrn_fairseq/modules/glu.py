@@ -54,6 +54,7 @@ class GLU(nn.Module):
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
         self.backend = backend
+        self.block_ops = False  # use_block_ops(): fused activation and block_ops.linear
         if hidden_dim < 1:
             raise ValueError(f"hidden_dim={hidden_dim} must be >= 1")
         if align not in self.ALIGN:
@@ -74,6 +75,9 @@ class GLU(nn.Module):
             w_in = F.pad(w_in.view(2, hidden, self.dim), (0, 0, 0, pad)).view(2 * padded, self.dim)
             b_in = None if b_in is None else F.pad(b_in.view(2, hidden), (0, pad)).view(2 * padded)
             w_out = F.pad(w_out, (0, pad))
+        if not self.block_ops:
+            a, b = F.linear(x, w_in, b_in).chunk(2, dim=-1)
+            return F.linear(self.act(a) * b, w_out, self.out_proj.bias)
         ab = linear(x, w_in, b_in, self.backend)
         if self.activation_name in GATED_ACTIVATIONS:  # one kernel each way on the Triton path
             hidden_act = gated_act(ab, ab.shape[-1] // 2, self.activation_name, self.backend)

@@ -122,6 +122,7 @@ class HGRU(nn.Module):
         # W_in, W_f and W_g as one matrix: one product (and one bf16 cast of the weights under
         # autocast) instead of three; the scan kernels read the slices in place (strided views)
         self.projection_sizes = (width, state_dim, width)
+        self.block_ops = False  # use_block_ops(): projections through kernels.block_ops.linear
         self.in_proj = nn.Linear(dim, sum(self.projection_sizes), bias=bias)
         self.out_proj = nn.Linear(width, dim, bias=bias)
         self.norm = nn.LayerNorm(width)
@@ -161,8 +162,8 @@ class HGRU(nn.Module):
         B, T, _ = x.shape
         if isinstance(lower_bound, Tensor):
             lower_bound = lower_bound.to(x.dtype)
-        inputs, forget, gate = linear(x, self.in_proj.weight, self.in_proj.bias, self.backend).split(
-            self.projection_sizes, dim=-1)
+        projected = linear(x, self.in_proj.weight, self.in_proj.bias, self.backend) if self.block_ops else self.in_proj(x)
+        inputs, forget, gate = projected.split(self.projection_sizes, dim=-1)
         inputs = mask_padding(inputs, padding_mask)
         if self.complex:
             inputs = inputs.unflatten(-1, (self.state_dim, 2))
@@ -184,7 +185,8 @@ class HGRU(nn.Module):
             y = norm_gate(h, gate, self.norm.weight, self.norm.bias, self.norm.eps, backend=self.backend)
         else:
             y = self.norm(h * F.silu(gate))
-        return linear(y, self.out_proj.weight, self.out_proj.bias, self.backend), (final if output_final_state else None)
+        y = linear(y, self.out_proj.weight, self.out_proj.bias, self.backend) if self.block_ops else self.out_proj(y)
+        return y, (final if output_final_state else None)
 
     def extra_repr(self) -> str:
         return (

@@ -66,6 +66,7 @@ class HGRU2(nn.Module):
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
         self.dim, self.expand_ratio, self.variant = dim, expand_ratio, variant
+        self.block_ops = False  # use_block_ops(): projections through kernels.block_ops.linear
         self.causal, self.backend = causal, backend
         self.num_heads = dim // expand_ratio
         self.head_dim = expand_ratio
@@ -83,7 +84,8 @@ class HGRU2(nn.Module):
 
     def _gates(self, x: Tensor, lower_bound) -> Tuple[Tensor, Tensor, Tensor]:
         B, T, _ = x.shape
-        v, q, f = linear(x, self.in_proj.weight, self.in_proj.bias, self.backend).chunk(3, dim=-1)
+        projected = linear(x, self.in_proj.weight, self.in_proj.bias, self.backend) if self.block_ops else self.in_proj(x)
+        v, q, f = projected.chunk(3, dim=-1)
         if self.variant == "lra":
             v = F.silu(v)
         # q's activation and the log-decay (fp32 math) in one kernel on the Triton path
@@ -128,7 +130,8 @@ class HGRU2(nn.Module):
         if not self.causal:
             o_r, _ = hgrn2_scan(q, v, log_decay, None, True, backend)
             o = o + o_r
-        y = linear(self.norm(o.reshape(B, T, self.dim)), self.out_proj.weight, self.out_proj.bias, self.backend)
+        y = self.norm(o.reshape(B, T, self.dim))
+        y = linear(y, self.out_proj.weight, self.out_proj.bias, self.backend) if self.block_ops else self.out_proj(y)
         return y, (final if output_final_state else None)
 
     def extra_repr(self) -> str:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hgrn_fairseq.kernels.block_ops import gated_act, layer_norm
-from hgrn_fairseq.modules.block import HgrnBlock, build_token_mixer
+from hgrn_fairseq.modules.block import HgrnBlock, build_token_mixer, use_block_ops
 from hgrn_fairseq.modules.glu import GLU
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -100,6 +100,9 @@ def test_glu_and_block_same_on_both_paths(activation):
     ref_mixer = build_token_mixer("hgru", 16, causal=False, backend="triton")
     ref = HgrnBlock(ref_mixer, 16, 24, glu_activation=activation).to(DEV)
     ref.load_state_dict(block.state_dict())
+    assert not block.block_ops and not block.glu.block_ops and not mixer.block_ops  # off unless asked for
+    use_block_ops(block)
+    assert block.block_ops and block.glu.block_ops and mixer.block_ops
     ref.kernel_backend = "reference"  # the PyTorch norms / activation, same scans
     ref.glu.backend = "reference"
     x = torch.randn(2, 6, 16, device=DEV)
@@ -169,3 +172,16 @@ def test_linear_matches_float64(autocast):
     torch.testing.assert_close(dx.double(), dy64 @ w64, rtol=tol, atol=tol)
     torch.testing.assert_close(dw.double(), dy64.reshape(-1, 20).t() @ x64.reshape(-1, 12), rtol=tol, atol=tol)
     torch.testing.assert_close(db.double(), dy64.reshape(-1, 20).sum(0), rtol=tol, atol=tol * 4)
+
+
+def test_only_the_image_models_use_the_block_ops():
+    """The LMs keep PyTorch's operations (the fused ones measured slower there); the image models
+    turn them on."""
+    from hgrn_fairseq.image import HgrnVit
+
+    vit = HgrnVit(img_size=32, patch_size=8, embed_dim=16, depth=1, num_classes=3)
+    assert vit.blocks[0].block_ops and vit.blocks[0].mixer.block_ops and vit.blocks[0].glu.block_ops
+    plain = HgrnVit(img_size=32, patch_size=8, embed_dim=16, depth=1, num_classes=3, block_ops=False)
+    assert not plain.blocks[0].block_ops and not plain.blocks[0].mixer.block_ops
+    lm_block = HgrnBlock(build_token_mixer("hgru2", 16, expand_ratio=8), 16, 24)
+    assert not lm_block.block_ops and not lm_block.mixer.block_ops and not lm_block.glu.block_ops
