@@ -224,9 +224,9 @@ def test_report_marks_cut_cells_and_counts_only_finished_runs(sweep, tmp_path):
     assert "| 256 | 0.021* (lr 0.001, cut at 300/1000 upd) | -* (lr 0.003, cut at 50/1000 upd) | - |" in table
     assert "| 512 | 50.0 (lr 0.001) | 40.0 (lr 0.001) | no |" in table
     assert ("HGRN2 beats HGRN1 at 1 of 2 widths measured (finished runs only; 2 not measured); "
-            "3 of 8 cells cut by the run timeout (marked *).") in table
-    assert "\\* every run of this cell was cut by the run timeout" in table
-    assert "1000 updates per run (1 epoch(s) of 1000), 100 of them warm-up." in table
+            "3 of 8 cells unfinished (marked *).") in table
+    assert "\\* no run of this cell finished its schedule (cut by the run timeout, or paused" in table
+    assert "1000 updates of batch 64 per run (1 epoch(s) of 1000), 100 of them warm-up." in table
     assert "every 100 updates" in table
     with open(tmp_path / "runs.csv") as f:
         rows = list(csv.DictReader(f))
@@ -302,19 +302,90 @@ def test_run_mqar_passes_fairseq_args_that_start_with_dashes(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# A tiny sweep through fairseq-train on CPU: 15 updates per epoch, 30 in all, validation every 10
+# A tiny sweep through fairseq-train on CPU: 15 updates per epoch, 30 in all, validation every 10;
+# then the same run cut (by updates, and by time) and continued from its checkpoint
+
+TINY = ["--cpu", "--settings", "32:4", "--vocab-size", "64", "--models", "hgrn1", "--dims", "32", "--lrs", "3e-3",
+        "--train-size", "960", "--test-size", "64", "--max-update", "30", "--validate-interval-updates", "10",
+        "--checkpoint-every", "10", "--log-interval", "5", "--jobs", "1", "--no-plot", "--keep-checkpoints", "--no-preflight"]
+TINY_RUN = "seq32_kv4_hgrn1_d32_lr0.003"
 
 
-def test_tiny_cpu_sweep_records_interval_validations(sweep, tmp_path):
-    out = tmp_path / "sweep"
-    sweep.main(["--out", str(out), "--cpu", "--settings", "32:4", "--vocab-size", "64", "--models", "hgrn1",
-                "--dims", "32", "--lrs", "3e-3", "--train-size", "960", "--test-size", "64", "--max-update", "30",
-                "--validate-interval-updates", "10", "--log-interval", "5", "--jobs", "1", "--no-plot"])
-    run = json.loads((out / "runs" / "seq32_kv4_hgrn1_d32_lr0.003.json").read_text())
+def tiny_run(out):
+    return json.loads((out / "runs" / f"{TINY_RUN}.json").read_text())
+
+
+def final_weights(out):
+    import torch
+
+    state = torch.load(out / "checkpoints" / TINY_RUN / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    return state["model"], state["last_optimizer_state"]
+
+
+@pytest.fixture(scope="module")
+def uncut(sweep, tmp_path_factory):
+    out = tmp_path_factory.mktemp("uncut")
+    sweep.main(["--out", str(out)] + TINY)
+    return out
+
+
+def test_tiny_cpu_sweep_records_interval_validations(uncut):
+    run = tiny_run(uncut)
     assert run["status"] == "ok", run["error"]
     assert [u for u, _ in run["valid_curve"]] == [10, 15, 20, 30]  # every 10 and at each epoch's end (15, 30)
     assert run["valid_acc_per_epoch"] == [run["valid_curve"][1][1], run["valid_curve"][3][1]]
     assert run["epochs"] == 2 and run["updates"] == run["max_update"] == 30
     assert run["final_acc"] == run["valid_curve"][-1][1]
-    assert run["updates_per_s"] > 0 and run["gpu"] == ""
-    assert "| 32 | " in (out / "table.md").read_text()
+    assert run["updates_per_s"] > 0 and run["gpu"] == "" and run["segments"] == 1
+    assert "| 32 | " in (uncut / "table.md").read_text()
+
+
+def assert_same_end(out, uncut):
+    import torch
+
+    a, b = tiny_run(out), tiny_run(uncut)
+    assert a["status"] == "ok" and a["updates"] == 30, a
+    assert a["final_acc"] == b["final_acc"] and a["final_loss"] == b["final_loss"]
+    model_a, opt_a = final_weights(out)
+    model_b, opt_b = final_weights(uncut)
+    assert model_a.keys() == model_b.keys()
+    for k in model_a:
+        torch.testing.assert_close(model_a[k], model_b[k], rtol=0, atol=0, msg=k)
+    for slot_a, slot_b in zip(opt_a["state"].values(), opt_b["state"].values()):
+        for k in slot_a:
+            torch.testing.assert_close(slot_a[k], slot_b[k], rtol=0, atol=0, msg=k)
+    return a
+
+
+def test_run_cut_by_updates_and_by_time_and_continued_ends_where_the_uncut_run_ends(sweep, uncut, tmp_path):
+    out = tmp_path / "cut"
+    sweep.main(["--out", str(out), "--slice-updates", "13"] + TINY)  # mid-epoch (15 per epoch)
+    run = tiny_run(out)
+    assert run["status"] == "paused" and run["updates"] == 13 and run["final_acc"] is None
+    assert (out / "checkpoints" / TINY_RUN / "checkpoint_last.pt").exists()
+    assert "paused at 13/30 upd" in (out / "table.md").read_text()
+    # a 1 s slice: fairseq's --stop-time-hours stops it after its first update, with a checkpoint
+    sweep.main(["--out", str(out), "--slice-s", "1", "--min-slice-s", "0"] + TINY)
+    run = tiny_run(out)
+    assert run["status"] == "paused" and 13 < run["updates"] < 30, run
+    by_time = run["updates"]
+    sweep.main(["--out", str(out)] + TINY)  # the same command, no slice: continues to the end
+    run = assert_same_end(out, uncut)
+    assert run["segments"] == 3 and run["restarts"] == 0
+    # the uncut run's validations, plus the ones fairseq makes where it was stopped
+    assert [u for u, _ in run["valid_curve"]] == sorted({10, 13, by_time, 15, 20, 30})
+    uncut_curve = dict(map(tuple, tiny_run(uncut)["valid_curve"]))
+    assert all(uncut_curve[u] == acc for u, acc in run["valid_curve"] if u in uncut_curve)
+
+
+def test_paused_run_without_its_checkpoint_restarts_and_says_so(sweep, tmp_path):
+    out = tmp_path / "lost"
+    sweep.main(["--out", str(out), "--slice-updates", "6"] + TINY)
+    import shutil
+
+    shutil.rmtree(out / "checkpoints" / TINY_RUN)  # e.g. a checkpoint that did not come back from the GPU machine
+    sweep.main(["--out", str(out), "--slice-updates", "4"] + TINY)
+    run = tiny_run(out)
+    assert run["status"] == "paused" and run["updates"] == 4  # from scratch: 4, not 6 + 4
+    assert run["restarts"] == 1 and run["segments"] == 1 and "restarted from scratch" in run["error"]
+    assert (out / "logs" / f"{TINY_RUN}.log.lost1").exists()
