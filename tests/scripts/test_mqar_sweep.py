@@ -265,7 +265,7 @@ def test_report_only_reads_old_run_jsons(sweep, tmp_path):
 @pytest.mark.parametrize("script", ["bench/gpu_checks.sh", "scripts/run_mqar.sh", "bench/split_pytest.sh",
                                     "bench/gpu_scan_run.sh", "bench/gpu_hgrn2_run.sh", "bench/gpu_block_explore.sh",
                                     "bench/gpu_fairseq.sh", "bench/gpu_session.sh", "bench/gpu_lm_eval.sh",
-                                    "bench/gpu_baselines.sh"])
+                                    "bench/gpu_baselines.sh", "bench/gpu_mqar.sh", "bench/gpu_mps.sh"])
 def test_shell_syntax(script):
     r = subprocess.run(["bash", "-n", os.path.join(REPO, script)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -364,6 +364,16 @@ def test_run_cut_by_updates_and_by_time_and_continued_ends_where_the_uncut_run_e
     assert run["status"] == "paused" and run["updates"] == 13 and run["final_acc"] is None
     assert (out / "checkpoints" / TINY_RUN / "checkpoint_last.pt").exists()
     assert "paused at 13/30 upd" in (out / "table.md").read_text()
+    # to another machine and back: packed into small files (tiny parts here), restored elsewhere
+    state = load_script(os.path.join(REPO, "scripts", "mqar_state.py"))
+    note = state.pack(str(out), str(tmp_path / "returned"), ckpt_mb=100, part_mb=0.02)
+    assert note.startswith("1 of 1 paused runs' checkpoints packed")
+    parts = sorted(p.name for p in (tmp_path / "returned").iterdir() if ".part" in p.name)
+    assert len(parts) >= 2 and parts[0] == "mqar_ckpt.tar.part00"
+    out = tmp_path / "elsewhere"
+    assert "1 checkpoints" in state.restore(str(tmp_path / "returned"), str(out))
+    with pytest.raises(SystemExit, match="holds a sweep already"):
+        state.restore(str(tmp_path / "returned"), str(out))
     # a 1 s slice: fairseq's --stop-time-hours stops it after its first update, with a checkpoint
     sweep.main(["--out", str(out), "--slice-s", "1", "--min-slice-s", "0"] + TINY)
     run = tiny_run(out)
@@ -379,13 +389,25 @@ def test_run_cut_by_updates_and_by_time_and_continued_ends_where_the_uncut_run_e
 
 
 def test_paused_run_without_its_checkpoint_restarts_and_says_so(sweep, tmp_path):
-    out = tmp_path / "lost"
-    sweep.main(["--out", str(out), "--slice-updates", "6"] + TINY)
-    import shutil
-
-    shutil.rmtree(out / "checkpoints" / TINY_RUN)  # e.g. a checkpoint that did not come back from the GPU machine
+    """A run paused on another machine whose checkpoint was too big to come back: its record and log
+    travel (mqar_state.py pack/restore), the checkpoint does not; the run starts over and says so."""
+    out = tmp_path / "there"
+    (out / "runs").mkdir(parents=True)
+    (out / "logs").mkdir()
+    (out / "checkpoints" / TINY_RUN).mkdir(parents=True)
+    (out / "checkpoints" / TINY_RUN / "checkpoint_last.pt").write_bytes(b"x" * 50_000)
+    record = dict(name=TINY_RUN, seq_len=32, num_kv_pairs=4, model="hgrn1", d=32, lr=0.003, status="paused",
+                  updates=6, max_update=30, segments=1, valid_curve=[[6, 3.0]], best_acc=3.0)
+    (out / "runs" / f"{TINY_RUN}.json").write_text(json.dumps(record))
+    (out / "logs" / f"{TINY_RUN}.log").write_text("# segment 1: the first 6 updates\n")
+    state = load_script(os.path.join(REPO, "scripts", "mqar_state.py"))
+    note = state.pack(str(out), str(tmp_path / "returned"), ckpt_mb=0.01)  # too small for the checkpoint
+    assert note.startswith("0 of 1 paused runs' checkpoints packed") and TINY_RUN in note
+    out = tmp_path / "elsewhere"
+    state.restore(str(tmp_path / "returned"), str(out))
+    assert not (out / "checkpoints").exists()
     sweep.main(["--out", str(out), "--slice-updates", "4"] + TINY)
     run = tiny_run(out)
     assert run["status"] == "paused" and run["updates"] == 4  # from scratch: 4, not 6 + 4
     assert run["restarts"] == 1 and run["segments"] == 1 and "restarted from scratch" in run["error"]
-    assert (out / "logs" / f"{TINY_RUN}.log.lost1").exists()
+    assert (out / "logs" / f"{TINY_RUN}.log.lost1").read_text().startswith("# segment 1: the first 6")
