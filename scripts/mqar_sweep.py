@@ -535,7 +535,7 @@ def write_table(path: str, results: List[RunResult], best: Dict, cut: Dict, sett
     layout = ("answers shown after the queries (--reveal-answers, the pre-issue-25 layout)"
               if getattr(args, "reveal_answers", False) else "Zoology's layout (answers never in the input)")
     lines = [
-        "# MQAR: validation accuracy (%) on query positions, best learning rate per cell",
+        "# MQAR: validation accuracy (%) on query positions, best run per cell (learning rate; HGRN2: and expand ratio)",
         "",
         f"vocab {args.vocab_size}, {args.train_size} train / {args.test_size} held-out examples, "
         f"{layout}, batch {args.batch_size}, learning rates {args.lrs}"

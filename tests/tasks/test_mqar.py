@@ -314,9 +314,10 @@ def test_sweep_reports_pick_the_best_lr_per_model_and_width(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# fairseq-train on CPU, as a user runs it: both models learn MQAR at a tiny size with the same
-# recipe (vocab 64: chance 1/32; guessing among the 4 values of the context would give 25%). The
-# two processes run at the same time (HGRN2's CPU reference is ~2x slower per update: ~45 s).
+# fairseq-train on CPU, as a user runs it, at a tiny size with the same recipe for both models
+# (vocab 64: chance 1/32; guessing among the 4 values of the example, the "bag" strategy, gives 25%;
+# Zoology's layout, so no elimination shortcut). The two processes run at the same time (HGRN2's CPU
+# reference is ~2x slower per update). Measured 2026-11-24: HGRN1 26.3%, HGRN2 97.1% after 378 updates.
 
 
 def train_command(arch, save_dir, train_size, epochs, warmup):
@@ -373,17 +374,19 @@ def test_fairseq_train_learns_mqar_with_hgrn1(training_runs):
     assert len(accs) == 6
     assert chance_accuracy(64) == 1 / 32
     assert accs[0] < 10  # it starts near chance (3.1%) ...
-    assert accs[-1] > 30, accs  # ... and ends far above it, above guessing among the context's values
+    # ... and learns which values the example holds (the bag level, 25%); at this budget it does not
+    # recall (HGRN1 has no state expansion: the paper's Fig. 3 point; scripts/mqar_diagnose.py shows
+    # its accuracy flat over the query ranks at 1/N)
+    assert accs[-1] > 20, accs
 
 
 def test_fairseq_train_learns_mqar_with_hgrn2(training_runs):
-    # hgrn2_mqar as the sweep runs it (one 64 x 64 head, no lower bound): ~30% after 378 updates
-    # (~38% with a plain AdamW loop). At seq 256 / 16 pairs the same model sits on a plateau at
-    # chance for thousands of updates before it learns (README, MQAR section): not a bug.
+    # hgrn2_mqar as the sweep runs it (one 64 x 64 head, no lower bound) solves the task: 97% after
+    # 378 updates (with the pre-issue-25 layout, --reveal-answers, it was ~30% here: docs/mqar.md)
     accs = valid_accuracies(training_runs, "hgrn2_mqar")
     assert len(accs) == 6
     assert accs[0] < 10  # near chance (3.1%) after the first epoch ...
-    assert accs[-1] > 15, accs  # ... then far above it
+    assert accs[-1] > 90, accs  # ... then recall, far above the bag level (25%)
 
 
 # ----------------------------------------------------------------------------------------------
