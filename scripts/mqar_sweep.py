@@ -377,7 +377,9 @@ def run_one(run: Run, args, use_cpu: bool, deadline: Optional[float] = None,
     stop_at = min(run.max_update, done + args.slice_updates) if getattr(args, "slice_updates", 0) else 0
     stop_hours = 0.0
     if slice_end is not None and checkpointing:
-        stop_hours = ((progress["train_s"] if progress else 0.0) + max(1.0, slice_end - now)) / 3600
+        # fairseq's clock starts after its start-up (imports, data, model), which --slice-startup-s guesses
+        left = max(0.01, slice_end - now - args.slice_startup_s)
+        stop_hours = ((progress["train_s"] if progress else 0.0) + left) / 3600
     env = dict(os.environ)
     set_child_threads(env, use_cpu, args.jobs, os.cpu_count() or 1)
     if not use_cpu and args.tf32:
@@ -754,6 +756,9 @@ def main(argv=None) -> None:
                    help="a run still alive this long after --slice-s is killed (losing its updates since its "
                         "last checkpoint)")
     p.add_argument("--min-slice-s", type=float, default=30.0)
+    p.add_argument("--slice-startup-s", type=float, default=20.0,
+                   help="seconds a fairseq-train process takes to start training (its training clock, which "
+                        "--stop-time-hours reads, starts then); taken off the time a run is given")
     p.add_argument("--slice-updates", type=int, default=0,
                    help="each run advances at most N updates in this invocation (then paused); for tests")
     p.add_argument("--time-budget", type=float, default=None,
@@ -849,7 +854,9 @@ def main(argv=None) -> None:
             acc = "-" if result.final_acc is None else f"{result.final_acc:.1f}%"
             if result.final_acc is None and result.best_acc is not None:
                 acc += f" (best seen {result.best_acc:.3g}%)"
-            extra = f" [{result.status}: {result.error[-200:]}]" if result.status != "ok" else ""
+            extra = ""
+            if result.status != "ok":
+                extra = f" [{result.status}" + (f": {result.error[-200:]}" if result.error else "") + "]"
             speed = "" if result.updates_per_s is None else f", {result.updates_per_s:g} upd/s"
             where = f" on GPU {result.gpu}" if result.gpu else ""
             print(f"[{finished[0]}/{len(todo)}] {result.name}: acc {acc} after {result.updates}/{result.max_update} "

@@ -374,8 +374,8 @@ def test_run_cut_by_updates_and_by_time_and_continued_ends_where_the_uncut_run_e
     assert "1 checkpoints" in state.restore(str(tmp_path / "returned"), str(out))
     with pytest.raises(SystemExit, match="holds a sweep already"):
         state.restore(str(tmp_path / "returned"), str(out))
-    # a 1 s slice: fairseq's --stop-time-hours stops it after its first update, with a checkpoint
-    sweep.main(["--out", str(out), "--slice-s", "1", "--min-slice-s", "0"] + TINY)
+    # a slice that leaves 0.01 s of training: fairseq's --stop-time-hours stops it after one update, with a checkpoint
+    sweep.main(["--out", str(out), "--slice-s", "1", "--min-slice-s", "0", "--slice-startup-s", "5"] + TINY)
     run = tiny_run(out)
     assert run["status"] == "paused" and 13 < run["updates"] < 30, run
     by_time = run["updates"]
