@@ -411,3 +411,47 @@ def test_paused_run_without_its_checkpoint_restarts_and_says_so(sweep, tmp_path)
     assert run["status"] == "paused" and run["updates"] == 4  # from scratch: 4, not 6 + 4
     assert run["restarts"] == 1 and run["segments"] == 1 and "restarted from scratch" in run["error"]
     assert (out / "logs" / f"{TINY_RUN}.log.lost1").read_text().startswith("# segment 1: the first 6")
+
+
+def test_issue_25_grid_has_44_runs_per_setting_with_expand_ratios_that_d_allows(sweep):
+    settings = [sweep.Setting(256, 16), sweep.Setting(512, 64)]
+    runs = sweep.order_runs(settings, ["hgrn1", "hgrn2"], [64, 128, 256, 512], [1e-4, 5e-4, 1e-3, 5e-3],
+                            {"seq256_kv16": 900, "seq512_kv64": 500}, [64, 128], {"seq256_kv16": 256, "seq512_kv64": 64})
+    assert len(runs) == 88 and len({r.name for r in runs}) == 88
+    for d, expected in [(64, {64}), (128, {64, 128}), (256, {64, 128}), (512, {64, 128})]:
+        assert {r.expand for r in runs if r.model == "hgrn2" and r.d == d} == expected
+    assert {r.expand for r in runs if r.model == "hgrn1"} == {0}
+    assert {(r.setting.seq_len, r.batch_size) for r in runs} == {(256, 256), (512, 64)}
+    assert "seq256_kv16_hgrn2_e64_d128_lr0.0005" in {r.name for r in runs}
+    assert sweep.hgrn2_expands(32, [64, 128]) == [0]  # below every ratio: the arch default, min(d, 128)
+    args = argparse.Namespace(out="/tmp/x", vocab_size=8192, train_size=100000, test_size=10, data_seed=1,
+                              weight_decay=0.1, clip_norm=1.0, warmup_frac=0.1, batch_size="256,64", log_interval=10,
+                              seed=1, fairseq_args="", validate_interval_updates=0, checkpoint_every=500,
+                              reveal_answers=False)
+    run = next(r for r in runs if r.name == "seq256_kv16_hgrn2_e64_d128_lr0.0005")
+    cmd = sweep.fairseq_command(run, args, use_cpu=False, stop_at_update=400, stop_time_hours=0.5)
+
+    def value(flag):
+        return cmd[cmd.index(flag) + 1]
+
+    assert value("--expand-ratio") == "64" and value("--batch-size") == "256"
+    assert value("--max-update") == "400" and value("--lr-period-updates") == "810"  # 900 - 90 warm-up
+    assert value("--stop-time-hours") == "0.500000" and value("--save-interval-updates") == "500"
+    assert "--no-save" not in cmd and "--reveal-answers" not in cmd
+    assert value("--max-epoch") == "3"  # ceil(900 / ceil(100000 / 256))
+
+
+def test_run_mqar_passes_the_issue_25_variables():
+    env = subprocess_env()
+    env.update(PYTHON="echo", OUT="/tmp/o", SLICE_S="480", CKPT_EVERY="500", REVEAL_ANSWERS="1", EXPAND="128",
+               BATCH_SIZE="256,64")
+    r = subprocess.run(["bash", os.path.join(REPO, "scripts", "run_mqar.sh")], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    for part in ["--slice-s 480", "--checkpoint-every 500", "--reveal-answers", "--hgrn2-expand 128",
+                 "--batch-size 256,64", "--lrs 1e-4,5e-4,1e-3,5e-3"]:
+        assert part in r.stdout, (part, r.stdout)
+    for name in ("SLICE_S", "REVEAL_ANSWERS", "EXPAND"):
+        env.pop(name)
+    r = subprocess.run(["bash", os.path.join(REPO, "scripts", "run_mqar.sh")], env=env, capture_output=True, text=True)
+    assert "--slice-s" not in r.stdout and "--reveal-answers" not in r.stdout
+    assert "--hgrn2-expand 64,128" in r.stdout
