@@ -24,6 +24,17 @@ The budget is ``--epochs`` or ``--max-update``, one value for every setting or o
 (``--settings 256:16,512:64 --max-update 6000,4000``). On GPUs the runs are spread over
 ``--gpus`` devices: each run gets the GPU with the fewest runs on it when it starts.
 
+HGRN2 runs once per ``--hgrn2-expand`` ratio that d allows (<= d); a cell is the best run over the
+learning rates and expand ratios. The task is Zoology's layout unless ``--reveal-answers`` (the
+pre-issue-25 layout, whose answers shown after the queries allow a 21%-at-16-pairs shortcut:
+docs/mqar.md).
+
+Every run checkpoints (``--checkpoint-every``) into ``checkpoints/<name>/``. ``--slice-s`` stops the
+runs still going after that many seconds, with a checkpoint, as ``paused``; a rerun with the same
+``--out`` continues the paused runs from their checkpoints (bit-identical to an uncut run), then
+starts the others. ``scripts/mqar_state.py`` packs a sweep into files that travel between machines;
+``bench/gpu_mqar.sh`` runs one slice per GPU call.
+
 The reports are rewritten after every finished run, so a sweep cut short still leaves a table of
 what finished; a rerun with the same ``--out`` skips runs whose result exists (``--force`` redoes).
 
