@@ -24,6 +24,17 @@ The budget is ``--epochs`` or ``--max-update``, one value for every setting or o
 (``--settings 256:16,512:64 --max-update 6000,4000``). On GPUs the runs are spread over
 ``--gpus`` devices: each run gets the GPU with the fewest runs on it when it starts.
 
+HGRN2 runs once per ``--hgrn2-expand`` ratio that d allows (<= d); a cell is the best run over the
+learning rates and expand ratios. The task is Zoology's layout unless ``--reveal-answers`` (the
+pre-issue-25 layout, whose answers shown after the queries allow a 21%-at-16-pairs shortcut:
+docs/mqar.md).
+
+Every run checkpoints (``--checkpoint-every``) into ``checkpoints/<name>/``. ``--slice-s`` stops the
+runs still going after that many seconds, with a checkpoint, as ``paused``; a rerun with the same
+``--out`` continues the paused runs from their checkpoints (bit-identical to an uncut run), then
+starts the others. ``scripts/mqar_state.py`` packs a sweep into files that travel between machines;
+``bench/gpu_mqar.sh`` runs one slice per GPU call.
+
 The reports are rewritten after every finished run, so a sweep cut short still leaves a table of
 what finished; a rerun with the same ``--out`` skips runs whose result exists (``--force`` redoes).
 
@@ -42,6 +53,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -57,6 +69,7 @@ LABELS = {"hgrn1": "HGRN1", "hgrn2": "HGRN2"}
 VALID_LINE = re.compile(r"\|\s*valid\s*\|\s*(\{.*\})\s*$")
 TRAIN_INNER_LINE = re.compile(r"\|\s*train_inner\s*\|\s*(\{.*\})\s*$")
 TRAIN_LINE = re.compile(r"\|\s*train\s*\|\s*(\{.*\})\s*$")  # the end-of-epoch summary
+SEGMENT_MARK = "# segment"  # a run log's line before each fairseq-train process of the run
 
 
 @dataclass
@@ -80,10 +93,21 @@ class Run:
     d: int
     lr: float
     max_update: int = 0  # the whole schedule: cosine length, warm-up share, --max-update
+    expand: int = 0  # hgrn2: --expand-ratio (0: the arch's default, min(d, 128))
+    batch_size: int = 0  # 0: --batch-size of the sweep
 
     @property
     def name(self) -> str:
-        return f"{self.setting.name}_{self.model}_d{self.d}_lr{self.lr:g}"
+        return run_name(self.setting.seq_len, self.setting.num_kv_pairs, self.model, self.d, self.lr, self.expand)
+
+
+def run_name(seq_len: int, kv: int, model: str, d: int, lr: float, expand: int = 0) -> str:
+    variant = f"{model}_e{expand}" if expand else model
+    return f"seq{seq_len}_kv{kv}_{variant}_d{d}_lr{lr:g}"
+
+
+def variant_label(model: str, expand: int) -> str:
+    return LABELS[model] + (f" e{expand}" if expand else "")
 
 
 @dataclass
@@ -94,7 +118,7 @@ class RunResult:
     model: str
     d: int
     lr: float
-    status: str  # ok | failed | timeout (--run-timeout) | skipped (--time-budget)
+    status: str  # ok | failed | timeout (--run-timeout) | skipped (--time-budget) | paused (--slice-s: resumable)
     final_acc: Optional[float] = None  # last validation of a run that finished its schedule
     best_acc: Optional[float] = None  # best validation seen, finished or not
     final_loss: Optional[float] = None
@@ -107,6 +131,11 @@ class RunResult:
     updates_per_s: Optional[float] = None  # the last train_inner ``ups``, else updates / wall_s
     gpu: str = ""  # CUDA_VISIBLE_DEVICES of the run ("" on CPU)
     valid_curve: List[List[float]] = field(default_factory=list)  # every validation: [updates, accuracy]
+    expand: int = 0  # hgrn2 --expand-ratio (0: the arch's default, min(d, 128))
+    batch_size: int = 0  # 0: not recorded (runs from before per-setting batch sizes)
+    segments: int = 0  # fairseq-train processes the run took (1 + resumptions from its checkpoint)
+    restarts: int = 0  # times it started over because its checkpoint was missing
+    reveal_answers: bool = False  # the task's pre-issue-25 layout (answers shown after the queries)
 
     @classmethod
     def from_json(cls, data: Dict) -> "RunResult":
@@ -145,8 +174,13 @@ def per_setting(text, option: str, settings: List[Setting]) -> List[int]:
     return values
 
 
-def updates_per_epoch(args) -> int:
-    return math.ceil(args.train_size / args.batch_size)
+def batch_sizes(args, settings: List[Setting]) -> Dict[str, int]:
+    """Setting name -> batch size: ``--batch-size`` is one value or one per setting."""
+    return {s.name: b for s, b in zip(settings, per_setting(args.batch_size, "--batch-size", settings))}
+
+
+def updates_per_epoch(args, batch_size: Optional[int] = None) -> int:
+    return math.ceil(args.train_size / (batch_size or int(args.batch_size)))
 
 
 def planned_updates(args, settings: List[Setting]) -> Dict[str, int]:
@@ -154,7 +188,9 @@ def planned_updates(args, settings: List[Setting]) -> Dict[str, int]:
     if getattr(args, "max_update", None):
         totals = per_setting(args.max_update, "--max-update", settings)
     else:
-        totals = [e * updates_per_epoch(args) for e in per_setting(args.epochs, "--epochs", settings)]
+        batches = batch_sizes(args, settings)
+        totals = [e * updates_per_epoch(args, batches[s.name])
+                  for s, e in zip(settings, per_setting(args.epochs, "--epochs", settings))]
     return {s.name: t for s, t in zip(settings, totals)}
 
 
@@ -165,7 +201,11 @@ def warmup_updates(total: int, args) -> int:
 def parse_fairseq_log(text: str) -> Dict:
     """From a fairseq JSON log: every validation as ``curve`` (``[updates, accuracy]``) and ``accs``,
     the end-of-epoch ones as ``epoch_accs`` (a validation followed by the epoch's ``train`` summary,
-    not by more training), the last validation loss, the last update and the last ``ups``."""
+    not by more training), the last validation loss, the last update and the last ``ups``.
+
+    The log of a resumed run holds several fairseq processes one after the other. One killed after
+    its last checkpoint logged updates that the next one, resumed from that checkpoint, does again:
+    a validation at or before updates already on the curve replaces what followed them."""
     curve, epoch_accs, loss, updates, ups = [], [], None, 0, None
     pending = None  # the last validation, until we know whether the epoch ended there
     for line in text.splitlines():
@@ -173,15 +213,19 @@ def parse_fairseq_log(text: str) -> Dict:
         if m:
             stats = json.loads(m.group(1))
             if "valid_accuracy" in stats:
-                updates = max(updates, int(float(stats.get("valid_num_updates", updates))))
-                pending = float(stats["valid_accuracy"])
-                curve.append([updates, pending])
+                updates = int(float(stats.get("valid_num_updates", updates)))
+                while curve and curve[-1][0] >= updates:  # a resumed process redoing lost updates
+                    curve.pop()
+                while epoch_accs and epoch_accs[-1][0] >= updates:
+                    epoch_accs.pop()
+                pending = [updates, float(stats["valid_accuracy"])]
+                curve.append(pending)
                 loss = float(stats["valid_loss"])
             continue
         m = TRAIN_INNER_LINE.search(line)
         if m:
             stats = json.loads(m.group(1))
-            updates = max(updates, int(float(stats.get("num_updates", 0))))
+            updates = int(float(stats.get("num_updates", updates)))
             if "ups" in stats:
                 ups = float(stats["ups"])
             pending = None
@@ -189,12 +233,36 @@ def parse_fairseq_log(text: str) -> Dict:
         if TRAIN_LINE.search(line) and pending is not None:
             epoch_accs.append(pending)
             pending = None
-    return {"curve": curve, "accs": [acc for _, acc in curve], "epoch_accs": epoch_accs, "loss": loss,
-            "updates": updates, "ups": ups}
+    return {"curve": curve, "accs": [acc for _, acc in curve], "epoch_accs": [acc for _, acc in epoch_accs],
+            "loss": loss, "updates": updates, "ups": ups}
 
 
-def fairseq_command(run: Run, args, use_cpu: bool) -> List[str]:
+def checkpoint_dir(args, name: str) -> str:
+    return os.path.join(args.out, "checkpoints", name)
+
+
+def checkpoint_progress(save_dir: str) -> Optional[Dict]:
+    """``{"updates", "train_s"}`` of ``save_dir/checkpoint_last.pt`` (its updates and fairseq's cumulative
+    training time, which ``--stop-time-hours`` is compared with), or None where there is none."""
+    path = os.path.join(save_dir, "checkpoint_last.pt")
+    if not os.path.isfile(path):
+        return None
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    extra = state.get("extra_state") or {}
+    updates = int((state.get("optimizer_history") or [{}])[-1].get("num_updates", 0))
+    return {"updates": updates, "train_s": float(extra.get("previous_training_time", 0.0))}
+
+
+def fairseq_command(run: Run, args, use_cpu: bool, stop_at_update: int = 0,
+                    stop_time_hours: float = 0.0) -> List[str]:
+    """The run's fairseq-train command. Its schedule always spans ``run.max_update`` (``--lr-period-updates``
+    pins the cosine), so ``stop_at_update`` (a lower ``--max-update``) and ``stop_time_hours`` only end
+    this process early, with a checkpoint to resume from, and change nothing else."""
     total = run.max_update
+    batch = run.batch_size or int(args.batch_size)
+    warmup = warmup_updates(total, args)
     cmd = [
         sys.executable, "-m", "fairseq_cli.train",
         "--user-dir", PLUGIN, "--task", "mqar",
@@ -204,13 +272,25 @@ def fairseq_command(run: Run, args, use_cpu: bool) -> List[str]:
         "--arch", ARCHS[run.model], "--decoder-embed-dim", run.d,
         "--criterion", "mqar_cross_entropy",
         "--optimizer", "adam", "--weight-decay", args.weight_decay, "--clip-norm", args.clip_norm,
-        "--lr", run.lr, "--lr-scheduler", "cosine", "--warmup-updates", warmup_updates(total, args),
-        "--max-update", total, "--max-epoch", math.ceil(total / updates_per_epoch(args)),
-        "--batch-size", args.batch_size,
-        "--no-save", "--save-dir", os.path.join(args.out, "checkpoints", run.name),  # only probed, per run
+        "--lr", run.lr, "--lr-scheduler", "cosine", "--warmup-updates", warmup,
+        "--lr-period-updates", max(1, total - warmup),
+        "--max-update", stop_at_update or total, "--max-epoch", math.ceil(total / updates_per_epoch(args, batch)),
+        "--batch-size", batch,
+        "--save-dir", checkpoint_dir(args, run.name),  # per run (without checkpoints: only probed)
         "--num-workers", 0, "--log-format", "json",
         "--log-interval", args.log_interval, "--seed", args.seed,
     ]
+    every = getattr(args, "checkpoint_every", 0)
+    if every > 0:  # checkpoint_last.pt (and the newest interval one) only
+        cmd += ["--save-interval-updates", every, "--keep-interval-updates", 1, "--no-epoch-checkpoints"]
+    else:
+        cmd.append("--no-save")
+    if stop_time_hours > 0:
+        cmd += ["--stop-time-hours", f"{stop_time_hours:.6f}"]
+    if run.expand:
+        cmd += ["--expand-ratio", run.expand]
+    if getattr(args, "reveal_answers", False):
+        cmd.append("--reveal-answers")
     if args.validate_interval_updates > 0:
         cmd += ["--validate-interval-updates", args.validate_interval_updates]
     if use_cpu:
@@ -266,14 +346,51 @@ def set_child_threads(env: Dict[str, str], use_cpu: bool, jobs: int, cpus: int) 
 
 
 def run_one(run: Run, args, use_cpu: bool, deadline: Optional[float] = None,
-            gpus: Optional[GpuPool] = None) -> RunResult:
-    if deadline is not None and time.time() > deadline:
-        return RunResult(run.name, run.setting.seq_len, run.setting.num_kv_pairs, run.model, run.d, run.lr,
-                         status="skipped", error="--time-budget spent before it started",
-                         max_update=run.max_update)
+            gpus: Optional[GpuPool] = None, previous: Optional[RunResult] = None,
+            slice_end: Optional[float] = None) -> RunResult:
+    """Train one run (or continue it from its checkpoint) and read its log.
+
+    ``deadline``: no start after it (``--time-budget``). ``slice_end`` (``--slice-s``): fairseq stops at
+    that time by ``--stop-time-hours`` with a checkpoint, and the run is ``paused``, to be continued by
+    the next sweep with the same ``--out``; a process still alive ``--slice-grace-s`` later is killed
+    (it loses the updates since its last checkpoint). ``previous``: the paused result being continued."""
+    skipped = RunResult(run.name, run.setting.seq_len, run.setting.num_kv_pairs, run.model, run.d, run.lr,
+                        status="skipped", max_update=run.max_update, expand=run.expand,
+                        batch_size=run.batch_size or int(args.batch_size),
+                        reveal_answers=bool(getattr(args, "reveal_answers", False)))
+    now = time.time()
+    if deadline is not None and now > deadline:
+        skipped.error = "--time-budget spent before it started"
+        return skipped
+    if slice_end is not None and slice_end - now < args.min_slice_s:
+        skipped.error = f"--slice-s: less than --min-slice-s {args.min_slice_s:g} s left when its turn came"
+        return previous if previous is not None else skipped
     logs = os.path.join(args.out, "logs")
     os.makedirs(logs, exist_ok=True)
     log_path = os.path.join(logs, run.name + ".log")
+    save_dir = checkpoint_dir(args, run.name)
+    checkpointing = getattr(args, "checkpoint_every", 0) > 0
+    progress = checkpoint_progress(save_dir) if checkpointing else None
+    segments = previous.segments if previous is not None else 0
+    restarts = previous.restarts if previous is not None else 0
+    wall_before = previous.wall_s if previous is not None else 0.0
+    notes = []
+    if previous is not None and progress is None:  # paused, but its checkpoint did not come back
+        restarts += 1
+        segments = 0
+        wall_before = 0.0
+        notes.append(f"restarted from scratch: no checkpoint in {save_dir} (done before: {previous.updates} updates)")
+        if os.path.exists(log_path):
+            os.replace(log_path, log_path + f".lost{restarts}")
+    elif previous is None and progress is not None:  # a checkpoint with no record: a sweep killed mid-run
+        notes.append(f"continued from a checkpoint at update {progress['updates']} that had no result on record")
+    done = progress["updates"] if progress else 0
+    stop_at = min(run.max_update, done + args.slice_updates) if getattr(args, "slice_updates", 0) else 0
+    stop_hours = 0.0
+    if slice_end is not None and checkpointing:
+        # fairseq's clock starts after its start-up (imports, data, model), which --slice-startup-s guesses
+        left = max(0.01, slice_end - now - args.slice_startup_s)
+        stop_hours = ((progress["train_s"] if progress else 0.0) + left) / 3600
     env = dict(os.environ)
     set_child_threads(env, use_cpu, args.jobs, os.cpu_count() or 1)
     if not use_cpu and args.tf32:
@@ -281,37 +398,59 @@ def run_one(run: Run, args, use_cpu: bool, deadline: Optional[float] = None,
     gpu = gpus.acquire() if gpus is not None else ""
     if gpu:
         env["CUDA_VISIBLE_DEVICES"] = gpu
-    cmd = fairseq_command(run, args, use_cpu)
+    cmd = fairseq_command(run, args, use_cpu, stop_at_update=stop_at, stop_time_hours=stop_hours)
+    timeout = args.run_timeout
+    if slice_end is not None:
+        left = slice_end - now + args.slice_grace_s
+        timeout = left if timeout is None else min(timeout, left)
     start = time.time()
-    status = "ok"
+    killed = False
     try:
-        with open(log_path, "w") as log:
-            log.write(f"# CUDA_VISIBLE_DEVICES={gpu or '-'} OMP_NUM_THREADS={env.get('OMP_NUM_THREADS', '-')}\n")
+        with open(log_path, "a") as log:
+            log.write(f"{SEGMENT_MARK} {segments + 1}: CUDA_VISIBLE_DEVICES={gpu or '-'} "
+                      f"OMP_NUM_THREADS={env.get('OMP_NUM_THREADS', '-')} from update {done}\n")
+            for note in notes:
+                log.write(f"# {note}\n")
             log.write("# " + " ".join(shlex.quote(c) for c in cmd) + "\n")
             log.flush()
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
             try:
-                proc.wait(timeout=args.run_timeout)
+                proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-                status = "timeout"
+                killed = True
     finally:
         if gpu:
             gpus.release(gpu)
     wall = time.time() - start
-    try:  # fairseq probes the (per-run, so parallel runs cannot race) save dir even with --no-save
-        os.removedirs(os.path.join(args.out, "checkpoints", run.name))
-    except OSError:
-        pass
     text = open(log_path, errors="replace").read()
     parsed = parse_fairseq_log(text)
-    if status == "ok" and proc.returncode != 0:
+    finished = parsed["updates"] >= run.max_update
+    if killed:
+        status = "paused" if checkpointing and slice_end is not None and checkpoint_progress(save_dir) else "timeout"
+    elif proc.returncode != 0:
         status = "failed"
+    elif finished:
+        status = "ok"
+    elif checkpointing:
+        status = "paused"  # stopped by --stop-time-hours or --slice-updates, with a checkpoint
+    else:
+        status = "failed"
+        notes.append(f"fairseq-train ended at update {parsed['updates']} of {run.max_update} without a checkpoint")
+    if status == "ok" and checkpointing and not args.keep_checkpoints:
+        shutil.rmtree(save_dir, ignore_errors=True)
+    if not checkpointing:
+        try:  # fairseq probes the (per-run, so parallel runs cannot race) save dir even with --no-save
+            os.removedirs(save_dir)
+        except OSError:
+            pass
     error = ""
-    if status != "ok":
+    if status in ("failed", "timeout"):
         lines = [ln for ln in text.splitlines() if ln.strip()]
-        error = " / ".join(lines[-3:])[-500:]
+        error = " / ".join(notes + lines[-3:])[-500:]
+    elif notes:
+        error = " / ".join(notes)[-500:]
     accs = parsed["accs"]
     ups = parsed["ups"] if parsed["ups"] is not None else (parsed["updates"] / wall if wall > 0 else None)
     return RunResult(
@@ -320,9 +459,10 @@ def run_one(run: Run, args, use_cpu: bool, deadline: Optional[float] = None,
         final_acc=accs[-1] if accs and status == "ok" else None,
         best_acc=max(accs) if accs else None,
         final_loss=parsed["loss"], epochs=len(parsed["epoch_accs"]), updates=parsed["updates"],
-        wall_s=round(wall, 1), valid_acc_per_epoch=parsed["epoch_accs"], error=error,
+        wall_s=round(wall_before + wall, 1), valid_acc_per_epoch=parsed["epoch_accs"], error=error,
         max_update=run.max_update, updates_per_s=None if ups is None else round(ups, 2), gpu=gpu,
-        valid_curve=parsed["curve"],
+        valid_curve=parsed["curve"], expand=run.expand, batch_size=run.batch_size or int(args.batch_size),
+        segments=segments + 1, restarts=restarts, reveal_answers=bool(getattr(args, "reveal_answers", False)),
     )
 
 
@@ -331,7 +471,8 @@ def run_one(run: Run, args, use_cpu: bool, deadline: Optional[float] = None,
 
 
 def select_best(results: List[RunResult]) -> Dict:
-    """(seq_len, kv, model, d) -> the run with the best final accuracy (ties: best accuracy)."""
+    """(seq_len, kv, model, d) -> the run with the best final accuracy (ties: best accuracy, then the
+    smaller learning rate) over the learning rates and, for HGRN2, the expand ratios."""
     best = {}
     for r in results:
         if r.final_acc is None:
@@ -344,12 +485,12 @@ def select_best(results: List[RunResult]) -> Dict:
 
 
 def select_cut(results: List[RunResult], best: Dict) -> Dict:
-    """(seq_len, kv, model, d) -> for cells with no finished run but runs cut by --run-timeout, the cut
-    run with the best accuracy seen (ties: the most updates)."""
+    """(seq_len, kv, model, d) -> for cells with no finished run but runs cut by --run-timeout or paused
+    by --slice-s, the unfinished run with the best accuracy seen (ties: the most updates)."""
     cut = {}
     for r in results:
         key = (r.seq_len, r.num_kv_pairs, r.model, r.d)
-        if r.status != "timeout" or key in best:
+        if r.status not in UNFINISHED or key in best:
             continue
         score = (r.best_acc if r.best_acc is not None else -1.0, r.updates)
         if key not in cut or score > cut[key][0]:
@@ -357,8 +498,10 @@ def select_cut(results: List[RunResult], best: Dict) -> Dict:
     return {k: v[1] for k, v in cut.items()}
 
 
+UNFINISHED = ("timeout", "paused")
 CSV_COLUMNS = ["seq_len", "num_kv_pairs", "model", "d", "lr", "final_acc", "best_acc", "final_loss", "epochs",
-               "updates", "max_update", "updates_per_s", "wall_s", "status", "gpu", "selected"]
+               "updates", "max_update", "updates_per_s", "wall_s", "status", "gpu", "expand", "batch_size",
+               "segments", "restarts", "selected"]
 
 
 def write_csv(path: str, results: List[RunResult], best: Dict) -> None:
@@ -377,31 +520,40 @@ def fmt_pct(x: float) -> str:
     return f"{x:.1f}" if x >= 1 else f"{x:.2g}"
 
 
+def _hp(r: RunResult) -> str:
+    return f"lr {r.lr:g}" + (f", e {r.expand}" if r.expand else "")
+
+
 def fmt_acc(r: Optional[RunResult]) -> str:
-    return "-" if r is None else f"{fmt_pct(r.final_acc)} (lr {r.lr:g})"
+    return "-" if r is None else f"{fmt_pct(r.final_acc)} ({_hp(r)})"
 
 
 def fmt_cut(r: RunResult) -> str:
     done = f"{r.updates}/{r.max_update}" if r.max_update else f"{r.updates}"
     acc = "-" if r.best_acc is None else fmt_pct(r.best_acc)
-    return f"{acc}* (lr {r.lr:g}, cut at {done} upd)"
+    verb = "paused" if r.status == "paused" else "cut"
+    return f"{acc}* ({_hp(r)}, {verb} at {done} upd)"
 
 
-CUT_FOOTNOTE = ("\\* every run of this cell was cut by the run timeout before its schedule ended: the best "
-                "validation accuracy any of them reached, at any point of the run (so picked by looking at the "
-                "held-out set, unlike finished cells), with its learning rate and the updates it had done of "
-                "those planned. Such cells are not counted in the verdict.")
+CUT_FOOTNOTE = ("\\* no run of this cell finished its schedule (cut by the run timeout, or paused by --slice-s "
+                "to be continued): the best validation accuracy any of them reached so far (so picked by "
+                "looking at the held-out set, unlike finished cells), with its hyper-parameters and the updates "
+                "it had done of those planned. Such cells are not counted in the verdict.")
 
 
 def write_table(path: str, results: List[RunResult], best: Dict, cut: Dict, settings, models, dims, args) -> None:
     totals = planned_updates(args, settings)
-    upe = updates_per_epoch(args)
+    batches = batch_sizes(args, settings)
     every = getattr(args, "validate_interval_updates", 0)
+    layout = ("answers shown after the queries (--reveal-answers, the pre-issue-25 layout)"
+              if getattr(args, "reveal_answers", False) else "Zoology's layout (answers never in the input)")
     lines = [
-        "# MQAR: validation accuracy (%) on query positions, best learning rate per cell",
+        "# MQAR: validation accuracy (%) on query positions, best run per cell (learning rate; HGRN2: and expand ratio)",
         "",
         f"vocab {args.vocab_size}, {args.train_size} train / {args.test_size} held-out examples, "
-        f"batch {args.batch_size}, learning rates {args.lrs}, AdamW wd "
+        f"{layout}, batch {args.batch_size}, learning rates {args.lrs}"
+        + (f", HGRN2 expand ratios {args.hgrn2_expand} (where <= d)" if getattr(args, "hgrn2_expand", "") else "")
+        + f", AdamW wd "
         f"{args.weight_decay}, gradient clip {getattr(args, 'clip_norm', '-')}, cosine with "
         f"{args.warmup_frac:g} warm-up; 2 layers, no MLP, no positions. "
         f"Chance: {100.0 / (args.vocab_size - 1 - (args.vocab_size - 1) // 2):.3g}%. Validation at the end of "
@@ -410,8 +562,9 @@ def write_table(path: str, results: List[RunResult], best: Dict, cut: Dict, sett
     ]
     for s in settings:
         total = totals[s.name]
+        upe = updates_per_epoch(args, batches[s.name])
         lines += [f"## {s.title}", "",
-                  f"{total} updates per run ({total / upe:.3g} epoch(s) of {upe}), "
+                  f"{total} updates of batch {batches[s.name]} per run ({total / upe:.3g} epoch(s) of {upe}), "
                   f"{warmup_updates(total, args)} of them warm-up.", ""]
         header = "| d | " + " | ".join(LABELS[m] for m in models)
         sep = "|---|" + "---|" * len(models)
@@ -441,7 +594,7 @@ def write_table(path: str, results: List[RunResult], best: Dict, cut: Dict, sett
                 verdict += f"; {len(dims) - compared} not measured"
             verdict += ")"
             if cut_cells:
-                verdict += f"; {cut_cells} of {len(dims) * len(models)} cells cut by the run timeout (marked *)"
+                verdict += f"; {cut_cells} of {len(dims) * len(models)} cells unfinished (marked *)"
             lines += ["", verdict + "."]
         if cut_cells:
             lines += ["", CUT_FOOTNOTE]
@@ -523,16 +676,27 @@ for arch in sys.argv[2:]:
 """
 
 
-def order_runs(settings, models, dims, lrs, totals: Dict[str, int]) -> List[Run]:
-    """Per setting, the biggest d first so parallel jobs end together. Within one d the (model, lr)
-    pairs are rotated by one per width, so that runs started together and dealt round the GPUs do
-    not give one GPU every run of one model and learning rate (HGRN2 steps cost more than HGRN1's)."""
-    pairs = [(m, lr) for m in models for lr in lrs]
+def hgrn2_expands(d: int, expands: List[int]) -> List[int]:
+    """The expand ratios of ``expands`` that d allows (<= d); none (0: the arch default, min(d, 128))
+    where ``expands`` is empty or d is below all of them."""
+    fit = [e for e in expands if 0 < e <= d]
+    return fit or [0]
+
+
+def order_runs(settings, models, dims, lrs, totals: Dict[str, int], expands: List[int] = (),
+               batches: Optional[Dict[str, int]] = None) -> List[Run]:
+    """Per setting, the biggest d first so parallel jobs end together. Within one d the (model, expand,
+    lr) triples are rotated by one per width, so that runs started together and dealt round the GPUs
+    do not give one GPU every run of one model and learning rate (HGRN2 steps cost more than HGRN1's).
+    HGRN2 runs once per expand ratio that d allows (``hgrn2_expands``)."""
     runs = []
     for s in settings:
         for i, d in enumerate(sorted(dims, reverse=True)):
-            shift = i % len(pairs)
-            runs += [Run(s, m, d, lr, totals[s.name]) for m, lr in pairs[shift:] + pairs[:shift]]
+            triples = [(m, e, lr) for m in models for e in (hgrn2_expands(d, list(expands)) if m == "hgrn2" else [0])
+                       for lr in lrs]
+            shift = i % len(triples)
+            runs += [Run(s, m, d, lr, totals[s.name], expand=e, batch_size=(batches or {}).get(s.name, 0))
+                     for m, e, lr in triples[shift:] + triples[:shift]]
     return runs
 
 
@@ -554,7 +718,14 @@ def main(argv=None) -> None:
     p.add_argument("--settings", default="256:16,512:64", help="SEQ_LEN:KV_PAIRS list")
     p.add_argument("--models", default="hgrn1,hgrn2", help="subset of hgrn1,hgrn2")
     p.add_argument("--dims", default="64,128,256,512")
-    p.add_argument("--lrs", default="1e-4,3e-4,1e-3,3e-3", help="learning-rate grid")
+    p.add_argument("--lrs", default="1e-4,5e-4,1e-3,5e-3",
+                   help="learning-rate grid (default: 4 of the HGRN2 paper's 1e-5 ... 1e-2)")
+    p.add_argument("--hgrn2-expand", default="64,128",
+                   help="HGRN2 expand ratios (head dimensions), each run where <= d (the paper: 64, 128); "
+                        "empty: the arch default min(d, 128) only")
+    p.add_argument("--reveal-answers", action="store_true",
+                   help="the task's pre-issue-25 layout, each query's answer shown after it (leaks: see "
+                        "docs/mqar.md); default Zoology's layout")
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--train-size", type=int, default=100_000)
     p.add_argument("--test-size", type=int, default=3_000)
@@ -566,7 +737,8 @@ def main(argv=None) -> None:
     p.add_argument("--validate-interval-updates", type=int, default=0,
                    help="also validate every N updates (default 0: at the end of each epoch only), so a run "
                         "cut by --run-timeout still has accuracies on record")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", default="64",
+                   help="batch size, one value or one per setting (the paper: 256,64 for 256:16,512:64)")
     p.add_argument("--warmup-frac", type=float, default=0.1, help="warm-up share of all updates")
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--clip-norm", type=float, default=1.0)
@@ -580,6 +752,26 @@ def main(argv=None) -> None:
                    help="GPUs to spread the runs over (default: every visible one); each run gets "
                         "CUDA_VISIBLE_DEVICES set to the one with the fewest runs when it starts")
     p.add_argument("--run-timeout", type=float, default=None, help="seconds before a run is killed")
+    p.add_argument("--checkpoint-every", type=int, default=1000,
+                   help="save the run's checkpoint_last.pt every N updates (and validate then), so that a run "
+                        "stopped by --slice-s or killed continues from it when the same command is rerun; 0: no "
+                        "checkpoints (fairseq --no-save). A finished run's checkpoints are deleted unless "
+                        "--keep-checkpoints")
+    p.add_argument("--keep-checkpoints", action="store_true", help="keep finished runs' checkpoints")
+    p.add_argument("--slice-s", type=float, default=None,
+                   help="this invocation's share of GPU time: each run stops (fairseq --stop-time-hours, with a "
+                        "checkpoint) this many seconds after the sweep started and is 'paused'; the next "
+                        "invocation with the same --out continues the paused runs first, then starts new ones. "
+                        "No run starts with less than --min-slice-s left")
+    p.add_argument("--slice-grace-s", type=float, default=60.0,
+                   help="a run still alive this long after --slice-s is killed (losing its updates since its "
+                        "last checkpoint)")
+    p.add_argument("--min-slice-s", type=float, default=30.0)
+    p.add_argument("--slice-startup-s", type=float, default=20.0,
+                   help="seconds a fairseq-train process takes to start training (its training clock, which "
+                        "--stop-time-hours reads, starts then); taken off the time a run is given")
+    p.add_argument("--slice-updates", type=int, default=0,
+                   help="each run advances at most N updates in this invocation (then paused); for tests")
     p.add_argument("--time-budget", type=float, default=None,
                    help="seconds after which no new run starts (those left are reported as skipped)")
     p.add_argument("--cpu", action="store_true", help="train on CPU even if CUDA is available")
@@ -587,8 +779,11 @@ def main(argv=None) -> None:
                    help="keep fp32 matmuls exact on GPU (default: TF32 via TORCH_ALLOW_TF32_CUBLAS_OVERRIDE)")
     p.add_argument("--fairseq-args", default="", help="extra fairseq-train arguments, e.g. '--bf16'")
     p.add_argument("--log-interval", type=int, default=100)
-    p.add_argument("--force", action="store_true", help="rerun runs whose result already exists")
+    p.add_argument("--force", action="store_true",
+                   help="rerun runs whose result already exists (their logs and checkpoints are deleted first)")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--no-preflight", action="store_true",
+                   help="skip the one-step check of each model on the device before the runs")
     p.add_argument("--report-only", action="store_true", help="rewrite the reports from runs/*.json")
     p.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     args = p.parse_args(argv)
@@ -607,21 +802,35 @@ def main(argv=None) -> None:
 
     if args.validate_interval_updates < 0:
         raise SystemExit(f"--validate-interval-updates {args.validate_interval_updates}: expected >= 0")
+    if args.checkpoint_every < 0 or args.slice_updates < 0:
+        raise SystemExit("--checkpoint-every and --slice-updates: expected >= 0")
+    if (args.slice_s is not None or args.slice_updates) and not args.checkpoint_every:
+        raise SystemExit("--slice-s / --slice-updates pause runs to continue them from their checkpoints: "
+                         "they need --checkpoint-every > 0")
+    expands = parse_list(args.hgrn2_expand, int)
     totals = planned_updates(args, settings)
-    runs = order_runs(settings, models, dims, lrs, totals)
+    runs = order_runs(settings, models, dims, lrs, totals, expands, batch_sizes(args, settings))
     if args.dry_run:
         for run in runs:
             print(" ".join(shlex.quote(c) for c in fairseq_command(run, args, use_cpu)))
         return
 
     results: Dict[str, RunResult] = {}
-    todo = []
+    todo, paused = [], []  # paused runs go first: they hold checkpoints to continue
     for run in runs:
         path = os.path.join(args.out, "runs", run.name + ".json")
         if os.path.exists(path) and not args.force:
             results[run.name] = RunResult.from_json(json.load(open(path)))
+            if results[run.name].status == "paused" and not args.report_only:
+                paused.append(run)
         else:
+            if args.force and not args.report_only and not args.dry_run:
+                shutil.rmtree(checkpoint_dir(args, run.name), ignore_errors=True)
+                log = os.path.join(args.out, "logs", run.name + ".log")
+                if os.path.exists(log):
+                    os.remove(log)
             todo.append(run)
+    todo = paused + todo
     if args.report_only:
         write_reports(list(results.values()), settings, models, dims, args)
         print(f"reports from {len(results)} runs written to {args.out}")
@@ -636,9 +845,10 @@ def main(argv=None) -> None:
         device = (f"{len(gpus.devices)} x {torch.cuda.get_device_name(0)} (CUDA_VISIBLE_DEVICES "
                   f"{','.join(gpus.devices)}; OMP_NUM_THREADS {threads.get('OMP_NUM_THREADS', 'inherited')})")
     budget = ", ".join(f"{s.seq_len}:{s.num_kv_pairs} {totals[s.name]}" for s in settings)
-    print(f"MQAR sweep: {len(runs)} runs ({len(runs) - len(todo)} already done), {args.jobs} at a time on "
-          f"{device}; updates per run: {budget}; output in {args.out}", flush=True)
-    if todo:
+    print(f"MQAR sweep: {len(runs)} runs ({len(runs) - len(todo)} already done, {len(paused)} paused to "
+          f"continue), {args.jobs} at a time on {device}; updates per run: {budget}; output in {args.out}"
+          + (f"; this slice: {args.slice_s:g} s" if args.slice_s is not None else ""), flush=True)
+    if todo and not args.no_preflight:
         preflight(sorted({r.model for r in todo}), use_cpu)
     start, lock, finished = time.time(), threading.Lock(), [0]
 
@@ -646,7 +856,7 @@ def main(argv=None) -> None:
         with lock:
             finished[0] += 1
             results[result.name] = result
-            if result.status != "skipped":  # a rerun with the same --out does the skipped ones
+            if result.status != "skipped":  # a rerun with the same --out does the skipped ones (and paused)
                 with open(os.path.join(args.out, "runs", result.name + ".json"), "w") as f:
                     json.dump(asdict(result), f, indent=1)
             write_reports(list(results.values()), settings, models, dims, args)
@@ -655,7 +865,9 @@ def main(argv=None) -> None:
             acc = "-" if result.final_acc is None else f"{result.final_acc:.1f}%"
             if result.final_acc is None and result.best_acc is not None:
                 acc += f" (best seen {result.best_acc:.3g}%)"
-            extra = f" [{result.status}: {result.error[-200:]}]" if result.status != "ok" else ""
+            extra = ""
+            if result.status != "ok":
+                extra = f" [{result.status}" + (f": {result.error[-200:]}" if result.error else "") + "]"
             speed = "" if result.updates_per_s is None else f", {result.updates_per_s:g} upd/s"
             where = f" on GPU {result.gpu}" if result.gpu else ""
             print(f"[{finished[0]}/{len(todo)}] {result.name}: acc {acc} after {result.updates}/{result.max_update} "
@@ -664,11 +876,20 @@ def main(argv=None) -> None:
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         deadline = None if args.time_budget is None else start + args.time_budget
-        futures = [pool.submit(run_one, run, args, use_cpu, deadline, gpus) for run in todo]
+        slice_end = None if args.slice_s is None else start + args.slice_s
+        futures = [pool.submit(run_one, run, args, use_cpu, deadline, gpus, results.get(run.name), slice_end)
+                   for run in todo]
         for future in as_completed(futures):
             done(future.result())
     write_reports(list(results.values()), settings, models, dims, args)
+    counts = {}
+    for run in runs:
+        status = results[run.name].status if run.name in results else "not started"
+        counts[status] = counts.get(status, 0) + 1
     print(f"done in {time.time() - start:.0f}s: {args.out}/runs.csv, table.md" + ("" if args.no_plot else ", plot.png"))
+    print("runs: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+          + ("; rerun the same command to continue the paused and start the rest"
+             if counts.get("paused") or counts.get("not started") or counts.get("skipped") else ""), flush=True)
     print(open(os.path.join(args.out, "table.md")).read())
 
 

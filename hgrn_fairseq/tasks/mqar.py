@@ -4,19 +4,27 @@
 
 One example of length ``seq_len`` (task tokens; the fairseq dictionary adds its 4 specials in front)::
 
-    k1 v1 k2 v2 ... kN vN | _ _ k2 v2 _ k1 v1 _ _ _ kN vN _ ...
-    '--- N pairs -------'   '--- every key queried once, answer right after it ---'
+    k1 v1 k2 v2 ... kN vN | _ _ k2 _ _ k1 _ _ _ _ kN _ _ ...
+    '--- N pairs -------'   '--- every key queried once; its value is the target there ---'
 
 * token 0 ``_`` is a blank filler; keys are drawn from the lower half of the vocabulary
   (``1 .. (V-1)//2``), values from the upper half; the N keys of an example are distinct, and so
   are its N values;
 * after the 2N context tokens come ``(seq_len - 2N) // 2`` two-token slots; N of them, drawn
   without replacement with probability proportional to ``(slot + 1) ** (power_a - 1)`` (Zoology's
-  power law, so queries cluster near the context), hold ``key value`` for the N keys in a fresh
-  random order; every other position is blank;
-* the target of a query position (the key) is its value, the next token, so the task is plain
-  next-token prediction scored at the N query positions only; every other target is padding,
-  ignored by the loss. Use ``--criterion mqar_cross_entropy`` for the accuracy.
+  power law, so queries cluster near the context), hold a key in their first position, the N keys
+  in a fresh random order; every other position is blank;
+* the target of a query position (the key) is its value, so the task is next-token prediction
+  scored at the N query positions only; every other target is padding, ignored by the loss. Use
+  ``--criterion mqar_cross_entropy`` for the accuracy.
+
+This is Zoology's ``multiquery_ar`` with ``random_non_queries=False``, the configuration of the
+HGRN2 paper's Fig. 3 (OpenNLPLab's Zoology configs): the value is never shown after its query.
+``--reveal-answers`` puts it there (``... k2 v2 _ k1 v1 ...``), the layout of this task before
+issue 25. That layout leaks: by the j-th query, j of the N values have been shown as answers, so a
+model that only knows the set of the example's values and guesses among the ones not shown yet
+scores ``mean_j 1/(N - j)`` (21.1% at 16 pairs) without any recall -- the ~20% plateau of the
+README's first sweeps (docs/mqar.md; ``scripts/mqar_diagnose.py`` measures it).
 
 Splits: ``train`` has ``--train-size`` examples; ``valid`` and ``test`` are the same held-out set of
 ``--test-size`` examples. Each is a pure function of (``--data-seed``, split, options), drawn
@@ -117,11 +125,14 @@ def generate_mqar(
     split: str = "train",
     power_a: float = 0.01,
     chunk_size: int = 8192,
+    reveal_answers: bool = False,
 ) -> MqarExamples:
     """Generate ``num_examples`` MQAR examples; a pure function of all its arguments.
 
     ``split`` picks the random stream (``train``; ``valid`` and ``test`` share the held-out one).
-    The layout is in the module docstring.
+    The layout is in the module docstring; ``reveal_answers`` writes each query's value right after
+    it (the pre-issue-25 layout). The random draws do not depend on it: both layouts of one seed
+    have the same pairs, query slots and order.
     """
     check_mqar_options(vocab_size, seq_len, num_kv_pairs, power_a)
     if num_examples < 0:
@@ -153,7 +164,8 @@ def generate_mqar(
         block[:, 1:context:2] = values
         block[rows, qpos] = np.take_along_axis(keys, order, axis=1)
         asked = np.take_along_axis(values, order, axis=1)
-        block[rows, qpos + 1] = asked
+        if reveal_answers:
+            block[rows, qpos + 1] = asked
         query_positions[start : start + n] = qpos
         answers[start : start + n] = asked
     return MqarExamples(inputs, query_positions, answers)
@@ -241,6 +253,12 @@ class MqarConfig(FairseqDataclass):
     power_a: float = field(
         default=0.01, metadata={"help": "query slots drawn with probability ~ (slot+1)^(power_a-1)"}
     )
+    reveal_answers: bool = field(
+        default=False,
+        metadata={"help": "write each query's value right after it in the input (the layout before issue 25; "
+                  "it lets a model score mean_j 1/(N-j) by elimination, 21%% at 16 pairs, without recall). "
+                  "Default: Zoology's layout, the value is only the target"},
+    )
 
 
 @register_task("mqar", dataclass=MqarConfig)
@@ -261,7 +279,8 @@ class MqarTask(FairseqTask):
         chance = chance_accuracy(cfg.vocab_size)
         logger.info(
             f"mqar: vocab {cfg.vocab_size}, seq_len {cfg.seq_len}, {cfg.num_kv_pairs} kv pairs, "
-            f"{cfg.train_size} train / {cfg.test_size} test examples, data seed {cfg.data_seed} "
+            f"{cfg.train_size} train / {cfg.test_size} test examples, data seed {cfg.data_seed}, "
+            f"{'answers shown after the queries (--reveal-answers)' if cfg.reveal_answers else 'Zoology layout'} "
             f"(chance accuracy {100 * chance:.3g}%)"
         )
         return cls(cfg, build_mqar_dictionary(cfg.vocab_size))
@@ -275,7 +294,8 @@ class MqarTask(FairseqTask):
         cfg = self.cfg
         n = cfg.train_size if split == "train" else cfg.test_size
         examples = generate_mqar(
-            n, cfg.vocab_size, cfg.seq_len, cfg.num_kv_pairs, cfg.data_seed, split, cfg.power_a
+            n, cfg.vocab_size, cfg.seq_len, cfg.num_kv_pairs, cfg.data_seed, split, cfg.power_a,
+            reveal_answers=cfg.reveal_answers,
         )
         self.datasets[split] = MqarDataset(examples, self.dictionary, shuffle=split == "train")
         logger.info(f"mqar: generated {n} {split} examples")

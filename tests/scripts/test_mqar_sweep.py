@@ -224,9 +224,9 @@ def test_report_marks_cut_cells_and_counts_only_finished_runs(sweep, tmp_path):
     assert "| 256 | 0.021* (lr 0.001, cut at 300/1000 upd) | -* (lr 0.003, cut at 50/1000 upd) | - |" in table
     assert "| 512 | 50.0 (lr 0.001) | 40.0 (lr 0.001) | no |" in table
     assert ("HGRN2 beats HGRN1 at 1 of 2 widths measured (finished runs only; 2 not measured); "
-            "3 of 8 cells cut by the run timeout (marked *).") in table
-    assert "\\* every run of this cell was cut by the run timeout" in table
-    assert "1000 updates per run (1 epoch(s) of 1000), 100 of them warm-up." in table
+            "3 of 8 cells unfinished (marked *).") in table
+    assert "\\* no run of this cell finished its schedule (cut by the run timeout, or paused" in table
+    assert "1000 updates of batch 64 per run (1 epoch(s) of 1000), 100 of them warm-up." in table
     assert "every 100 updates" in table
     with open(tmp_path / "runs.csv") as f:
         rows = list(csv.DictReader(f))
@@ -265,7 +265,7 @@ def test_report_only_reads_old_run_jsons(sweep, tmp_path):
 @pytest.mark.parametrize("script", ["bench/gpu_checks.sh", "scripts/run_mqar.sh", "bench/split_pytest.sh",
                                     "bench/gpu_scan_run.sh", "bench/gpu_hgrn2_run.sh", "bench/explore/gpu_block_explore.sh",
                                     "bench/gpu_fairseq.sh", "bench/gpu_session.sh", "bench/gpu_lm_eval.sh",
-                                    "bench/gpu_baselines.sh"])
+                                    "bench/gpu_baselines.sh", "bench/gpu_mqar.sh", "bench/gpu_mps.sh"])
 def test_shell_syntax(script):
     r = subprocess.run(["bash", "-n", os.path.join(REPO, script)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -302,19 +302,156 @@ def test_run_mqar_passes_fairseq_args_that_start_with_dashes(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# A tiny sweep through fairseq-train on CPU: 15 updates per epoch, 30 in all, validation every 10
+# A tiny sweep through fairseq-train on CPU: 15 updates per epoch, 30 in all, validation every 10;
+# then the same run cut (by updates, and by time) and continued from its checkpoint
+
+TINY = ["--cpu", "--settings", "32:4", "--vocab-size", "64", "--models", "hgrn1", "--dims", "32", "--lrs", "3e-3",
+        "--train-size", "960", "--test-size", "64", "--max-update", "30", "--validate-interval-updates", "10",
+        "--checkpoint-every", "10", "--log-interval", "5", "--jobs", "1", "--no-plot", "--keep-checkpoints", "--no-preflight"]
+TINY_RUN = "seq32_kv4_hgrn1_d32_lr0.003"
 
 
-def test_tiny_cpu_sweep_records_interval_validations(sweep, tmp_path):
-    out = tmp_path / "sweep"
-    sweep.main(["--out", str(out), "--cpu", "--settings", "32:4", "--vocab-size", "64", "--models", "hgrn1",
-                "--dims", "32", "--lrs", "3e-3", "--train-size", "960", "--test-size", "64", "--max-update", "30",
-                "--validate-interval-updates", "10", "--log-interval", "5", "--jobs", "1", "--no-plot"])
-    run = json.loads((out / "runs" / "seq32_kv4_hgrn1_d32_lr0.003.json").read_text())
+def tiny_run(out):
+    return json.loads((out / "runs" / f"{TINY_RUN}.json").read_text())
+
+
+def final_weights(out):
+    import torch
+
+    state = torch.load(out / "checkpoints" / TINY_RUN / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    return state["model"], state["last_optimizer_state"]
+
+
+@pytest.fixture(scope="module")
+def uncut(sweep, tmp_path_factory):
+    out = tmp_path_factory.mktemp("uncut")
+    sweep.main(["--out", str(out)] + TINY)
+    return out
+
+
+def test_tiny_cpu_sweep_records_interval_validations(uncut):
+    run = tiny_run(uncut)
     assert run["status"] == "ok", run["error"]
     assert [u for u, _ in run["valid_curve"]] == [10, 15, 20, 30]  # every 10 and at each epoch's end (15, 30)
     assert run["valid_acc_per_epoch"] == [run["valid_curve"][1][1], run["valid_curve"][3][1]]
     assert run["epochs"] == 2 and run["updates"] == run["max_update"] == 30
     assert run["final_acc"] == run["valid_curve"][-1][1]
-    assert run["updates_per_s"] > 0 and run["gpu"] == ""
-    assert "| 32 | " in (out / "table.md").read_text()
+    assert run["updates_per_s"] > 0 and run["gpu"] == "" and run["segments"] == 1
+    assert "| 32 | " in (uncut / "table.md").read_text()
+
+
+def assert_same_end(out, uncut):
+    import torch
+
+    a, b = tiny_run(out), tiny_run(uncut)
+    assert a["status"] == "ok" and a["updates"] == 30, a
+    assert a["final_acc"] == b["final_acc"] and a["final_loss"] == b["final_loss"]
+    model_a, opt_a = final_weights(out)
+    model_b, opt_b = final_weights(uncut)
+    assert model_a.keys() == model_b.keys()
+    for k in model_a:
+        torch.testing.assert_close(model_a[k], model_b[k], rtol=0, atol=0, msg=k)
+    for slot_a, slot_b in zip(opt_a["state"].values(), opt_b["state"].values()):
+        for k in slot_a:
+            torch.testing.assert_close(slot_a[k], slot_b[k], rtol=0, atol=0, msg=k)
+    return a
+
+
+def test_run_cut_by_updates_and_by_time_and_continued_ends_where_the_uncut_run_ends(sweep, uncut, tmp_path):
+    out = tmp_path / "cut"
+    sweep.main(["--out", str(out), "--slice-updates", "13"] + TINY)  # mid-epoch (15 per epoch)
+    run = tiny_run(out)
+    assert run["status"] == "paused" and run["updates"] == 13 and run["final_acc"] is None
+    assert (out / "checkpoints" / TINY_RUN / "checkpoint_last.pt").exists()
+    assert "paused at 13/30 upd" in (out / "table.md").read_text()
+    # to another machine and back: packed into small files (tiny parts here), restored elsewhere
+    state = load_script(os.path.join(REPO, "scripts", "mqar_state.py"))
+    note = state.pack(str(out), str(tmp_path / "returned"), ckpt_mb=100, part_mb=0.02)
+    assert note.startswith("1 of 1 paused runs' checkpoints packed")
+    parts = sorted(p.name for p in (tmp_path / "returned").iterdir() if ".part" in p.name)
+    assert len(parts) >= 2 and parts[0] == "mqar_ckpt.tar.part00"
+    out = tmp_path / "elsewhere"
+    assert "1 checkpoints" in state.restore(str(tmp_path / "returned"), str(out))
+    with pytest.raises(SystemExit, match="holds a sweep already"):
+        state.restore(str(tmp_path / "returned"), str(out))
+    # a slice that leaves 0.01 s of training: fairseq's --stop-time-hours stops it after one update, with a checkpoint
+    sweep.main(["--out", str(out), "--slice-s", "1", "--min-slice-s", "0", "--slice-startup-s", "5"] + TINY)
+    run = tiny_run(out)
+    assert run["status"] == "paused" and 13 < run["updates"] < 30, run
+    by_time = run["updates"]
+    sweep.main(["--out", str(out)] + TINY)  # the same command, no slice: continues to the end
+    run = assert_same_end(out, uncut)
+    assert run["segments"] == 3 and run["restarts"] == 0
+    # the uncut run's validations, plus the ones fairseq makes where it was stopped
+    assert [u for u, _ in run["valid_curve"]] == sorted({10, 13, by_time, 15, 20, 30})
+    uncut_curve = dict(map(tuple, tiny_run(uncut)["valid_curve"]))
+    assert all(uncut_curve[u] == acc for u, acc in run["valid_curve"] if u in uncut_curve)
+
+
+def test_paused_run_without_its_checkpoint_restarts_and_says_so(sweep, tmp_path):
+    """A run paused on another machine whose checkpoint was too big to come back: its record and log
+    travel (mqar_state.py pack/restore), the checkpoint does not; the run starts over and says so."""
+    out = tmp_path / "there"
+    (out / "runs").mkdir(parents=True)
+    (out / "logs").mkdir()
+    (out / "checkpoints" / TINY_RUN).mkdir(parents=True)
+    (out / "checkpoints" / TINY_RUN / "checkpoint_last.pt").write_bytes(b"x" * 50_000)
+    record = dict(name=TINY_RUN, seq_len=32, num_kv_pairs=4, model="hgrn1", d=32, lr=0.003, status="paused",
+                  updates=6, max_update=30, segments=1, valid_curve=[[6, 3.0]], best_acc=3.0)
+    (out / "runs" / f"{TINY_RUN}.json").write_text(json.dumps(record))
+    (out / "logs" / f"{TINY_RUN}.log").write_text("# segment 1: the first 6 updates\n")
+    state = load_script(os.path.join(REPO, "scripts", "mqar_state.py"))
+    note = state.pack(str(out), str(tmp_path / "returned"), ckpt_mb=0.01)  # too small for the checkpoint
+    assert note.startswith("0 of 1 paused runs' checkpoints packed") and TINY_RUN in note
+    out = tmp_path / "elsewhere"
+    state.restore(str(tmp_path / "returned"), str(out))
+    assert not (out / "checkpoints").exists()
+    sweep.main(["--out", str(out), "--slice-updates", "4"] + TINY)
+    run = tiny_run(out)
+    assert run["status"] == "paused" and run["updates"] == 4  # from scratch: 4, not 6 + 4
+    assert run["restarts"] == 1 and run["segments"] == 1 and "restarted from scratch" in run["error"]
+    assert (out / "logs" / f"{TINY_RUN}.log.lost1").read_text().startswith("# segment 1: the first 6")
+
+
+def test_issue_25_grid_has_44_runs_per_setting_with_expand_ratios_that_d_allows(sweep):
+    settings = [sweep.Setting(256, 16), sweep.Setting(512, 64)]
+    runs = sweep.order_runs(settings, ["hgrn1", "hgrn2"], [64, 128, 256, 512], [1e-4, 5e-4, 1e-3, 5e-3],
+                            {"seq256_kv16": 900, "seq512_kv64": 500}, [64, 128], {"seq256_kv16": 256, "seq512_kv64": 64})
+    assert len(runs) == 88 and len({r.name for r in runs}) == 88
+    for d, expected in [(64, {64}), (128, {64, 128}), (256, {64, 128}), (512, {64, 128})]:
+        assert {r.expand for r in runs if r.model == "hgrn2" and r.d == d} == expected
+    assert {r.expand for r in runs if r.model == "hgrn1"} == {0}
+    assert {(r.setting.seq_len, r.batch_size) for r in runs} == {(256, 256), (512, 64)}
+    assert "seq256_kv16_hgrn2_e64_d128_lr0.0005" in {r.name for r in runs}
+    assert sweep.hgrn2_expands(32, [64, 128]) == [0]  # below every ratio: the arch default, min(d, 128)
+    args = argparse.Namespace(out="/tmp/x", vocab_size=8192, train_size=100000, test_size=10, data_seed=1,
+                              weight_decay=0.1, clip_norm=1.0, warmup_frac=0.1, batch_size="256,64", log_interval=10,
+                              seed=1, fairseq_args="", validate_interval_updates=0, checkpoint_every=500,
+                              reveal_answers=False)
+    run = next(r for r in runs if r.name == "seq256_kv16_hgrn2_e64_d128_lr0.0005")
+    cmd = sweep.fairseq_command(run, args, use_cpu=False, stop_at_update=400, stop_time_hours=0.5)
+
+    def value(flag):
+        return cmd[cmd.index(flag) + 1]
+
+    assert value("--expand-ratio") == "64" and value("--batch-size") == "256"
+    assert value("--max-update") == "400" and value("--lr-period-updates") == "810"  # 900 - 90 warm-up
+    assert value("--stop-time-hours") == "0.500000" and value("--save-interval-updates") == "500"
+    assert "--no-save" not in cmd and "--reveal-answers" not in cmd
+    assert value("--max-epoch") == "3"  # ceil(900 / ceil(100000 / 256))
+
+
+def test_run_mqar_passes_the_issue_25_variables():
+    env = subprocess_env()
+    env.update(PYTHON="echo", OUT="/tmp/o", SLICE_S="480", CKPT_EVERY="500", REVEAL_ANSWERS="1", EXPAND="128",
+               BATCH_SIZE="256,64")
+    r = subprocess.run(["bash", os.path.join(REPO, "scripts", "run_mqar.sh")], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    for part in ["--slice-s 480", "--checkpoint-every 500", "--reveal-answers", "--hgrn2-expand 128",
+                 "--batch-size 256,64", "--lrs 1e-4,5e-4,1e-3,5e-3"]:
+        assert part in r.stdout, (part, r.stdout)
+    for name in ("SLICE_S", "REVEAL_ANSWERS", "EXPAND"):
+        env.pop(name)
+    r = subprocess.run(["bash", os.path.join(REPO, "scripts", "run_mqar.sh")], env=env, capture_output=True, text=True)
+    assert "--slice-s" not in r.stdout and "--reveal-answers" not in r.stdout
+    assert "--hgrn2-expand 64,128" in r.stdout

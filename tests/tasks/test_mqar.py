@@ -66,9 +66,10 @@ def test_generator_is_deterministic_per_seed_and_split():
         (11, 40, 5),  # every key of the vocabulary in every example
     ],
 )
-def test_examples_have_the_mqar_structure(vocab, seq_len, pairs):
+@pytest.mark.parametrize("reveal", [False, True])
+def test_examples_have_the_mqar_structure(vocab, seq_len, pairs, reveal):
     n = 300
-    ex = generate_mqar(n, vocab, seq_len, pairs, seed=3, chunk_size=128)  # several chunks
+    ex = generate_mqar(n, vocab, seq_len, pairs, seed=3, chunk_size=128, reveal_answers=reveal)  # several chunks
     inputs = ex.inputs.astype(np.int64)
     assert inputs.shape == (n, seq_len) and ex.query_positions.shape == ex.answers.shape == (n, pairs)
     klo, khi = key_range(vocab)
@@ -85,13 +86,29 @@ def test_examples_have_the_mqar_structure(vocab, seq_len, pairs):
         queried = inputs[i, pos]
         assert sorted(queried) == sorted(keys[i])  # every key asked exactly once
         np.testing.assert_array_equal(ex.answers[i], [lookup[k] for k in queried])
-        np.testing.assert_array_equal(inputs[i, pos + 1], ex.answers[i])  # the answer is the next token
+        if reveal:  # the answer is the next token
+            np.testing.assert_array_equal(inputs[i, pos + 1], ex.answers[i])
+        else:  # Zoology's layout: the answer appears nowhere after the context
+            assert not np.isin(inputs[i, 2 * pairs :], values[i]).any()
         rest = np.ones(seq_len, dtype=bool)
         rest[: 2 * pairs] = False
-        rest[pos] = rest[pos + 1] = False
+        rest[pos] = False
+        if reveal:
+            rest[pos + 1] = False
         assert (inputs[i, rest] == BLANK).all()
     # the order of the queries is not the order of the context
     assert any(not np.array_equal(inputs[i, ex.query_positions[i]], keys[i]) for i in range(n))
+
+
+def test_reveal_answers_changes_only_the_answer_positions():
+    plain = generate_mqar(300, 8192, 128, 8, seed=5)
+    shown = generate_mqar(300, 8192, 128, 8, seed=5, reveal_answers=True)
+    np.testing.assert_array_equal(plain.query_positions, shown.query_positions)
+    np.testing.assert_array_equal(plain.answers, shown.answers)
+    differ = plain.inputs != shown.inputs
+    expected = np.zeros_like(differ)
+    np.put_along_axis(expected, plain.query_positions + 1, True, axis=1)
+    np.testing.assert_array_equal(differ, expected)
 
 
 def test_query_slots_follow_the_power_law():
@@ -170,7 +187,9 @@ def test_dataset_targets_only_at_query_positions():
         scored = torch.nonzero(tgt[row].ne(d.pad())).flatten().numpy()
         np.testing.assert_array_equal(scored, ex.query_positions[i])
         np.testing.assert_array_equal(tgt[row, scored].numpy(), ex.answers[i] + d.nspecial)
-        np.testing.assert_array_equal(tgt[row, scored], src[row, scored + 1])  # next-token targets
+        context = src[row, :8].tolist()  # the target is the value that follows the key in the context
+        expected = [context[context.index(k) + 1] for k in src[row, scored].tolist()]
+        assert tgt[row, scored].tolist() == expected
     assert batch["ntokens"] == 3 * 4 and batch["nsentences"] == 3
     assert batch["id"].tolist() == [3, 0, 7]
     # training order changes with the epoch seed; the held-out order does not
@@ -295,9 +314,10 @@ def test_sweep_reports_pick_the_best_lr_per_model_and_width(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# fairseq-train on CPU, as a user runs it: both models learn MQAR at a tiny size with the same
-# recipe (vocab 64: chance 1/32; guessing among the 4 values of the context would give 25%). The
-# two processes run at the same time (HGRN2's CPU reference is ~2x slower per update: ~45 s).
+# fairseq-train on CPU, as a user runs it, at a tiny size with the same recipe for both models
+# (vocab 64: chance 1/32; guessing among the 4 values of the example, the "bag" strategy, gives 25%;
+# Zoology's layout, so no elimination shortcut). The two processes run at the same time (HGRN2's CPU
+# reference is ~2x slower per update). Measured 2026-11-24: HGRN1 26.3%, HGRN2 97.1% after 378 updates.
 
 
 def train_command(arch, save_dir, train_size, epochs, warmup):
@@ -354,14 +374,82 @@ def test_fairseq_train_learns_mqar_with_hgrn1(training_runs):
     assert len(accs) == 6
     assert chance_accuracy(64) == 1 / 32
     assert accs[0] < 10  # it starts near chance (3.1%) ...
-    assert accs[-1] > 30, accs  # ... and ends far above it, above guessing among the context's values
+    # ... and learns which values the example holds (the bag level, 25%); at this budget it does not
+    # recall (HGRN1 has no state expansion: the paper's Fig. 3 point; scripts/mqar_diagnose.py shows
+    # its accuracy flat over the query ranks at 1/N)
+    assert accs[-1] > 20, accs
 
 
 def test_fairseq_train_learns_mqar_with_hgrn2(training_runs):
-    # hgrn2_mqar as the sweep runs it (one 64 x 64 head, no lower bound): ~30% after 378 updates
-    # (~38% with a plain AdamW loop). At seq 256 / 16 pairs the same model sits on a plateau at
-    # chance for thousands of updates before it learns (README, MQAR section): not a bug.
+    # hgrn2_mqar as the sweep runs it (one 64 x 64 head, no lower bound) solves the task: 97% after
+    # 378 updates (with the pre-issue-25 layout, --reveal-answers, it was ~30% here: docs/mqar.md)
     accs = valid_accuracies(training_runs, "hgrn2_mqar")
     assert len(accs) == 6
     assert accs[0] < 10  # near chance (3.1%) after the first epoch ...
-    assert accs[-1] > 15, accs  # ... then far above it
+    assert accs[-1] > 90, accs  # ... then recall, far above the bag level (25%)
+
+
+# ----------------------------------------------------------------------------------------------
+# scripts/mqar_diagnose.py: the shortcut baselines and the classification of answers
+
+
+def load_diagnose():
+    return load_script(os.path.join(REPO, "scripts", "mqar_diagnose.py"))
+
+
+@pytest.mark.parametrize("pairs, seq_len", [(4, 64), (8, 128), (16, 256)])
+def test_elimination_baseline_is_the_harmonic_mean_with_answers_shown_and_one_over_n_without(pairs, seq_len):
+    diag = load_diagnose()
+    # closed forms: the j-th query (0-based) has N - j values not shown yet, one of them right
+    harmonic = 100.0 * sum(1.0 / (pairs - j) for j in range(pairs)) / pairs
+    shown = generate_mqar(400, 8192, seq_len, pairs, seed=2, split="test", reveal_answers=True)
+    hidden = generate_mqar(400, 8192, seq_len, pairs, seed=2, split="test")
+    b = diag.baselines(shown.inputs, shown.query_positions, 8192)
+    assert b["elimination"] == pytest.approx(harmonic, abs=1e-9) and b["bag"] == pytest.approx(100.0 / pairs)
+    b = diag.baselines(hidden.inputs, hidden.query_positions, 8192)
+    assert b["elimination"] == pytest.approx(100.0 / pairs, abs=1e-9)
+    if pairs == 16:
+        assert round(harmonic, 1) == 21.1  # the README's ~20% plateau
+
+
+def test_diagnose_classifies_answers_by_hand():
+    diag = load_diagnose()
+    # vocab 11: keys 1..5, values 6..10; two pairs (1->6, 2->7); queries at 4 (key 2) and 6 (key 1),
+    # each answer shown after its query
+    inputs = np.array([[1, 6, 2, 7, 2, 7, 1, 6]])
+    qpos = np.array([[4, 6]])
+    answers = np.array([[7, 6]])
+    kinds = {
+        (7, 7): ["right", "shown_value"],  # 7 was shown at position 5, before the second query
+        (6, 9): ["unshown_value", "foreign_value"],
+        (3, 6): ["not_a_value", "right"],
+    }
+    for preds, expected in kinds.items():
+        got = diag.classify(np.array([preds]), answers, inputs, qpos, 11)
+        assert [diag.ANSWER_KINDS[k] for k in got[0]] == expected
+    facts = diag.query_facts(inputs, qpos, 11)
+    assert facts["pair_index"].tolist() == [[1, 0]] and facts["distance"].tolist() == [[2, 6]]
+    assert facts["shown_before"].tolist() == [[0, 1]]
+
+
+def test_diagnose_report_sees_an_elimination_strategy():
+    """A predictor written here (plain loops) that guesses among the example's values not shown yet:
+    the report's accuracy by rank follows 1/(N - j) and no answer is a value already shown."""
+    diag = load_diagnose()
+    pairs = 8
+    ex = generate_mqar(3000, 8192, 64, pairs, seed=4, split="test", reveal_answers=True)
+    rng = np.random.default_rng(0)
+    preds = np.empty_like(ex.answers)
+    for i in range(ex.inputs.shape[0]):
+        values = list(ex.inputs[i, 1 : 2 * pairs : 2])
+        seen = set()
+        for j, q in enumerate(ex.query_positions[i]):
+            seen.update(int(t) for t in ex.inputs[i, 2 * pairs : q])
+            left = [v for v in values if int(v) not in seen]
+            preds[i, j] = left[rng.integers(len(left))]
+    rep = diag.report(preds, ex, 8192)
+    assert rep["answer_kinds"]["shown_value"] == 0 and rep["answer_kinds"]["foreign_value"] == 0
+    for j, group in enumerate(rep["by_rank"]):
+        assert group["accuracy"] == pytest.approx(100.0 / (pairs - j), abs=4.0), (j, group)
+    assert rep["by_rank"][-1]["accuracy"] == 100.0
+    assert rep["accuracy"] == pytest.approx(rep["baselines"]["elimination"], abs=1.5)
