@@ -124,6 +124,10 @@ def hgrn2_scan(
 ) -> Tuple[Tensor, Tensor]:
     """HGRN2 recurrence with k = 1 - exp(log_decay), scale 1. See ``reference.hgrn2_scan_reference``."""
     if resolve_backend(backend, q) == "triton":
+        from .hgrn2_small_heads import SMALL_HEAD_STATE, hgrn2_small_head_scan
+
+        if q.shape[-1] * v.shape[-1] <= SMALL_HEAD_STATE:  # heads of 1-2: a scan of scalars
+            return hgrn2_small_head_scan(q, v, log_decay, initial_state, reverse)
         from .hgrn2_triton import hgrn2_fused
 
         return hgrn2_fused(q, v, log_decay, initial_state, reverse)
