@@ -58,6 +58,9 @@ OURS = ("hgrn_lm_base", "hgrn2_lm_base")
 # CUDA graphs)
 VARIANT_FLAGS = {"+compile": "--compile-blocks", "+graphs": "--cuda-graphs"}
 VARIANTS = tuple(f"{m}{suffix}" for suffix in VARIANT_FLAGS for m in OURS)
+# +block_ops: ours with modules.block.use_block_ops (the image models' fused element-wise kernels; off in the
+# LMs since they measured 1.06-1.7x slower there, bench/results/bench_train_block_ops_ab_h100_2026-11-24.md)
+VARIANTS += tuple(f"{m}+block_ops" for m in OURS)
 # the baselines' archs of hgrn_lm (issue 22; hgrn_fairseq/models/baseline_archs.py): measured when asked for
 BASELINES = {"lru_lm_base": "lru_lm_tiny", "lru_mml_lm_base": "lru_lm_tiny", "mlgru_lm_base": "mlgru_lm_tiny",
              "mlgru_mml_lm_base": "mlgru_lm_tiny"}
@@ -150,6 +153,7 @@ def fairseq_model_flags(name, tiny, kernel_backend):
         return ["--arch", "transformer_lm", *size, "--decoder-normalize-before",
                 "--share-decoder-input-output-embed", "--tokens-per-sample", str(EVAL_L + 2048)]
     flags = []
+    name = name[: -len("+block_ops")] if name.endswith("+block_ops") else name  # switched on after the build
     for suffix, flag in VARIANT_FLAGS.items():
         if name.endswith(suffix):
             name, flags = name[: -len(suffix)], [flag]
@@ -200,6 +204,10 @@ def build_fairseq(name, tiny, kernel_backend, vocab, device, torch, loss="fairse
     task = types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
     # what fairseq-train's task.build_model(cfg.model) does: the arch's defaults, then the model class
     model = build_model(cfg.model, task).to(device)
+    if name.endswith("+block_ops"):
+        from hgrn_fairseq.modules.block import use_block_ops
+
+        use_block_ops(model)
     criterion = (CrossEntropyCriterion if loss == "fairseq" else LinearCrossEntropyCriterion)(task, sentence_avg=False)
 
     def loss_fn(tokens):

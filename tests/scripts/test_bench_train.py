@@ -158,3 +158,16 @@ def test_profile_train_cpu_smoke(tmp_path):
     summary = json.loads((out / "profile_train.json").read_text())
     assert summary["status"] == {"hgrn_lm_base": "ok"}, summary["status"]
     assert [(r["model"], r["batch"], r["seq"]) for r in summary["rows"]] == [("hgrn_lm_base", 2, 16)]
+
+
+def test_block_ops_variant_switches_them_on_only_there(bench):
+    """hgrn_lm_base+block_ops builds the same model with modules.block.use_block_ops applied; the plain
+    name keeps PyTorch's operations (the LMs' default)."""
+    import torch
+
+    plain, *_ = bench.build_fairseq("hgrn_lm_base", True, "auto", 100, "cpu", torch)
+    fused, *_ = bench.build_fairseq("hgrn_lm_base+block_ops", True, "auto", 100, "cpu", torch)
+    flags = lambda m: {x.block_ops for x in m.modules() if hasattr(x, "block_ops")}  # noqa: E731
+    assert flags(plain) == {False} and flags(fused) == {True}
+    assert sum(p.numel() for p in plain.parameters()) == sum(p.numel() for p in fused.parameters())
+    assert "hgrn2_lm_base+block_ops" in bench.VARIANTS
