@@ -206,3 +206,18 @@ def test_block_drop_path_in_training_only():
     assert torch.equal(y1, y2) and not (y1 - x).abs().amax(dim=(1, 2)).eq(0).any()
     with pytest.raises(ValueError, match="drop_path"):
         HgrnBlock(mixer, 8, 16, drop_path=1.0)
+
+
+@pytest.mark.parametrize("kind", ["hgru", "hgru2"])
+def test_two_d_mixers_commute_with_transposing_the_grid(kind):
+    """Rows and columns share the mixer's gates and theta (SPEC 1/7: one set of projections, the four
+    directions summed), so transposing a square grid transposes the output: with mean pooling and no
+    position encoding (the Pathfinder / Path-X archs) a 2-D classifier gives an image and its transpose
+    the same logits. Pathfinder's labels share that symmetry; docs/lra.md says so."""
+    torch.manual_seed(0)
+    m = build_token_mixer(kind, 8, causal=False, expand_ratio=4, variant="lra", backend="reference").double()
+    x = torch.randn(2, 5, 5, 8, dtype=torch.float64)
+    y = m(x.reshape(2, 25, 8), grid=(5, 5))[0].reshape(2, 5, 5, 8)
+    yt = m(x.transpose(1, 2).reshape(2, 25, 8), grid=(5, 5))[0].reshape(2, 5, 5, 8)
+    torch.testing.assert_close(yt, y.transpose(1, 2), rtol=1e-12, atol=1e-12)
+    assert (y - y.transpose(1, 2)).abs().max() > 1e-3  # (the output itself is not symmetric)
