@@ -301,7 +301,7 @@ def scaled_residual(x: Tensor, y: Tensor, scale: Tensor, backend: str = "auto") 
                          f"{tuple(scale.shape)} must be [B, ...], [B, ...] and [B]")
     if (not _use_triton(backend, y) or not (x.is_contiguous() and y.is_contiguous() and scale.is_contiguous())
             or x.numel() == 0):
-        return x + y * scale.reshape((-1,) + (1,) * (y.dim() - 1)).to(y.dtype)
+        return x + y * scale.reshape((-1,) + (1,) * (y.dim() - 1))
     return _ScaledResidual.apply(x, y, scale)
 
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..kernels.block_ops import scaled_residual
 from .glu import GLU
-from .hgru import HGRU
+from .hgru import HGRU, BlockOpsSwitch
 from .norms import NORMS, apply_norm, build_norm
 from .transient import TransientAttrs
 
@@ -73,41 +73,36 @@ COMPILE_MODES = ("none", "train")
 
 
 def use_block_ops(module: nn.Module, on: bool = True) -> nn.Module:
-    """Switch the blocks, mixers and GLUs inside ``module`` to the fused element-wise kernels of
-    ``kernels/block_ops.py`` (LayerNorm to the autocast dtype, gated activation, residual with
-    stochastic depth, bias gradients as a product with ones). Off by default: measured on an H100
-    (2026-11-24) they made an hgrn1d_vit_tiny training step 20 % faster on the GPU, but the
-    WikiText-103 LMs 1.3-1.7x slower (hgrn_lm_base 16x512: 426k -> 250k tokens/s, same call), so only
-    the image models turn them on. Returns ``module``."""
+    """Switch the blocks, mixers and GLUs inside ``module`` (``BlockOpsSwitch``) to the fused
+    element-wise kernels of ``kernels/block_ops.py`` (LayerNorm to the autocast dtype, gated activation,
+    residual with stochastic depth, bias gradients as a product with ones). Off by default. Measured on
+    an H100 (2026-11-24): with them (and contiguous patch tokens) an hgrn1d_vit_tiny training step at
+    128 x 224 px went from 29.1 to 15.7 GPU-ms (bench/profile_image.py), but the WikiText-103 LMs trained
+    1.06-1.7x slower (hgrn_lm_base 16x512: 426k -> 250k tokens/s, old and new tree in one call; not yet
+    bisected), so only the image models turn them on. Returns ``module``."""
     for m in module.modules():
-        if hasattr(m, "block_ops"):
+        if isinstance(m, BlockOpsSwitch):
             m.block_ops = on
     return module
 
 
-def drop_path(x: Tensor, p: float, training: bool) -> Tensor:
-    """Stochastic depth: in training, zero a residual branch for a random fraction ``p`` of the
-    samples (dimension 0) and scale the others by 1 / (1 - p); the identity in evaluation."""
-    if p == 0.0 or not training:
-        return x
-    return x * _keep_scale(x, p)
-
-
 def _keep_scale(x: Tensor, p: float) -> Tensor:
-    """``[B, 1, ...]``: 1 / (1 - p) for the kept samples, 0 for the dropped ones."""
-    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32  # 1 / (1 - p) not rounded to bf16
-    return x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1), dtype=dtype).bernoulli_(1.0 - p).div_(1.0 - p)
+    """``[B]``: 1 / (1 - p) for the kept samples of ``x``, 0 for the dropped ones (fp32 or fp64, so the
+    scale is not rounded to bf16)."""
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return x.new_empty(x.shape[0], dtype=dtype).bernoulli_(1.0 - p).div_(1.0 - p)
 
 
 def residual_add(x: Tensor, branch: Tensor, p: float, training: bool, backend: str = "auto") -> Tensor:
-    """``x + drop_path(branch, p)`` in one pass each way (kernels.block_ops.scaled_residual; the
-    1 / (1 - p) is applied to the ``[B]`` mask, not to the branch)."""
+    """``x + drop_path(branch, p)``: stochastic depth zeroes the branch of a random fraction ``p`` of the
+    samples (dimension 0) in training and scales the others by 1 / (1 - p); the plain sum in evaluation.
+    ``backend`` of kernels.block_ops.scaled_residual (one kernel each way on the Triton path)."""
     if p == 0.0 or not training:
         return x + branch
-    return scaled_residual(x, branch, _keep_scale(branch, p).reshape(-1), backend)
+    return scaled_residual(x, branch, _keep_scale(branch, p), backend)
 
 
-class HgrnBlock(TransientAttrs, nn.Module):
+class HgrnBlock(BlockOpsSwitch, TransientAttrs, nn.Module):
     """x = x + drop(mixer(N x)); x = x + drop(GLU(N x)). ``[B, T, dim] -> [B, T, dim]``.
 
     ``glu_dim = 0`` leaves out the channel mixer (the MQAR models have no MLP).
@@ -149,15 +144,13 @@ class HgrnBlock(TransientAttrs, nn.Module):
             raise ValueError(f"drop_path={drop_path} must be in [0, 1)")
         self.compile_mode = compile
         self.drop_path_rate = drop_path
-        # the norms and the GLU's activation follow the mixer's kernel choice (kernels/block_ops.py)
-        self.kernel_backend = getattr(mixer, "backend", "auto")
-        self.block_ops = False  # use_block_ops()
+        # the norms and the residual adds follow the mixer's kernel choice (kernels/block_ops.py)
+        self.backend = getattr(mixer, "backend", "auto")
         self.mixer_norm = build_norm(norm, dim)
         self.mixer = mixer
         if glu_dim > 0:
             self.glu_norm = build_norm(norm, dim)
-            self.glu = GLU(dim, glu_dim, activation=glu_activation, bias=glu_bias,
-                           backend=getattr(mixer, "backend", "auto"))
+            self.glu = GLU(dim, glu_dim, activation=glu_activation, bias=glu_bias, backend=self.backend)
         else:
             self.glu_norm = self.glu = None
         self.dropout = nn.Dropout(dropout)
@@ -177,24 +170,19 @@ class HgrnBlock(TransientAttrs, nn.Module):
             return compiled(x, lower_bound, None, False, padding_mask, grid)
         return self._forward(x, lower_bound, initial_state, output_final_state, padding_mask, grid)
 
-    def _residual(self, x: Tensor, branch: Tensor) -> Tensor:
-        if self.block_ops:
-            return residual_add(x, branch, self.drop_path_rate, self.training, self.kernel_backend)
-        return x + drop_path(branch, self.drop_path_rate, self.training)
-
     def _forward(self, x, lower_bound, initial_state, output_final_state, padding_mask=None, grid=None):
         extra = {}
         if padding_mask is not None:
             extra["padding_mask"] = padding_mask
         if grid is not None:
             extra["grid"] = grid
-        ops = self.kernel_backend if self.block_ops else None
+        ops, p = self.ops_backend, self.drop_path_rate
         y, state = self.mixer(apply_norm(self.mixer_norm, x, padding_mask, ops), lower_bound, initial_state,
                               output_final_state, **extra)
         # (a fused dropout + add Triton kernel was measured on an H200, 2026-11-21: no faster at
         # 8192 tokens/step, where the step is bound by launch overhead on the CPU; see git 66b1495)
-        x = self._residual(x, self.dropout(y))
+        x = residual_add(x, self.dropout(y), p, self.training, ops)
         if self.glu is not None:
             y = self.glu(apply_norm(self.glu_norm, x, padding_mask, ops))
-            x = self._residual(x, self.dropout(y))
+            x = residual_add(x, self.dropout(y), p, self.training, ops)
         return x, state

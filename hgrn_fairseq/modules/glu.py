@@ -9,7 +9,7 @@ from torch import nn
 
 from ..kernels import BACKENDS
 from ..kernels.block_ops import GATED_ACTIVATIONS, gated_act, linear
-from .hgru import stack_old_projections
+from .hgru import BlockOpsSwitch, stack_old_projections
 
 ACTIVATIONS: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "none": lambda x: x,
@@ -31,7 +31,7 @@ def aligned_width(width: int, multiple: int = 8) -> int:
     return -(-width // multiple) * multiple
 
 
-class GLU(nn.Module):
+class GLU(BlockOpsSwitch, nn.Module):
     """y = W3(act(W1 x) * W2 x). ``activation='none'`` is the bilinear GLU of the WikiText LM.
 
     Shapes: ``[..., dim] -> [..., dim]``, hidden width ``hidden_dim``.
@@ -54,7 +54,6 @@ class GLU(nn.Module):
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
         self.backend = backend
-        self.block_ops = False  # use_block_ops(): fused activation and block_ops.linear
         if hidden_dim < 1:
             raise ValueError(f"hidden_dim={hidden_dim} must be >= 1")
         if align not in self.ALIGN:
@@ -75,16 +74,13 @@ class GLU(nn.Module):
             w_in = F.pad(w_in.view(2, hidden, self.dim), (0, 0, 0, pad)).view(2 * padded, self.dim)
             b_in = None if b_in is None else F.pad(b_in.view(2, hidden), (0, pad)).view(2 * padded)
             w_out = F.pad(w_out, (0, pad))
-        if not self.block_ops:
-            a, b = F.linear(x, w_in, b_in).chunk(2, dim=-1)
-            return F.linear(self.act(a) * b, w_out, self.out_proj.bias)
-        ab = linear(x, w_in, b_in, self.backend)
+        ab = linear(x, w_in, b_in, self.ops_backend)
         if self.activation_name in GATED_ACTIVATIONS:  # one kernel each way on the Triton path
-            hidden_act = gated_act(ab, ab.shape[-1] // 2, self.activation_name, self.backend)
+            hidden_act = gated_act(ab, ab.shape[-1] // 2, self.activation_name, self.ops_backend)
         else:
             a, b = ab.chunk(2, dim=-1)
             hidden_act = self.act(a) * b
-        return linear(hidden_act, w_out, self.out_proj.bias, self.backend)
+        return linear(hidden_act, w_out, self.out_proj.bias, self.ops_backend)
 
     def upgrade_state_dict_named(self, state_dict, name: str) -> None:
         """Checkpoints with separate ``l1``/``l2``/``l3`` load as ``in_proj``/``out_proj``."""

@@ -62,7 +62,19 @@ def stack_old_projections(state_dict, name: str, old: Tuple[str, ...], new: str)
             state_dict[f"{prefix}{new}.{suffix}"] = torch.cat([state_dict.pop(k) for k in keys], dim=0)
 
 
-class HGRU(nn.Module):
+class BlockOpsSwitch:
+    """``block_ops``: off by default, switched on by ``modules.block.use_block_ops``; ``ops_backend``: the
+    backend of the module's ``kernels.block_ops`` calls, its kernel ``backend`` when on, else
+    ``"reference"`` (PyTorch's own operations)."""
+
+    block_ops = False
+
+    @property
+    def ops_backend(self) -> str:
+        return self.backend if self.block_ops else "reference"
+
+
+class HGRU(BlockOpsSwitch, nn.Module):
     """Hierarchically gated recurrent unit, batch-first ``[B, T, dim] -> [B, T, dim]``.
 
     Complex (default), ``state_dim = dim`` complex channels stored interleaved
@@ -122,7 +134,6 @@ class HGRU(nn.Module):
         # W_in, W_f and W_g as one matrix: one product (and one bf16 cast of the weights under
         # autocast) instead of three; the scan kernels read the slices in place (strided views)
         self.projection_sizes = (width, state_dim, width)
-        self.block_ops = False  # use_block_ops(): projections through kernels.block_ops.linear
         self.in_proj = nn.Linear(dim, sum(self.projection_sizes), bias=bias)
         self.out_proj = nn.Linear(width, dim, bias=bias)
         self.norm = nn.LayerNorm(width)
@@ -162,8 +173,8 @@ class HGRU(nn.Module):
         B, T, _ = x.shape
         if isinstance(lower_bound, Tensor):
             lower_bound = lower_bound.to(x.dtype)
-        projected = linear(x, self.in_proj.weight, self.in_proj.bias, self.backend) if self.block_ops else self.in_proj(x)
-        inputs, forget, gate = projected.split(self.projection_sizes, dim=-1)
+        inputs, forget, gate = linear(x, self.in_proj.weight, self.in_proj.bias, self.ops_backend).split(
+            self.projection_sizes, dim=-1)
         inputs = mask_padding(inputs, padding_mask)
         if self.complex:
             inputs = inputs.unflatten(-1, (self.state_dim, 2))
@@ -185,8 +196,7 @@ class HGRU(nn.Module):
             y = norm_gate(h, gate, self.norm.weight, self.norm.bias, self.norm.eps, backend=self.backend)
         else:
             y = self.norm(h * F.silu(gate))
-        y = linear(y, self.out_proj.weight, self.out_proj.bias, self.backend) if self.block_ops else self.out_proj(y)
-        return y, (final if output_final_state else None)
+        return linear(y, self.out_proj.weight, self.out_proj.bias, self.ops_backend), (final if output_final_state else None)
 
     def extra_repr(self) -> str:
         return (

@@ -11,7 +11,7 @@ from ..kernels import BACKENDS, hgrn2_scan, hgrn2_step, resolve_backend
 from ..kernels.block_ops import linear
 from ..kernels.hgrn2_gates import hgrn2_gates
 from ..kernels.reference import hgrn2_log_decay_reference
-from .hgru import check_mixer_call, mask_padding
+from .hgru import BlockOpsSwitch, check_mixer_call, mask_padding
 from .scan2d import grid_scan
 
 Tensor = torch.Tensor
@@ -21,7 +21,7 @@ VARIANTS = ("lm", "lra")
 hgrn2_log_decay = hgrn2_log_decay_reference  # the stable log(lambda), kept under its old name
 
 
-class HGRU2(nn.Module):
+class HGRU2(BlockOpsSwitch, nn.Module):
     """HGRN2 token mixer, batch-first ``[B, T, dim] -> [B, T, dim]``.
 
     ::
@@ -66,7 +66,6 @@ class HGRU2(nn.Module):
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
         self.dim, self.expand_ratio, self.variant = dim, expand_ratio, variant
-        self.block_ops = False  # use_block_ops(): projections through kernels.block_ops.linear
         self.causal, self.backend = causal, backend
         self.num_heads = dim // expand_ratio
         self.head_dim = expand_ratio
@@ -84,8 +83,7 @@ class HGRU2(nn.Module):
 
     def _gates(self, x: Tensor, lower_bound) -> Tuple[Tensor, Tensor, Tensor]:
         B, T, _ = x.shape
-        projected = linear(x, self.in_proj.weight, self.in_proj.bias, self.backend) if self.block_ops else self.in_proj(x)
-        v, q, f = projected.chunk(3, dim=-1)
+        v, q, f = linear(x, self.in_proj.weight, self.in_proj.bias, self.ops_backend).chunk(3, dim=-1)
         if self.variant == "lra":
             v = F.silu(v)
         # q's activation and the log-decay (fp32 math) in one kernel on the Triton path
@@ -131,7 +129,7 @@ class HGRU2(nn.Module):
             o_r, _ = hgrn2_scan(q, v, log_decay, None, True, backend)
             o = o + o_r
         y = self.norm(o.reshape(B, T, self.dim))
-        y = linear(y, self.out_proj.weight, self.out_proj.bias, self.backend) if self.block_ops else self.out_proj(y)
+        y = linear(y, self.out_proj.weight, self.out_proj.bias, self.ops_backend)
         return y, (final if output_final_state else None)
 
     def extra_repr(self) -> str:

@@ -103,7 +103,7 @@ def test_glu_and_block_same_on_both_paths(activation):
     assert not block.block_ops and not block.glu.block_ops and not mixer.block_ops  # off unless asked for
     use_block_ops(block)
     assert block.block_ops and block.glu.block_ops and mixer.block_ops
-    ref.kernel_backend = "reference"  # the PyTorch norms / activation, same scans
+    ref.backend = "reference"  # the PyTorch norms / activation, same scans
     ref.glu.backend = "reference"
     x = torch.randn(2, 6, 16, device=DEV)
     y, _ = block(x.clone().requires_grad_(True))
