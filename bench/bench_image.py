@@ -54,7 +54,10 @@ def time_ms(fn: Callable[[], None], device: str, warmup: int, rep: int) -> float
     return (time.perf_counter() - t0) * 1000 / n
 
 
-def measure(name: str, res: int, args, device: str, mode: str = "eager") -> Dict[str, float]:
+def build(name: str, res: int, device: str, mode: str = "eager"):
+    """``(model, net)``: the timm model with 1000 classes at ``res`` px (drop-path 0.1) and the callable a
+    training step runs in ``mode`` (eager; compile: the HGRN blocks' option or torch.compile of DeiT;
+    graphs: the HGRN models' cuda_graphs option or DeiT through the same CUDA-graph cache)."""
     import timm
 
     import hgrn_fairseq.image  # noqa: F401  (registers the HGRN models)
@@ -64,7 +67,6 @@ def measure(name: str, res: int, args, device: str, mode: str = "eager") -> Dict
     extra = {"compile": {"block_compile": "train"}, "graphs": {"cuda_graphs": True}}.get(mode, {}) if hgrn else {}
     model = timm.create_model(name, pretrained=False, num_classes=1000, img_size=res,
                               drop_path_rate=0.1, **extra).to(device)
-    params = sum(p.numel() for p in model.parameters())
     net = model
     if mode == "compile" and not hgrn:
         net = torch.compile(model)
@@ -73,6 +75,12 @@ def measure(name: str, res: int, args, device: str, mode: str = "eager") -> Dict
 
         cache = GraphedCallCache(model, name=name)
         net = lambda t: cache(t) if GraphedCallCache.usable(model, t) else model(t)  # noqa: E731
+    return model, net
+
+
+def measure(name: str, res: int, args, device: str, mode: str = "eager") -> Dict[str, float]:
+    model, net = build(name, res, device, mode)
+    params = sum(p.numel() for p in model.parameters())
     scale = (224 * 224) / (res * res)
     tb, ib = max(1, int(args.train_batch * scale)), max(1, int(args.infer_batch * scale))
     x = torch.randn(tb, 3, res, res, device=device)

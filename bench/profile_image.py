@@ -21,10 +21,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
+import bench_image  # noqa: E402  (same models and modes as the speed bench)
 from profile_train import short_kernel_name  # noqa: E402
 
 KINDS = (  # first match wins
     ("matmul", r"gemm|cutlass|sm90_xmma|nvjet|cublas|Kernel2|splitK"),
+    ("block ops (ours)", r"_ln_fwd|_ln_bwd|_gated_|_scaled_add|_scale_kernel|norm_gate"),
     ("scan (ours)", r"hgru|hgrn2|_scan|chunk|_fwd_kernel|_bwd_kernel|recurrent"),
     ("attention", r"flash|fmha|attention|efficient"),
     ("norm", r"norm|layer_norm|rms"),
@@ -45,23 +47,9 @@ def kind_of(name: str) -> str:
 def profile(name: str, res: int, batch: int, mode: str):
     import torch
     import torch.nn.functional as F
-    import timm
 
-    import hgrn_fairseq.image  # noqa: F401
-
-    torch.manual_seed(0)
-    hgrn = not name.startswith("deit")
-    extra = {"compile": {"block_compile": "train"}, "graphs": {"cuda_graphs": True}}.get(mode, {}) if hgrn else {}
-    model = timm.create_model(name, pretrained=False, num_classes=1000, img_size=res, drop_path_rate=0.1,
-                              **extra).cuda().train()
-    net = model
-    if mode == "compile" and not hgrn:
-        net = torch.compile(model)
-    elif mode == "graphs" and not hgrn:  # the same CUDA-graph cache as the HGRN models' cuda_graphs option
-        from hgrn_fairseq.modules.cuda_graph import GraphedCallCache
-
-        cache = GraphedCallCache(model, name=name)
-        net = lambda t: cache(t) if GraphedCallCache.usable(model, t) else model(t)  # noqa: E731
+    model, net = bench_image.build(name, res, "cuda", mode)
+    model.train()
     tb = max(1, int(batch * (224 * 224) / (res * res)))
     x = torch.randn(tb, 3, res, res, device="cuda")
     y = torch.randint(0, 1000, (tb,), device="cuda")
