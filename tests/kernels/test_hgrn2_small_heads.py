@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 from hgrn_fairseq.kernels import hgrn2_scan, hgrn2_scan_reference  # noqa: E402
 from hgrn_fairseq.kernels import hgrn2_small_heads  # noqa: E402
 from tests.kernels.float64_compare import rel  # noqa: E402
-from tests.kernels.test_hgrn2_triton import BF16_TOL, FP32_TOL, make_inputs  # noqa: E402
+from tests.kernels.test_hgrn2_triton import BF16_TOL, FP32_TOL, check_against_reference, make_inputs  # noqa: E402
 
 
 @pytest.mark.parametrize("K,V", [(1, 1), (2, 2), (1, 4), (4, 1)])
@@ -26,25 +26,10 @@ def test_small_heads_match_float64(K, V, reverse, h0, dtype, monkeypatch):
     real = hgrn2_small_heads.hgrn2_small_head_scan
     monkeypatch.setattr(hgrn2_small_heads, "hgrn2_small_head_scan", lambda *a: calls.append(1) or real(*a))
     q, v, g, s0 = make_inputs(2, 19, 3, K, V, dtype, h0=h0, seed=K * 7 + V)
-    leaves = [x.detach().clone().requires_grad_() for x in (q, v, g)]
-    s0_leaf = None if s0 is None else s0.detach().clone().requires_grad_()
-    o, st = hgrn2_scan(*leaves, s0_leaf, reverse, backend="triton")
+    bf16 = dtype == torch.bfloat16
+    check_against_reference(q, v, g, s0, reverse, None, BF16_TOL if bf16 else FP32_TOL, 1e-2 if bf16 else FP32_TOL,
+                            seed=3, scan=lambda *a: hgrn2_scan(*a, backend="triton"))
     assert calls == [1], "the dispatcher did not take the small-head path"
-    assert o.dtype == dtype and o.shape == v.shape and st.dtype == torch.float32 and st.shape == (2, 3, K, V)
-    gen = torch.Generator().manual_seed(3)
-    wo = torch.randn(o.shape, generator=gen, dtype=torch.float64)
-    ws = torch.randn(st.shape, generator=gen, dtype=torch.float64)
-    ((o.double().cpu() * wo).sum() + (st.double().cpu() * ws).sum()).backward()
-    ref = [x.detach().double().cpu().requires_grad_() for x in (q, v, g)]
-    ref_s0 = None if s0 is None else s0.detach().double().cpu().requires_grad_()
-    ro, rst = hgrn2_scan_reference(*ref, ref_s0, reverse)
-    ((ro * wo).sum() + (rst * ws).sum()).backward()
-    tol = BF16_TOL if dtype == torch.bfloat16 else FP32_TOL
-    assert rel(o, ro) < tol and rel(st, rst) < (1e-2 if dtype == torch.bfloat16 else FP32_TOL)
-    for name, x, r in zip(("dq", "dv", "dlog_decay"), leaves, ref):
-        assert x.grad.dtype == dtype and rel(x.grad, r.grad) < tol, name
-    if s0 is not None:
-        assert rel(s0_leaf.grad, ref_s0.grad) < (1e-2 if dtype == torch.bfloat16 else FP32_TOL)
 
 
 def test_larger_heads_keep_the_chunk_kernels(monkeypatch):

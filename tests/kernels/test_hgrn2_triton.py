@@ -64,12 +64,16 @@ def make_inputs(B, T, H, K, V, dtype, h0=True, decay_scale=1.0, seed=0, device=D
     return q, v, g, (None if s0 is None else s0.to(device))
 
 
-def check_against_reference(q, v, g, s0, reverse, impl, tol, state_tol, seed=1):
+def check_against_reference(q, v, g, s0, reverse, impl, tol, state_tol, seed=1, scan=None):
     """Forward (o, final state) and gradients of q, v, log_decay and the initial state, with a loss
-    that also reads the final state, so that gradients flow in from it."""
+    that also reads the final state, so that gradients flow in from it. ``scan(q, v, g, s0, reverse)``:
+    the op under test (default: ``hgrn2_fused`` with ``impl``)."""
     leaves = [x.detach().clone().requires_grad_() for x in (q, v, g)]
     s0_leaf = None if s0 is None else s0.detach().clone().requires_grad_()
-    o, st = hgrn2_triton.hgrn2_fused(*leaves, s0_leaf, reverse, impl=impl)
+    if scan is None:
+        o, st = hgrn2_triton.hgrn2_fused(*leaves, s0_leaf, reverse, impl=impl)
+    else:
+        o, st = scan(*leaves, s0_leaf, reverse)
     assert o.dtype == q.dtype and o.shape == v.shape
     assert st.dtype == torch.float32 and st.shape == (q.shape[0], q.shape[2], q.shape[3], v.shape[3])
     gen = torch.Generator().manual_seed(seed)
