@@ -110,6 +110,12 @@ def test_runs_of_one_width_rotate_over_model_and_lr(sweep):
 # Budgets
 
 
+def run_mqar_sh(env, *args):
+    """scripts/run_mqar.sh with ``args`` under ``env`` (PYTHON=echo in the callers: it prints the command)."""
+    return subprocess.run(["bash", os.path.join(REPO, "scripts", "run_mqar.sh"), *args], env=env,
+                          capture_output=True, text=True)
+
+
 def budget_args(**kw):
     base = dict(train_size=1000, batch_size=64, epochs="32", max_update="", warmup_frac=0.1)
     base.update(kw)
@@ -275,15 +281,14 @@ def test_run_mqar_passes_the_budget_gpu_and_validation_variables():
     env = subprocess_env()
     env.update(PYTHON="echo", OUT="/tmp/o", SETTINGS="256:16,512:64", EPOCHS="6,3", MAX_UPDATE="9000,5000",
                GPUS="4", JOBS="32", VALIDATE_EVERY="500", LRS="1e-3,3e-3")
-    r = subprocess.run(["bash", os.path.join(REPO, "scripts", "run_mqar.sh"), "--run-timeout", "390"], env=env,
-                       capture_output=True, text=True)
+    r = run_mqar_sh(env, "--run-timeout", "390")
     assert r.returncode == 0, r.stderr
     for part in ["--settings 256:16,512:64", "--epochs 6,3", "--max-update 9000,5000", "--gpus 4", "--jobs 32",
                  "--validate-interval-updates 500", "--lrs 1e-3,3e-3", "--run-timeout 390"]:
         assert part in r.stdout, (part, r.stdout)
     for name in ("MAX_UPDATE", "GPUS", "VALIDATE_EVERY"):
         env.pop(name)
-    r = subprocess.run(["bash", os.path.join(REPO, "scripts", "run_mqar.sh")], env=env, capture_output=True, text=True)
+    r = run_mqar_sh(env)
     assert "--max-update" not in r.stdout and "--gpus" not in r.stdout
     assert "--validate-interval-updates 0" in r.stdout
 
@@ -294,8 +299,7 @@ def test_run_mqar_passes_fairseq_args_that_start_with_dashes(tmp_path):
     env = subprocess_env()
     env.update(OUT=str(tmp_path / "o"), SETTINGS="32:4", DIMS="32", LRS="3e-3", MODELS="hgrn1",
                FAIRSEQ_ARGS="--cuda-graphs")  # (one word: argparse lets a value with a space through)
-    r = subprocess.run(["bash", os.path.join(REPO, "scripts", "run_mqar.sh"), "--dry-run"], env=env,
-                       capture_output=True, text=True)
+    r = run_mqar_sh(env, "--dry-run")
     assert r.returncode == 0, r.stderr
     train = [line for line in r.stdout.splitlines() if "fairseq_cli.train" in line]
     assert len(train) == 1 and train[0].split()[-1] == "--cuda-graphs", r.stdout
@@ -445,13 +449,13 @@ def test_run_mqar_passes_the_issue_25_variables():
     env = subprocess_env()
     env.update(PYTHON="echo", OUT="/tmp/o", SLICE_S="480", CKPT_EVERY="500", REVEAL_ANSWERS="1", EXPAND="128",
                BATCH_SIZE="256,64")
-    r = subprocess.run(["bash", os.path.join(REPO, "scripts", "run_mqar.sh")], env=env, capture_output=True, text=True)
+    r = run_mqar_sh(env)
     assert r.returncode == 0, r.stderr
     for part in ["--slice-s 480", "--checkpoint-every 500", "--reveal-answers", "--hgrn2-expand 128",
                  "--batch-size 256,64", "--lrs 1e-4,5e-4,1e-3,5e-3"]:
         assert part in r.stdout, (part, r.stdout)
     for name in ("SLICE_S", "REVEAL_ANSWERS", "EXPAND"):
         env.pop(name)
-    r = subprocess.run(["bash", os.path.join(REPO, "scripts", "run_mqar.sh")], env=env, capture_output=True, text=True)
+    r = run_mqar_sh(env)
     assert "--slice-s" not in r.stdout and "--reveal-answers" not in r.stdout
     assert "--hgrn2-expand 64,128" in r.stdout
