@@ -21,6 +21,9 @@
 #   pathfinder  LRA_PF_NUM pathfinder32 images from the generator (default 40000, ~1 min on 16 cores;
 #               LRA has 200k), prepared with LRA's 80/10/10 split, then both models as above
 #               (LRA_PF_UPDATES, default 2000; LRA_TRAIN_MINUTES each).
+#   listops_data  only the ListOps data of the listops part (kept in /tmp/lra_evidence for later calls).
+#   speed       bench/lra_train_speed.sh on the ListOps data (listops_data first): LRA_SPEED_TREES
+#               ("old=DIR new=$PWD"), LRA_SPEED_UPDATES (600), LRA_SPEED_MODELS ("hgrn1 hgrn2").
 #   tests       the LRA tests that need a GPU (Triton scans under the encoder vs the reference, padding).
 #   bench       bench/bench_lra.py: training sequences/s of every LRA model and of a Transformer encoder
 #               of the same width, depth and precision (LRA_BENCH_S seconds, default 300; LRA_BENCH_ARGS
@@ -28,7 +31,17 @@
 # Smoke test on CPU (tiny): LRA_LISTOPS_ARGS="--train 300 --valid 50 --test 50" LRA_PF_NUM=200 LRA_NUM_GPUS=0
 #   LRA_LISTOPS_UPDATES=20 LRA_PF_UPDATES=10 LRA_TRAIN_EXTRA="--encoder-embed-dim 8 --encoder-layers 1"
 # Everything lands in $OUT: logs, test_result.json files, results.md / results.csv, tensorboard
-# events, bench_lra.json / .md, env.txt (gpu_session.sh). Checkpoints stay on the machine.
+# events, bench_lra.json / .md, env.txt (gpu_session.sh). Checkpoints stay on the machine, unless:
+#
+# Runs longer than one call (the full recipes): LRA_TRAIN_MINUTES is then the length of *this* call's
+# slice (the run's cumulative --stop-time-hours is what its checkpoint has trained plus that), and
+#   LRA_SAVE_STATE=1   packs each trained run's checkpoint_last.pt / checkpoint_best.pt (and the mark of
+#                      a finished run) into $OUT/lra_state.tar.part* (gpu_session.sh returns them);
+#   LRA_CARRY=DIR      a folder with such parts from an earlier call (the run tool's carry, e.g.
+#                      results/lra_carry): runs with no checkpoint on this machine continue from them.
+# On a warm machine /tmp/lra_evidence still holds the runs and the data (a part finds its data-bin
+# there and skips the generator); a fresh machine regenerates the data (seeded: the same examples, the
+# same dictionary, so the checkpoints' data fingerprints match).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT}"
@@ -49,25 +62,52 @@ PARTS=${LRA_PARTS:-listops}
 MINUTES=${LRA_TRAIN_MINUTES:-2.2}
 mkdir -p "$WORK" "$OUT/runs"
 
+if [ -n "${LRA_CARRY:-}" ]; then  # checkpoints of earlier calls; a run this machine already has wins
+    if ls "$LRA_CARRY"/lra_state.tar.part* > /dev/null 2>&1; then
+        cat "$LRA_CARRY"/lra_state.tar.part* | tar -x -C "$WORK/runs" --skip-old-files \
+            && echo "== state restored from $LRA_CARRY: $(cd "$WORK/runs" && ls -d */ | tr '\n' ' ')"
+    else
+        echo "== LRA_CARRY=$LRA_CARRY has no lra_state.tar.part* files (copy them from an earlier call's files)"
+        exit 2
+    fi
+fi
+
+trained_minutes() {  # the training time (minutes) a run's checkpoint_last.pt holds, 0 without one
+    python3 - "$1/checkpoint_last.pt" <<'PY'
+import os, sys, torch
+p = sys.argv[1]
+print(0 if not os.path.exists(p) else
+      torch.load(p, map_location="cpu", weights_only=False)["extra_state"].get("previous_training_time", 0) / 60)
+PY
+}
+
+data_ready() {  # TASK: a warm machine keeps the prepared data of an earlier call
+    [ -f "$WORK/data-bin/$1/meta.json" ] && [ -z "${LRA_REGENERATE:-}" ] && echo "== $1 data: reusing $WORK/data-bin/$1"
+}
+
 train_both() {  # TASK UPDATES: both models, shortened recipe, test evaluation, results table
-    local task=$1 updates=$2 model
+    local task=$1 updates=$2 model run cap
     for model in ${LRA_MODELS:-hgrn1 hgrn2}; do
-        echo "== train $task $model: MAX_UPDATE=$updates, at most $MINUTES min (at $(el)s)"
-        SAVE_DIR=$WORK/runs/${task}_$model LOG_DIR=$OUT/runs/${task}_$model RESULTS_DIR=$WORK/runs \
-            MAX_UPDATE=$updates TRAIN_MINUTES=$MINUTES NUM_GPUS=${LRA_NUM_GPUS:-1} SAVE_INTERVAL_UPDATES=500 \
+        run=$WORK/runs/${task}_$model
+        cap=$(awk "BEGIN { printf \"%.3f\", $(trained_minutes "$run") + $MINUTES }")
+        echo "== train $task $model: MAX_UPDATE=$updates, this slice at most $MINUTES min (cumulative cap $cap min) (at $(el)s)"
+        SAVE_DIR=$run LOG_DIR=$OUT/runs/${task}_$model RESULTS_DIR=$WORK/runs \
+            MAX_UPDATE=$updates TRAIN_MINUTES=$cap NUM_GPUS=${LRA_NUM_GPUS:-1} SAVE_INTERVAL_UPDATES=500 \
             bash scripts/train_lra.sh "$task" "$model" "$WORK/data-bin/$task" ${LRA_TRAIN_EXTRA:-} \
             > "$OUT/runs/train_${task}_$model.log" 2>&1
         echo "   rc=$? at $(el)s"
         grep "valid on 'valid'" "$OUT/runs/train_${task}_$model.log" | tail -3
         grep "lra_eval:" "$OUT/runs/train_${task}_$model.log"
         grep -o "num_updates [0-9]*\|ups [0-9.]*" "$OUT/runs/train_${task}_$model.log" | tail -2 | tr '\n' ' '; echo
-        cp "$WORK/runs/${task}_$model/test_result.json" "$OUT/runs/${task}_$model.test_result.json" 2>/dev/null
+        cp "$run/test_result.json" "$OUT/runs/${task}_$model.test_result.json" 2>/dev/null
+        SAVED_RUNS+=("${task}_$model")
     done
     cp "$WORK/runs/results.md" "$WORK/runs/results.csv" "$OUT/" 2>/dev/null
     cat "$OUT/results.md" 2>/dev/null
 }
 
-if [[ ",$PARTS," == *",listops,"* ]]; then
+SAVED_RUNS=()
+if [[ ",$PARTS," == *",listops,"* || ",$PARTS," == *",listops_data,"* ]] && ! data_ready listops; then
     echo "== listops data (generator, 96k/2k/2k, $NPROC_CPU workers) at $(el)s"
     python3 data_prep/lra_listops.py --dest "$WORK/generated" --workers "$NPROC_CPU" --no-progress ${LRA_LISTOPS_ARGS:-} \
         > "$OUT/listops_generate.log" 2>&1
@@ -75,10 +115,12 @@ if [[ ",$PARTS," == *",listops,"* ]]; then
     python3 data_prep/prepare_lra.py listops --source "$WORK/generated" --dest "$WORK/data-bin/listops" > "$OUT/listops_prepare.log" 2>&1
     echo "   prepare rc=$? at $(el)s"; tail -3 "$OUT/listops_prepare.log"
     cp "$WORK/data-bin/listops/meta.json" "$OUT/listops_meta.json" 2>/dev/null
+fi
+if [[ ",$PARTS," == *",listops,"* ]]; then
     train_both listops "${LRA_LISTOPS_UPDATES:-2500}"
 fi
 
-if [[ ",$PARTS," == *",pathfinder,"* ]]; then
+if [[ ",$PARTS," == *",pathfinder,"* ]] && ! data_ready pathfinder; then
     echo "== pathfinder data (generator, ${LRA_PF_NUM:-40000} images of 32x32, $NPROC_CPU workers) at $(el)s"
     python3 data_prep/lra_pathfinder.py --dest "$WORK/generated" --num "${LRA_PF_NUM:-40000}" --size 32 \
         --workers "$NPROC_CPU" --no-progress > "$OUT/pathfinder_generate.log" 2>&1
@@ -87,7 +129,27 @@ if [[ ",$PARTS," == *",pathfinder,"* ]]; then
         --workers "$NPROC_CPU" > "$OUT/pathfinder_prepare.log" 2>&1
     echo "   prepare rc=$? at $(el)s"; tail -3 "$OUT/pathfinder_prepare.log"
     cp "$WORK/data-bin/pathfinder/meta.json" "$OUT/pathfinder_meta.json" 2>/dev/null
+fi
+if [[ ",$PARTS," == *",pathfinder,"* ]]; then
     train_both pathfinder "${LRA_PF_UPDATES:-2000}"
+fi
+
+if [ "${LRA_SAVE_STATE:-0}" = 1 ] && [ ${#SAVED_RUNS[@]} -gt 0 ]; then
+    files=()
+    for r in "${SAVED_RUNS[@]}"; do
+        for f in "$WORK/runs/$r"/checkpoint_last.pt "$WORK/runs/$r"/checkpoint_best.pt "$WORK/runs/$r"/finished_max_update_*; do
+            [ -f "$f" ] && files+=("${f#"$WORK/runs/"}")
+        done
+    done
+    tar -cf - -C "$WORK/runs" "${files[@]}" | split -b 15M -d - "$OUT/lra_state.tar.part"
+    echo "== state saved: ${files[*]} -> $(ls "$OUT"/lra_state.tar.part* | wc -l) part(s) of lra_state.tar (put them in results/lra_carry and carry it)"
+fi
+
+if [[ ",$PARTS," == *",speed,"* ]]; then  # A/B of the training step through the real entry point
+    echo "== training speed on listops: ${LRA_SPEED_TREES:?set LRA_SPEED_TREES=\"old=DIR new=DIR\"} at $(el)s"
+    bash bench/lra_train_speed.sh listops "$WORK/data-bin/listops" "${LRA_SPEED_UPDATES:-600}" \
+        "${LRA_SPEED_MODELS:-hgrn1 hgrn2}" $LRA_SPEED_TREES > "$OUT/lra_train_speed.log" 2>&1
+    echo "   speed rc=$? at $(el)s"; tail -8 "$OUT/lra_train_speed.log"
 fi
 
 if [[ ",$PARTS," == *",tests,"* ]]; then

@@ -52,6 +52,8 @@ done
 echo "all done at $(el)s"
 # $OUT brings back at most 8 files of 16 MiB: everything but the wheel parts travels as one archive
 # (split when larger).
-cd "$OUT" && tar czf /tmp/session.tgz --exclude='*.part*' --exclude='*.pt' . && \
+# (Split parts a stage left in its own folder, e.g. gpu_lra.sh's checkpoint state, move up to travel alone.)
+cd "$OUT" && find . -mindepth 2 -name '*.part[0-9]*' -exec mv -t . {} + ; \
+  tar czf /tmp/session.tgz --exclude='*.part*' --exclude='*.pt' . && \
   find . -mindepth 1 -maxdepth 1 ! -name '*.part*' -exec rm -rf {} + && \
   split -b 15M -d /tmp/session.tgz session.tgz.part && ls -la "$OUT"

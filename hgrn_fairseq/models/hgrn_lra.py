@@ -154,16 +154,20 @@ class HgrnLraModel(BaseFairseqModel):
         grid = tuple(info["grid"]) if cfg.scan_2d != "none" else None
         return cls(cfg, head(encoder, info["num_classes"]), info.get("padding_idx"), grid, info["pair"])
 
-    def forward(self, src_tokens=None, src_lengths=None, src_tokens1=None, src_lengths1=None, pixels=None, **unused):
+    def forward(self, src_tokens=None, src_lengths=None, src_tokens1=None, src_lengths1=None, pixels=None,
+                padded=None, **unused):
+        """``padded`` (the collater's host-side flag): False when no example of the batch is padded, so
+        the unmasked kernels run; None (unknown) masks the pad positions."""
         if pixels is not None:
             return self.classifier(pixels, None, self.grid)
         if src_tokens is None:
             raise ValueError("hgrn_lra: the batch has neither src_tokens nor pixels (use --task lra_text or lra_image)")
-        mask = src_tokens.eq(self.padding_idx)
+        masked = padded is None or bool(padded)
+        mask = src_tokens.eq(self.padding_idx) if masked else None
         if self.pair:
             if src_tokens1 is None:
                 raise ValueError("hgrn_lra: a pair model (retrieval data) got one document per example")
-            return self.classifier(src_tokens, mask, src_tokens1, src_tokens1.eq(self.padding_idx),
+            return self.classifier(src_tokens, mask, src_tokens1, src_tokens1.eq(self.padding_idx) if masked else None,
                                    pad_value=self.padding_idx)
         return self.classifier(src_tokens, mask)
 

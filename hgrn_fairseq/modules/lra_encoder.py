@@ -61,15 +61,15 @@ def sinusoidal_positions(length: int, dim: int, device=None, dtype=torch.float32
 
 def masked_mean(x: Tensor, padding_mask: Optional[Tensor]) -> Tensor:
     """Mean of ``x`` ``[B, T, D]`` over the positions where ``padding_mask`` ``[B, T]`` is False
-    (all positions when it is None). ``[B, D]``, computed in float32 at least (bf16 inputs)."""
+    (all positions when it is None). ``[B, D]``, computed in float32 at least (bf16 inputs).
+
+    A row with no valid position pools to zeros: checking for one here would read a device value on
+    the host in every step; the LRA collaters refuse empty examples instead (on the host)."""
     x = x.to(torch.promote_types(x.dtype, torch.float32))
     if padding_mask is None:
         return x.mean(dim=1)
     valid = (~padding_mask).unsqueeze(-1).to(x.dtype)
-    count = valid.sum(dim=1)
-    if bool((count == 0).any()):
-        raise ValueError("masked_mean: a sequence has no valid (unpadded) position; every example needs one token")
-    return (x * valid).sum(dim=1) / count
+    return (x * valid).sum(dim=1) / valid.sum(dim=1).clamp_min(1.0)
 
 
 def square_grid(T: int) -> Tuple[int, int]:
@@ -231,11 +231,9 @@ class LraEncoder(nn.Module):
             raise ValueError(f"pixel input must be [B, T, {self.embed.in_features}], got shape {tuple(x.shape)}")
         g = self._grid(T, grid)
         if g is not None and padding_mask is not None:
-            if bool(padding_mask.any()):
-                raise ValueError("2-D inputs are full grids: a padding_mask with padded positions is not allowed")
-            padding_mask = None
-        if padding_mask is not None and not bool(padding_mask.any()):
-            padding_mask = None  # nothing to mask: the unmasked kernels are faster
+            raise ValueError("2-D inputs are full grids: pass padding_mask=None (padded images are not supported)")
+        # (No "is anything padded?" test here: it would read a device value on the host in every step.
+        # Callers that know a batch is unpadded pass padding_mask=None: the unmasked kernels are faster.)
         h = self.embed(x)
         if self.positions == "sin":
             h = self.position_dropout(h + self._positions(T, h))
@@ -246,8 +244,6 @@ class LraEncoder(nn.Module):
 
     def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None,
                 grid: Optional[Sequence[int]] = None) -> Tensor:
-        if padding_mask is not None and not bool(padding_mask.any()):
-            padding_mask = None
         return masked_mean(self.features(x, padding_mask, grid), padding_mask)
 
 
@@ -306,7 +302,11 @@ class LraPairClassifier(nn.Module):
                 mask = F.pad(mask, (0, extra), value=True)
             return x, mask
 
-        (x0, mask0), (x1, mask1) = widen(x0, mask0), widen(x1, mask1)
-        pooled = self.encoder(torch.cat([x0, x1]), torch.cat([mask0, mask1]))
+        if mask0 is None and mask1 is None and x0.shape[1] == x1.shape[1]:
+            x, mask = torch.cat([x0, x1]), None  # nothing padded: the unmasked kernels
+        else:
+            (x0, mask0), (x1, mask1) = widen(x0, mask0), widen(x1, mask1)
+            x, mask = torch.cat([x0, x1]), torch.cat([mask0, mask1])
+        pooled = self.encoder(x, mask)
         u, v = pooled[:B], pooled[B:]
         return self.head(u.to(self.head.fc1.weight.dtype), v.to(self.head.fc1.weight.dtype))

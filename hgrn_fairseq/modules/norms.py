@@ -26,6 +26,12 @@ class MaskedBatchNorm(nn.Module):
     Parameters and buffers are named as in ``nn.BatchNorm1d`` (weight, bias, running_mean,
     running_var, num_batches_tracked); running variance is the unbiased estimate, as torch's.
     Statistics are computed in float32 (float64 for float64 inputs).
+
+    Nothing here reads a device value on the host (a training step on the GPU never waits in a norm):
+    fewer than 2 positions in ``x`` is an error (known from the shape), but with a mask the number of
+    *valid* positions stays on the device, so a batch with fewer than 2 valid positions is not refused:
+    it normalises with variance 0 and its running-variance update uses ``n / max(n - 1, 1)``. (The LRA
+    collaters refuse empty examples on the host, so a batch there always has one valid position per row.)
     """
 
     def __init__(self, dim: int, eps: float = 1e-5, momentum: float = 0.1, sync: bool = False):
@@ -46,7 +52,7 @@ class MaskedBatchNorm(nn.Module):
             count = w.sum()
             s1, s2 = (xs * w).sum(0), (xs * xs * w).sum(0)
         else:
-            count = xs.new_tensor(float(xs.shape[0]))
+            count = xs.new_full((), float(xs.shape[0]))  # a fill on the device, not a host copy
             s1, s2 = xs.sum(0), (xs * xs).sum(0)
         if self.sync and torch.distributed.is_available() and torch.distributed.is_initialized() \
                 and torch.distributed.get_world_size() > 1:
@@ -65,15 +71,18 @@ class MaskedBatchNorm(nn.Module):
                 raise ValueError(f"padding_mask has shape {tuple(padding_mask.shape)}, expected {tuple(x.shape[:-1])}")
             valid = ~padding_mask
         if self.training:
+            if x.numel() < 2 * self.dim:
+                raise ValueError(f"MaskedBatchNorm in training needs at least 2 positions in the batch, got "
+                                 f"{tuple(x.shape)}: use a larger batch, or norm='layer'")
             s1, s2, count = self._sums(x, valid)
-            if float(count) < 2:
-                raise ValueError("MaskedBatchNorm in training needs at least 2 valid positions in the batch")
+            count = count.clamp_min(1.0)
             mean = s1 / count
             var = (s2 / count - mean * mean).clamp_min(0.0)
             with torch.no_grad():
                 self.num_batches_tracked += 1
                 self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
-                self.running_var.lerp_((var.detach() * count / (count - 1)).to(self.running_var.dtype), self.momentum)
+                unbiased = var.detach() * count / (count - 1).clamp_min(1.0)
+                self.running_var.lerp_(unbiased.to(self.running_var.dtype), self.momentum)
         else:
             mean, var = self.running_mean, self.running_var
         ct = torch.promote_types(x.dtype, torch.float32)

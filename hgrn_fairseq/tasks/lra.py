@@ -80,12 +80,17 @@ class LraTokenDataset(FairseqDataset):
         if not samples:
             return {}
         pair = "source1" in samples[0]
-        length = max(len(s["source"]) for s in samples)
-        if pair:
-            length = max(length, max(len(s["source1"]) for s in samples))
+        lengths = [len(s["source"]) for s in samples] + ([len(s["source1"]) for s in samples] if pair else [])
+        length, shortest = max(lengths), min(lengths)
+        if shortest == 0:
+            empty = next(s["id"] for s in samples if len(s["source"]) == 0 or (pair and len(s["source1"]) == 0))
+            raise ValueError(f"{self.name}: example {empty} has no tokens: every example needs at least one; "
+                             f"rerun data_prep/prepare_lra.py on the source data")
         net_input = {
             "src_tokens": self._pad([s["source"] for s in samples], length),
             "src_lengths": torch.tensor([len(s["source"]) for s in samples], dtype=torch.long),
+            # decided here, on the host, so that the model never asks the GPU whether a mask is empty
+            "padded": shortest < length,
         }
         ntokens = int(net_input["src_lengths"].sum())
         if pair:

@@ -206,8 +206,66 @@ def test_masked_mean_and_batch_norm_statistics_skip_padding():
     bn = enc.layers[0].mixer_norm
     # first update of the running mean (momentum 0.1 from 0) saw the 5 valid positions only
     torch.testing.assert_close(bn.running_mean.double(), 0.1 * valid.mean(0), rtol=1e-6, atol=1e-7)
-    with pytest.raises(ValueError, match="no valid"):
-        masked_mean(x, torch.ones(2, 5, dtype=torch.bool))
+    # a row with no valid position pools to zeros (refusing it would read the device on the host;
+    # the LRA collaters refuse empty examples instead)
+    empty = torch.tensor([[True] * 5, [False] * 2 + [True] * 3])
+    pooled = masked_mean(x, empty)
+    assert torch.equal(pooled[0], torch.zeros(3, dtype=torch.float64))
+    torch.testing.assert_close(pooled[1], x[1, :2].mean(0))
+
+
+def test_batch_norm_with_one_valid_position_and_too_small_batches():
+    bn = MaskedBatchNorm(3).double().train()
+    x = torch.randn(2, 4, 3, dtype=torch.float64)
+    mask = torch.ones(2, 4, dtype=torch.bool)
+    mask[1, 2] = False  # one valid position in the whole batch: variance 0, no error
+    y = bn(x, mask)
+    # (x - mean) is exactly 0 at the one valid position: the output there is the bias
+    torch.testing.assert_close(y[1, 2], bn.bias.detach(), rtol=0, atol=1e-12)
+    assert torch.equal(y[mask], torch.zeros_like(y[mask]))
+    # running variance: n / max(n - 1, 1) = 1 times the batch's 0, so 0.9 * 1
+    torch.testing.assert_close(bn.running_var, torch.full((3,), 0.9, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"at least 2 positions in the batch, got \(1, 1, 3\)"):
+        bn(torch.randn(1, 1, 3, dtype=torch.float64))
+
+
+def _no_host_reads(model, *inputs_fn):
+    """Forward and backward of ``model`` under FakeTensorMode: any read of a device value on the host
+    (``float(t)``, ``bool(t.any())``, ``.item()``, a data-dependent shape) raises there, as it would
+    stall a GPU step."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        out = model(*(f() for f in inputs_fn))
+        out.float().sum().backward()
+    return out.shape
+
+
+@pytest.mark.parametrize("mixer", ["hgru", "hgru2"])
+@pytest.mark.parametrize("norm", ["batch", "layer"])
+def test_training_step_reads_nothing_back_from_the_device(mixer, norm):
+    """The LRA training forward and backward never wait for the GPU: the old padding checks
+    (``bool(mask.any())``), the batch norm's count check and the pooling's empty-row check each
+    stalled the host once per call, ~15 times a step at 6 layers."""
+    torch.manual_seed(0)
+
+    def tokens():
+        return torch.randint(2, 12, (3, 9))
+
+    def mask():
+        m = torch.zeros(3, 9, dtype=torch.bool)
+        m[1, 6:] = True
+        return m
+
+    enc = LraEncoder(mixer=mixer, dim=8, num_layers=2, norm=norm, vocab_size=12, padding_idx=1,
+                     expand_ratio=4, backend="reference")
+    assert _no_host_reads(LraClassifier(enc, 3).train(), tokens, mask) == (3, 3)
+    pair = LraPairClassifier(enc, 2).train()
+    assert _no_host_reads(pair, tokens, mask, lambda: torch.randint(2, 12, (3, 5)), lambda: None) == (3, 2)
+    assert _no_host_reads(pair, tokens, lambda: None, tokens, lambda: None) == (3, 2)
+    img = LraEncoder(mixer=mixer, dim=8, num_layers=1, norm=norm, input="pixels", in_channels=1, positions="none",
+                     expand_ratio=4, scan_2d="parallel", backend="reference")
+    assert _no_host_reads(LraClassifier(img, 2).train(), lambda: torch.randn(2, 16, 1)) == (2, 2)
 
 
 def test_retrieval_head_and_shared_encoder():
@@ -264,6 +322,8 @@ def test_bad_input_messages():
         LraEncoder(mixer="lstm", dim=4, num_layers=1, vocab_size=5)
     with pytest.raises(ValueError, match="needs vocab_size"):
         LraEncoder(mixer="hgru", dim=4, num_layers=1)
+    with pytest.raises(ValueError, match="2-D inputs are full grids: pass padding_mask=None"):
+        enc(torch.randn(1, 16, 1), torch.zeros(1, 16, dtype=torch.bool))
     one_d = LraEncoder(mixer="hgru", dim=4, num_layers=1, vocab_size=5, backend="reference")
     with pytest.raises(ValueError, match="grid given to a 1-D encoder"):
         one_d(torch.zeros(1, 4, dtype=torch.long), grid=(2, 2))

@@ -51,6 +51,14 @@ def test_token_batches_pad_to_the_longest_and_pairs_to_a_common_length(tmp_path)
             assert torch.equal(row[:n], it[src]) and (row[n:] == pad).all()
     assert batch["target"].tolist() == [int(x) for x in lf.load_split(dest, "valid").labels[:4]]
     assert batch["ntokens"] == sum(len(it["source"]) + len(it["source1"]) for it in items)
+    # whether anything is padded is decided on the host (the model then skips the masks)
+    lengths = [len(it[k]) for it in items for k in ("source", "source1")]
+    assert batch["net_input"]["padded"] is (min(lengths) < longest)
+    same = [dict(it, source=it["source"][:2], source1=it["source1"][:2]) for it in items]
+    assert ds.collater(same)["net_input"]["padded"] is False
+    empty = dict(items[1], source1=items[1]["source1"][:0])
+    with pytest.raises(ValueError, match=rf"example {items[1]['id']} has no tokens: every example needs at least one"):
+        ds.collater([items[0], empty])
 
 
 def test_every_example_of_an_evaluated_split_is_batched(tmp_path):
