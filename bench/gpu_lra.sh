@@ -24,6 +24,8 @@
 #   listops_data  only the ListOps data of the listops part (kept in /tmp/lra_evidence for later calls).
 #   speed       bench/lra_train_speed.sh on the ListOps data (listops_data first): LRA_SPEED_TREES
 #               ("old=DIR new=$PWD"), LRA_SPEED_UPDATES (600), LRA_SPEED_MODELS ("hgrn1 hgrn2").
+#   profile     bench/profile_lra_step.py on the ListOps data for each of LRA_MODELS: data, whole update,
+#               forward+backward, torch.profiler tables ($OUT/profile_lra_step_listops_MODEL.md).
 #   tests       the LRA tests that need a GPU (Triton scans under the encoder vs the reference, padding).
 #   bench       bench/bench_lra.py: training sequences/s of every LRA model and of a Transformer encoder
 #               of the same width, depth and precision (LRA_BENCH_S seconds, default 300; LRA_BENCH_ARGS
@@ -150,6 +152,15 @@ if [[ ",$PARTS," == *",speed,"* ]]; then  # A/B of the training step through the
     bash bench/lra_train_speed.sh listops "$WORK/data-bin/listops" "${LRA_SPEED_UPDATES:-600}" \
         "${LRA_SPEED_MODELS:-hgrn1 hgrn2}" $LRA_SPEED_TREES > "$OUT/lra_train_speed.log" 2>&1
     echo "   speed rc=$? at $(el)s"; tail -8 "$OUT/lra_train_speed.log"
+fi
+
+if [[ ",$PARTS," == *",profile,"* ]]; then  # where a training step of the entry point spends its time
+    for model in ${LRA_MODELS:-hgrn1 hgrn2}; do
+        echo "== profile listops $model at $(el)s"
+        timeout 300 python3 bench/profile_lra_step.py listops "$model" "$WORK/data-bin/listops" --out "$OUT" \
+            > "$OUT/profile_listops_$model.log" 2>&1
+        echo "   profile rc=$? at $(el)s"; grep "^- " "$OUT/profile_listops_$model.log"
+    done
 fi
 
 if [[ ",$PARTS," == *",tests,"* ]]; then
