@@ -13,7 +13,7 @@ def _register_with_fairseq() -> None:
         import fairseq  # noqa: F401
     except ImportError:  # plain-PyTorch use of kernels/modules
         return
-    from . import criterions, fairseq_compat, models, tasks  # noqa: F401
+    from . import criterions, fairseq_compat, models, optim, tasks  # noqa: F401
 
     fairseq_compat.install()
 
