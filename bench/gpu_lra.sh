@@ -95,6 +95,7 @@ train_both() {  # TASK UPDATES: both models, shortened recipe, test evaluation, 
         echo "== train $task $model: MAX_UPDATE=$updates, this slice at most $MINUTES min (cumulative cap $cap min) (at $(el)s)"
         SAVE_DIR=$run LOG_DIR=$OUT/runs/${task}_$model RESULTS_DIR=$WORK/runs \
             MAX_UPDATE=$updates TRAIN_MINUTES=$cap NUM_GPUS=${LRA_NUM_GPUS:-1} SAVE_INTERVAL_UPDATES=500 \
+            timeout "$(awk "BEGIN { printf \"%.0f\", $MINUTES * 60 + 150 }")" \
             bash scripts/train_lra.sh "$task" "$model" "$WORK/data-bin/$task" ${LRA_TRAIN_EXTRA:-} \
             > "$OUT/runs/train_${task}_$model.log" 2>&1
         echo "   rc=$? at $(el)s"

@@ -63,6 +63,31 @@ def main() -> None:
     if not hasattr(options.parse_args_and_arch, "__wrapped__"):
         options.parse_args_and_arch = _bf16_without_tpu(options.parse_args_and_arch)
     train.cli_main()
+    exit_now()
+
+
+def exit_now() -> None:
+    """End the process as soon as fairseq's training has returned.
+
+    On the H100 machine (2026-11-24) LRA runs printed "done training" and then the process stayed
+    alive for 1-2+ minutes before exiting (after --stop-time-hours and after --max-update alike; not
+    seen on CPU), a hang others report for fairseq too (microsoft/unilm#1250). Everything a run
+    leaves is on disk by then (fairseq writes checkpoints synchronously); this closes what the exit
+    handlers would (fairseq's tensorboard writers, the log handlers, stdout/stderr) and exits without
+    waiting on whatever the interpreter's shutdown waits for."""
+    import logging
+    import os
+
+    try:
+        from fairseq.logging import progress_bar
+
+        progress_bar._close_writers()
+    except (ImportError, AttributeError):
+        pass
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
