@@ -65,6 +65,7 @@ MINUTES=${LRA_TRAIN_MINUTES:-2.2}
 mkdir -p "$WORK" "$OUT/runs"
 
 if [ -n "${LRA_CARRY:-}" ]; then  # checkpoints of earlier calls; a run this machine already has wins
+    mkdir -p "$WORK/runs"
     if ls "$LRA_CARRY"/lra_state.tar.part* > /dev/null 2>&1; then
         cat "$LRA_CARRY"/lra_state.tar.part* | tar -x -C "$WORK/runs" --skip-old-files \
             && echo "== state restored from $LRA_CARRY: $(cd "$WORK/runs" && ls -d */ | tr '\n' ' ')"
