@@ -126,7 +126,7 @@ def hgrn2_scan(
     if resolve_backend(backend, q) == "triton":
         from .hgrn2_small_heads import SMALL_HEAD_STATE, hgrn2_small_head_scan
 
-        if q.shape[-1] * v.shape[-1] <= SMALL_HEAD_STATE:  # heads of 1-2: a scan of scalars
+        if q.shape[-1] * v.shape[-1] <= SMALL_HEAD_STATE:  # heads of one number: an HGRU scan
             return hgrn2_small_head_scan(q, v, log_decay, initial_state, reverse)
         from .hgrn2_triton import hgrn2_fused
 

@@ -4,13 +4,18 @@ Each entry of a head's state follows its own scalar recurrence::
 
     S_t[i, j] = lambda_t[i] S_{t-1}[i, j] + (1 - lambda_t[i]) v_t[j],      o_t[j] = sum_i q_t[i] S_t[i, j]
 
-so for K = V = 2 (the LRA HGRN2 Image / Pathfinder / Retrieval models, expand ratio 2) or 1 (Path-X) the
-whole layer is the HGRU real scan over ``H * K * V`` channels (``hgru/ops.real_scan``, near the bandwidth
-floor) and a contraction over ``i``. The chunked HGRN2 kernels are built for heads of 64-128; at heads of
-2, after the 2-D scan turned every image row and column into a sequence of 32 steps, the HGRN2 image models
-trained at 0.07x a Transformer (H100, 2026-11-24, docs/lra.md). The decay, the inputs and the state are fp32
-here (a bf16 decay near 1 would lose the long memory). The speed of this path on a GPU has not been measured
-yet (bench/bench_lra.py's HGRN2 rows).
+so the whole layer is the HGRU real scan over ``H * K * V`` channels (``hgru/ops.real_scan``, near the
+bandwidth floor) and a contraction over ``i``. The decay, the inputs and the state are fp32 here (a bf16
+decay near 1 would lose the long memory).
+
+Where it pays (bench/bench_lra.py, H100, 2026-11-24, training sequences/s against the chunk kernels): heads
+of one number (K = V = 1: LRA Path-X, expand ratio 1) ran 4.4x faster (58 -> 313 seq/s; 1.22x a
+Transformer instead of 0.23x): there the layer *is* an HGRU scan over d channels. Heads of 2 x 2 (Image,
+Pathfinder, Retrieval, expand ratio 2) ran 1.6-3.4x *slower* (image 58 -> 36, pathfinder 227 -> 143,
+retrieval 184 -> 55 seq/s): the state's four entries per head are materialised in fp32 ([B, T, 4d]) and
+contracted by PyTorch operators, forward and backward, which costs more than the chunk kernels'
+waste on tiny tiles. So ``hgrn2_scan`` routes only K x V <= ``SMALL_HEAD_STATE`` = 1 here; the function
+itself is exact for any K, V (tested).
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ import torch
 
 Tensor = torch.Tensor
 
-SMALL_HEAD_STATE = 4  # K * V at or below which hgrn2_scan takes this path on the Triton backend
+SMALL_HEAD_STATE = 1  # K * V at or below which hgrn2_scan takes this path on the Triton backend (see above)
 
 
 def hgrn2_small_head_scan(q: Tensor, v: Tensor, log_decay: Tensor, initial_state: Optional[Tensor] = None,
