@@ -37,8 +37,9 @@
 #
 # Runs longer than one call (the full recipes): LRA_TRAIN_MINUTES is then the length of *this* call's
 # slice (the run's cumulative --stop-time-hours is what its checkpoint has trained plus that), and
-#   LRA_SAVE_STATE=1   packs each trained run's checkpoint_last.pt / checkpoint_best.pt (and the mark of
-#                      a finished run) into $OUT/lra_state.tar.part* (gpu_session.sh returns them);
+#   LRA_SAVE_STATE=1   after training, packs every run's checkpoint_last.pt / checkpoint_best.pt (and the
+#                      mark of a finished run) on this machine, restored ones included, into
+#                      $OUT/lra_state.tar.part* (gpu_session.sh returns them; they replace the old parts);
 #   LRA_CARRY=DIR      a folder with such parts from an earlier call (the run tool's carry, e.g.
 #                      results/lra_carry): runs with no checkpoint on this machine continue from them.
 # On a warm machine /tmp/lra_evidence still holds the runs and the data (a part finds its data-bin
@@ -139,14 +140,15 @@ if [[ ",$PARTS," == *",pathfinder,"* ]]; then
 fi
 
 if [ "${LRA_SAVE_STATE:-0}" = 1 ] && [ ${#SAVED_RUNS[@]} -gt 0 ]; then
-    files=()
-    for r in "${SAVED_RUNS[@]}"; do
+    files=()  # every run on this machine (restored ones too), so that one tar always holds the whole state
+    for d in "$WORK"/runs/*/; do
+        r=$(basename "$d")
         for f in "$WORK/runs/$r"/checkpoint_last.pt "$WORK/runs/$r"/checkpoint_best.pt "$WORK/runs/$r"/finished_max_update_*; do
             [ -f "$f" ] && files+=("${f#"$WORK/runs/"}")
         done
     done
     tar -cf - -C "$WORK/runs" "${files[@]}" | split -b 15M -d - "$OUT/lra_state.tar.part"
-    echo "== state saved: ${files[*]} -> $(ls "$OUT"/lra_state.tar.part* | wc -l) part(s) of lra_state.tar (put them in results/lra_carry and carry it)"
+    echo "== state saved: ${files[*]} -> $(ls "$OUT"/lra_state.tar.part* | wc -l) part(s) of lra_state.tar (they replace bench/results/lra_state/*: commit them)"
 fi
 
 if [[ ",$PARTS," == *",speed,"* ]]; then  # A/B of the training step through the real entry point
