@@ -105,13 +105,13 @@ train_both() {  # TASK UPDATES: both models, shortened recipe, test evaluation, 
         grep "lra_eval:" "$OUT/runs/train_${task}_$model.log"
         grep -o "num_updates [0-9]*\|ups [0-9.]*" "$OUT/runs/train_${task}_$model.log" | tail -2 | tr '\n' ' '; echo
         cp "$run/test_result.json" "$OUT/runs/${task}_$model.test_result.json" 2>/dev/null
-        SAVED_RUNS+=("${task}_$model")
+        TRAINED=1
     done
     cp "$WORK/runs/results.md" "$WORK/runs/results.csv" "$OUT/" 2>/dev/null
     cat "$OUT/results.md" 2>/dev/null
 }
 
-SAVED_RUNS=()
+TRAINED=0  # set by train_both: LRA_SAVE_STATE packs only after a call that trained
 if [[ ",$PARTS," == *",listops,"* || ",$PARTS," == *",listops_data,"* ]] && ! data_ready listops; then
     echo "== listops data (generator, 96k/2k/2k, $NPROC_CPU workers) at $(el)s"
     python3 data_prep/lra_listops.py --dest "$WORK/generated" --workers "$NPROC_CPU" --no-progress ${LRA_LISTOPS_ARGS:-} \
@@ -139,7 +139,7 @@ if [[ ",$PARTS," == *",pathfinder,"* ]]; then
     train_both pathfinder "${LRA_PF_UPDATES:-2000}"
 fi
 
-if [ "${LRA_SAVE_STATE:-0}" = 1 ] && [ ${#SAVED_RUNS[@]} -gt 0 ]; then
+if [ "${LRA_SAVE_STATE:-0}" = 1 ] && [ "$TRAINED" = 1 ]; then
     files=()  # every run on this machine (restored ones too), so that one tar always holds the whole state
     for d in "$WORK"/runs/*/; do
         r=$(basename "$d")

@@ -30,17 +30,16 @@ sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 def build(task_name, model_name, data, workers):
     import torch
-    import fairseq_train  # noqa: F401  (its --bf16 fix is applied by main(); here we reset tpu by hand)
     from fairseq import options, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
+    from fairseq_train import _bf16_without_tpu  # scripts/fairseq_train.py: --bf16 on a GPU, not a TPU
     from lra_recipes import fairseq_args
 
     argv = [data] + fairseq_args(task_name, model_name) + [
         "--user-dir", os.path.join(REPO, "hgrn_fairseq"), "--num-workers", str(workers),
         "--distributed-world-size", "1", "--log-format", "none"] + ([] if torch.cuda.is_available() else ["--cpu"])
-    args = options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
-    args.tpu = False  # what scripts/fairseq_train.py does for --bf16 on a GPU
+    args = _bf16_without_tpu(options.parse_args_and_arch)(options.get_training_parser(), input_args=argv)
     cfg = convert_namespace_to_omegaconf(args)
     utils.import_user_module(cfg.common)
     task = tasks.setup_task(cfg.task)

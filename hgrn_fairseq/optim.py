@@ -39,15 +39,11 @@ class TorchAdamWConfig(FairseqDataclass):
 
 
 def total_grad_norm(grads: List[torch.Tensor]) -> torch.Tensor:
-    """The 2-norm of all ``grads`` together, in float32, without a kernel per tensor where possible."""
+    """The 2-norm of all ``grads`` together, in float32, one multi-tensor launch per device and dtype."""
     if not grads:
         return torch.zeros(())
-    foreach_norm = getattr(torch, "_foreach_norm", None)
-    if foreach_norm is not None and all(g.device == grads[0].device for g in grads):
-        norms = foreach_norm([g.float() if g.dtype != torch.float32 else g for g in grads], 2)
-    else:
-        norms = [torch.linalg.vector_norm(g, 2, dtype=torch.float32).to(grads[0].device) for g in grads]
-    return torch.linalg.vector_norm(torch.stack(norms), 2)
+    norms = torch._foreach_norm([g if g.dtype == torch.float32 else g.float() for g in grads], 2)
+    return torch.linalg.vector_norm(torch.stack([n.to(grads[0].device) for n in norms]), 2)
 
 
 @register_optimizer("torch_adamw", dataclass=TorchAdamWConfig)
