@@ -100,6 +100,15 @@ class Runtime:
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo",
                                     timeout=datetime.timedelta(minutes=30))
 
+    def shutdown(self, ok: bool) -> None:
+        """End the process group before the process exits: a process that exits with gloo's group still
+        alive can abort in its threads' destructors ("terminate called without an active exception",
+        SIGABRT after a successful run). The barrier, on success only, lets no process leave early."""
+        if self.world > 1 and dist.is_initialized():
+            if ok:
+                dist.barrier()
+            dist.destroy_process_group()
+
     def sum(self, values: List[float]) -> List[float]:
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
         if self.world > 1:
@@ -424,15 +433,25 @@ def run(cfg, dry_run: bool = False) -> int:
         return 0
 
     rt.init_distributed()
-    if cfg.train.eval_only:
-        return run_eval_only(cfg, rt, model, val_loader, checkpoint_path, show, plan["classes_sha256"])
+    ok = False
+    try:
+        if cfg.train.eval_only:
+            code = run_eval_only(cfg, rt, model, val_loader, checkpoint_path, show, plan["classes_sha256"])
+        else:
+            code = train_and_log(cfg, rt, model, train_loader, val_loader, sampler, plan, out, show,
+                                 per_gpu, accumulation, lr, batches_per_epoch, updates_per_epoch, num_classes)
+        ok = True
+        return code
+    finally:
+        rt.shutdown(ok)
 
+
+def train_and_log(cfg, rt, model, train_loader, val_loader, sampler, plan, out, show, *args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     lock = RunLock(out) if rt.main else None
     log = Log(out, rt.main)
     try:
-        return train_loop(cfg, rt, model, train_loader, val_loader, sampler, plan, log, out, show,
-                          per_gpu, accumulation, lr, batches_per_epoch, updates_per_epoch, num_classes)
+        return train_loop(cfg, rt, model, train_loader, val_loader, sampler, plan, log, out, show, *args)
     finally:
         log.close()
         if lock is not None:
