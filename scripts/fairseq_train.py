@@ -57,8 +57,11 @@ def set_matmul_precision() -> None:
 
 def main() -> None:
     set_matmul_precision()
-    from fairseq import options
+    # fairseq_cli.train first: it sets up fairseq's logging (its format, on stdout) before any fairseq
+    # module is imported; imported after `fairseq.options`, a module of fairseq's that configures the
+    # root logger on import wins and the log lines lose the "| valid | {...}" form parsers expect
     from fairseq_cli import train
+    from fairseq import options
 
     if not hasattr(options.parse_args_and_arch, "__wrapped__"):
         options.parse_args_and_arch = _bf16_without_tpu(options.parse_args_and_arch)

@@ -64,6 +64,7 @@ from typing import Dict, List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLUGIN = os.path.join(REPO, "hgrn_fairseq")
+FAIRSEQ_TRAIN = os.path.join(REPO, "scripts", "fairseq_train.py")
 ARCHS = {"hgrn1": "hgrn1_mqar", "hgrn2": "hgrn2_mqar"}
 LABELS = {"hgrn1": "HGRN1", "hgrn2": "HGRN2"}
 VALID_LINE = re.compile(r"\|\s*valid\s*\|\s*(\{.*\})\s*$")
@@ -264,7 +265,9 @@ def fairseq_command(run: Run, args, use_cpu: bool, stop_at_update: int = 0,
     batch = run.batch_size or int(args.batch_size)
     warmup = warmup_updates(total, args)
     cmd = [
-        sys.executable, "-m", "fairseq_cli.train",
+        # scripts/fairseq_train.py: fairseq-train that exits as soon as training returns (on the H100 the
+        # process lingered 1-2 minutes after "done training", a sweep slot held for nothing)
+        sys.executable, FAIRSEQ_TRAIN,
         "--user-dir", PLUGIN, "--task", "mqar",
         "--vocab-size", args.vocab_size, "--seq-len", run.setting.seq_len,
         "--num-kv-pairs", run.setting.num_kv_pairs,

@@ -301,7 +301,7 @@ def test_run_mqar_passes_fairseq_args_that_start_with_dashes(tmp_path):
                FAIRSEQ_ARGS="--cuda-graphs")  # (one word: argparse lets a value with a space through)
     r = run_mqar_sh(env, "--dry-run")
     assert r.returncode == 0, r.stderr
-    train = [line for line in r.stdout.splitlines() if "fairseq_cli.train" in line]
+    train = [line for line in r.stdout.splitlines() if "scripts/fairseq_train.py" in line]
     assert len(train) == 1 and train[0].split()[-1] == "--cuda-graphs", r.stdout
 
 
