@@ -21,6 +21,9 @@
 #   pathfinder  LRA_PF_NUM pathfinder32 images from the generator (default 40000, ~1 min on 16 cores;
 #               LRA has 200k), prepared with LRA's 80/10/10 split, then both models as above
 #               (LRA_PF_UPDATES, default 2000; LRA_TRAIN_MINUTES each).
+#   LRA_CONCURRENT=1  (listops, pathfinder) trains the models of LRA_MODELS at the same time on the one GPU,
+#               under CUDA MPS unless LRA_MPS=0, each with the LRA_TRAIN_MINUTES cap (not measured yet
+#               against one at a time: compare the logs' "ups" with the solo rates of docs/lra.md).
 #   listops_data  only the ListOps data of the listops part (kept in /tmp/lra_evidence for later calls).
 #   speed       bench/lra_train_speed.sh on the ListOps data (listops_data first): LRA_SPEED_TREES
 #               ("old=DIR new=$PWD"), LRA_SPEED_UPDATES (600), LRA_SPEED_MODELS ("hgrn1 hgrn2").
@@ -89,24 +92,49 @@ data_ready() {  # TASK: a warm machine keeps the prepared data of an earlier cal
     [ -f "$WORK/data-bin/$1/meta.json" ] && [ -z "${LRA_REGENERATE:-}" ] && echo "== $1 data: reusing $WORK/data-bin/$1"
 }
 
-train_both() {  # TASK UPDATES: both models, shortened recipe, test evaluation, results table
-    local task=$1 updates=$2 model run cap
+train_one() {  # TASK UPDATES MODEL: one model, shortened recipe, test evaluation
+    local task=$1 updates=$2 model=$3 run cap
+    run=$WORK/runs/${task}_$model
+    cap=$(awk "BEGIN { printf \"%.3f\", $(trained_minutes "$run") + $MINUTES }")
+    echo "== train $task $model: MAX_UPDATE=$updates, this slice at most $MINUTES min (cumulative cap $cap min) (at $(el)s)"
+    SAVE_DIR=$run LOG_DIR=$OUT/runs/${task}_$model RESULTS_DIR=$WORK/runs \
+        MAX_UPDATE=$updates TRAIN_MINUTES=$cap NUM_GPUS=${LRA_NUM_GPUS:-1} SAVE_INTERVAL_UPDATES=500 \
+        timeout "$(awk "BEGIN { printf \"%.0f\", $MINUTES * 60 + 150 }")" \
+        bash scripts/train_lra.sh "$task" "$model" "$WORK/data-bin/$task" ${LRA_TRAIN_EXTRA:-} \
+        > "$OUT/runs/train_${task}_$model.log" 2>&1
+    echo "   $task $model rc=$? at $(el)s"
+}
+
+train_both() {  # TASK UPDATES: the models of LRA_MODELS one after the other, or at once (LRA_CONCURRENT=1)
+    local task=$1 updates=$2 model log
+    if [ "${LRA_CONCURRENT:-0}" = 1 ]; then
+        # The LRA models are small (ListOps HGRN1: 66k parameters) and leave the GPU partly idle (host
+        # time, small kernels): both train at once, each with its own time cap, under CUDA MPS where the
+        # machine has it (kernels of both processes run concurrently), else time-sliced.
+        MPS_MODE="MPS off (LRA_MPS=0)"
+        [ "${LRA_MPS:-1}" = 1 ] && { . bench/gpu_mps.sh; start_mps; }
+        echo "== $task: ${LRA_MODELS:-hgrn1 hgrn2} at once on one GPU; $MPS_MODE"
+        for model in ${LRA_MODELS:-hgrn1 hgrn2}; do
+            train_one "$task" "$updates" "$model" &
+        done
+        wait
+        [ "${LRA_MPS:-1}" = 1 ] && stop_mps
+    else
+        for model in ${LRA_MODELS:-hgrn1 hgrn2}; do
+            train_one "$task" "$updates" "$model"
+        done
+    fi
     for model in ${LRA_MODELS:-hgrn1 hgrn2}; do
-        run=$WORK/runs/${task}_$model
-        cap=$(awk "BEGIN { printf \"%.3f\", $(trained_minutes "$run") + $MINUTES }")
-        echo "== train $task $model: MAX_UPDATE=$updates, this slice at most $MINUTES min (cumulative cap $cap min) (at $(el)s)"
-        SAVE_DIR=$run LOG_DIR=$OUT/runs/${task}_$model RESULTS_DIR=$WORK/runs \
-            MAX_UPDATE=$updates TRAIN_MINUTES=$cap NUM_GPUS=${LRA_NUM_GPUS:-1} SAVE_INTERVAL_UPDATES=500 \
-            timeout "$(awk "BEGIN { printf \"%.0f\", $MINUTES * 60 + 150 }")" \
-            bash scripts/train_lra.sh "$task" "$model" "$WORK/data-bin/$task" ${LRA_TRAIN_EXTRA:-} \
-            > "$OUT/runs/train_${task}_$model.log" 2>&1
-        echo "   rc=$? at $(el)s"
-        grep "valid on 'valid'" "$OUT/runs/train_${task}_$model.log" | tail -3
-        grep "lra_eval:" "$OUT/runs/train_${task}_$model.log"
-        grep -o "num_updates [0-9]*\|ups [0-9.]*" "$OUT/runs/train_${task}_$model.log" | tail -2 | tr '\n' ' '; echo
-        cp "$run/test_result.json" "$OUT/runs/${task}_$model.test_result.json" 2>/dev/null
+        log=$OUT/runs/train_${task}_$model.log
+        echo "-- $task $model"
+        grep "valid on 'valid'" "$log" | tail -3
+        grep "lra_eval:" "$log"
+        grep -o "num_updates [0-9]*\|ups [0-9.]*" "$log" | tail -2 | tr '\n' ' '; echo
+        cp "$WORK/runs/${task}_$model/test_result.json" "$OUT/runs/${task}_$model.test_result.json" 2>/dev/null
         TRAINED=1
     done
+    # the table once every run of this call has its test result (runs at once each rewrote it as they ended)
+    python3 scripts/lra_results.py "$WORK/runs" > /dev/null 2>&1
     cp "$WORK/runs/results.md" "$WORK/runs/results.csv" "$OUT/" 2>/dev/null
     cat "$OUT/results.md" 2>/dev/null
 }
