@@ -271,7 +271,8 @@ def test_report_only_reads_old_run_jsons(sweep, tmp_path):
 @pytest.mark.parametrize("script", ["bench/gpu_checks.sh", "scripts/run_mqar.sh", "bench/split_pytest.sh",
                                     "bench/gpu_scan_run.sh", "bench/gpu_hgrn2_run.sh", "bench/explore/gpu_block_explore.sh",
                                     "bench/gpu_fairseq.sh", "bench/gpu_session.sh", "bench/gpu_lm_eval.sh",
-                                    "bench/gpu_baselines.sh", "bench/gpu_mqar.sh", "bench/gpu_mps.sh"])
+                                    "bench/gpu_baselines.sh", "bench/gpu_mqar.sh", "bench/gpu_mps.sh",
+                                    "bench/gpu_lra.sh"])
 def test_shell_syntax(script):
     r = subprocess.run(["bash", "-n", os.path.join(REPO, script)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
