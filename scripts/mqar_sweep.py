@@ -398,6 +398,7 @@ def run_one(run: Run, args, use_cpu: bool, deadline: Optional[float] = None,
     set_child_threads(env, use_cpu, args.jobs, os.cpu_count() or 1)
     if not use_cpu and args.tf32:
         env.setdefault("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "1")
+        env.setdefault("HGRN_MATMUL_PRECISION", "tf32")  # what scripts/fairseq_train.py sets for its matmuls
     gpu = gpus.acquire() if gpus is not None else ""
     if gpu:
         env["CUDA_VISIBLE_DEVICES"] = gpu
