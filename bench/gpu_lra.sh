@@ -106,35 +106,35 @@ train_one() {  # TASK UPDATES MODEL: one model, shortened recipe, test evaluatio
 }
 
 train_both() {  # TASK UPDATES: the models of LRA_MODELS one after the other, or at once (LRA_CONCURRENT=1)
-    local task=$1 updates=$2 model log
+    local task=$1 updates=$2 models=${LRA_MODELS:-hgrn1 hgrn2} model log
     if [ "${LRA_CONCURRENT:-0}" = 1 ]; then
         # The LRA models are small (ListOps HGRN1: 66k parameters) and leave the GPU partly idle (host
         # time, small kernels): both train at once, each with its own time cap, under CUDA MPS where the
         # machine has it (kernels of both processes run concurrently), else time-sliced.
         MPS_MODE="MPS off (LRA_MPS=0)"
         [ "${LRA_MPS:-1}" = 1 ] && { . bench/gpu_mps.sh; start_mps; }
-        echo "== $task: ${LRA_MODELS:-hgrn1 hgrn2} at once on one GPU; $MPS_MODE"
-        for model in ${LRA_MODELS:-hgrn1 hgrn2}; do
+        echo "== $task: $models at once on one GPU; $MPS_MODE"
+        for model in $models; do
             train_one "$task" "$updates" "$model" &
         done
         wait
         [ "${LRA_MPS:-1}" = 1 ] && stop_mps
+        # the table again, now that every run has its test result (each rewrote it as it ended)
+        python3 scripts/lra_results.py "$WORK/runs" > /dev/null 2>&1
     else
-        for model in ${LRA_MODELS:-hgrn1 hgrn2}; do
+        for model in $models; do
             train_one "$task" "$updates" "$model"
         done
     fi
-    for model in ${LRA_MODELS:-hgrn1 hgrn2}; do
+    for model in $models; do
         log=$OUT/runs/train_${task}_$model.log
         echo "-- $task $model"
         grep "valid on 'valid'" "$log" | tail -3
         grep "lra_eval:" "$log"
         grep -o "num_updates [0-9]*\|ups [0-9.]*" "$log" | tail -2 | tr '\n' ' '; echo
         cp "$WORK/runs/${task}_$model/test_result.json" "$OUT/runs/${task}_$model.test_result.json" 2>/dev/null
-        TRAINED=1
     done
-    # the table once every run of this call has its test result (runs at once each rewrote it as they ended)
-    python3 scripts/lra_results.py "$WORK/runs" > /dev/null 2>&1
+    TRAINED=1
     cp "$WORK/runs/results.md" "$WORK/runs/results.csv" "$OUT/" 2>/dev/null
     cat "$OUT/results.md" 2>/dev/null
 }

@@ -5,7 +5,7 @@ regression on bags of token n-grams (scikit-learn), trained on the train TSV, sc
     python bench/listops_ngram_baseline.py GENERATED_DIR [--ngrams 1,2]
 
 GENERATED_DIR holds ``listops-1000/basic_{train,test}.tsv`` (``data_prep/lra_listops.py`` or LRA's
-release). The tokens are those the models see (``prepare_lra.py``: ``]`` -> ``X``, parentheses dropped).
+release). The tokens are those the models see (``prepare_lra.listops_tokens``).
 A model whose accuracy sits at these numbers has learned token statistics, not the operators: the
 reference level for reading a ListOps curve (docs/lra.md, Evidence).
 """
@@ -17,6 +17,9 @@ import csv
 import os
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data_prep"))
+from prepare_lra import listops_tokens  # noqa: E402  (the tokens the models are trained on)
+
 
 def load(folder: str, split: str):
     path = os.path.join(folder, "listops-1000", f"basic_{split}.tsv")
@@ -25,7 +28,7 @@ def load(folder: str, split: str):
                  "wrote (--dest) or LRA's lra_release/lra_release")
     with open(path, newline="") as f:
         rows = list(csv.reader(f, delimiter="\t"))[1:]
-    texts = [" ".join(t for t in r[0].replace("]", "X").split() if t not in ("(", ")")) for r in rows]
+    texts = [" ".join(listops_tokens(r[0])) for r in rows]
     return texts, [int(r[1]) for r in rows]
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Does the paper's ListOps model learn the operators, or only token statistics? A CPU probe on short
-# generated ListOps (docs/lra.md, Evidence: "ListOps on CPU"), two data sets from data_prep/lra_listops.py
+# generated ListOps (docs/lra.md, Evidence, "A CPU probe"), two data sets from data_prep/lra_listops.py
 # with LRA's distribution but short examples:
 #   short   lengths 20-150 (depth up to 10), 20k/1k/1k
 #   shallow lengths 5-80, depth <= 3, 20k/1k/1k
@@ -30,6 +30,8 @@ data() {  # NAME GENERATOR_ARGS...
     fi
 }
 
+shallow_data() { data shallow --min-length 5 --max-length 80 --max-depth 3; }
+
 train() {  # PART DATA MAX_UPDATE [extra fairseq args]
     local part=$1 name=$2 updates=$3; shift 3
     NUM_GPUS=0 MAX_UPDATE=$updates SAVE_DIR="$OUT/$part/ck" RESULTS_DIR="$OUT/$part" SAVE_INTERVAL_UPDATES=250 \
@@ -42,8 +44,8 @@ train() {  # PART DATA MAX_UPDATE [extra fairseq args]
 for part in $PARTS; do
     case $part in
         short) data short --min-length 20 --max-length 150; train short short 3000 ;;
-        shallow) data shallow --min-length 5 --max-length 80 --max-depth 3; train shallow shallow 2500 ;;
-        shallow_tf) data shallow --min-length 5 --max-length 80 --max-depth 3
+        shallow) shallow_data; train shallow shallow 2500 ;;
+        shallow_tf) shallow_data
             train shallow_tf shallow 2500 --arch transformer_lra --encoder-embed-dim 32 --encoder-layers 6 \
                 --norm syncbatch --positions sin ;;
         full) data full --test 2000 ;;
