@@ -65,8 +65,38 @@ def main() -> None:
 
     if not hasattr(options.parse_args_and_arch, "__wrapped__"):
         options.parse_args_and_arch = _bf16_without_tpu(options.parse_args_and_arch)
+    _log_file_once()
     train.cli_main()
     exit_now()
+
+
+def _log_file_once() -> None:
+    """``--log-file`` writes each line once.
+
+    fairseq 0.12's ``progress_bar()`` adds a new ``FileHandler`` for ``--log-file`` to its module's
+    logger every time it makes a progress bar, i.e. once per epoch: from the second epoch on every
+    progress and validation line of the file is repeated, n times in epoch n of the process (seen in
+    the LRA runs' train.log, 2026-11-25). Wrapped here: the handler is added only when that logger has
+    none for the same file yet."""
+    import logging
+    import os
+
+    from fairseq.logging import progress_bar as module
+
+    if hasattr(module.progress_bar, "__wrapped__"):
+        return
+    make = module.progress_bar
+    logger = logging.getLogger(module.__name__)
+
+    def progress_bar(*args, log_file=None, **kwargs):
+        if log_file is not None:
+            path = os.path.abspath(log_file)
+            if any(isinstance(h, logging.FileHandler) and h.baseFilename == path for h in logger.handlers):
+                log_file = None
+        return make(*args, log_file=log_file, **kwargs)
+
+    progress_bar.__wrapped__ = make
+    module.progress_bar = progress_bar
 
 
 def exit_now() -> None:

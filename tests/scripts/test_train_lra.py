@@ -159,6 +159,11 @@ def test_cpu_run_end_to_end_and_resume(tmp_path):
     assert (tmp_path / "runs" / "results.md").is_file() and (tmp_path / "runs" / "results.csv").is_file()
     assert (tmp_path / "runs" / "listops_hgrn1" / "logs" / "train.log").is_file()
     assert (tmp_path / "runs" / "listops_hgrn1" / "finished_max_update_12").is_file()
+    # 12 updates = 3 epochs of 4, validations at each epoch end and the save at 6: once each (fairseq 0.12
+    # alone writes epoch n's lines n times into --log-file)
+    log = open(tmp_path / "runs" / "listops_hgrn1" / "logs" / "train.log").read().splitlines()
+    valid = [line for line in log if "valid on 'valid' subset" in line]
+    assert [int(re.search(r"num_updates (\d+)", line).group(1)) for line in valid] == [4, 6, 8, 12], valid
     # rerun of a finished run: no training (fairseq would make a 13th update), straight to the test
     p = run(["listops", "hgrn1", data, *tiny], env=dict(env, SKIP_TEST="1"), timeout=300)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
