@@ -207,6 +207,21 @@ def report_args(out, **kw):
     return argparse.Namespace(**base)
 
 
+def test_report_counts_differences_within_a_point_as_ties(sweep, tmp_path):
+    results = [result(sweep, "hgrn1", 64, 1e-3, final=6.1), result(sweep, "hgrn2", 64, 1e-3, final=6.4),
+               result(sweep, "hgrn1", 128, 1e-3, final=5.9), result(sweep, "hgrn2", 128, 1e-3, final=99.99),
+               result(sweep, "hgrn1", 256, 1e-3, final=8.0), result(sweep, "hgrn2", 256, 1e-3, final=6.9)]
+    sweep.write_reports(results, [sweep.Setting(64, 4)], ["hgrn1", "hgrn2"], [64, 128, 256],
+                        report_args(tmp_path, reveal_answers=True))
+    table = (tmp_path / "table.md").read_text()
+    assert "| 64 | 6.1 (lr 0.001) | 6.4 (lr 0.001) | tie (within 1) |" in table
+    assert "| 128 | 5.9 (lr 0.001) | 100.0 (lr 0.001) | yes |" in table
+    assert "| 256 | 8.0 (lr 0.001) | 6.9 (lr 0.001) | no |" in table
+    assert "HGRN2 beats HGRN1 by more than 1 point at 1 of 3 widths measured, ties at 1 (finished runs only)." in table
+    # 4 pairs with the answers shown: (1 + 1/2 + 1/3 + 1/4) / 4 (docs/mqar.md: 52.1%)
+    assert "shown ones excluded): 52.1%." in table
+
+
 def test_report_marks_cut_cells_and_counts_only_finished_runs(sweep, tmp_path):
     results = [
         # d 64: both finished, HGRN2 wins
@@ -229,8 +244,9 @@ def test_report_marks_cut_cells_and_counts_only_finished_runs(sweep, tmp_path):
     assert "| 128 | 3.1* (lr 0.003, cut at 400/1000 upd) | 1.0 (lr 0.001) | - |" in table
     assert "| 256 | 0.021* (lr 0.001, cut at 300/1000 upd) | -* (lr 0.003, cut at 50/1000 upd) | - |" in table
     assert "| 512 | 50.0 (lr 0.001) | 40.0 (lr 0.001) | no |" in table
-    assert ("HGRN2 beats HGRN1 at 1 of 2 widths measured (finished runs only; 2 not measured); "
-            "3 of 8 cells unfinished (marked *).") in table
+    assert ("HGRN2 beats HGRN1 by more than 1 point at 1 of 2 widths measured, ties at 0 (finished runs only; "
+            "2 not measured); 3 of 8 cells unfinished (marked *).") in table
+    assert "Without recall (the example's values known, not their keys): 1/4 = 25%." in table
     assert "\\* no run of this cell finished its schedule (cut by the run timeout, or paused" in table
     assert "1000 updates of batch 64 per run (1 epoch(s) of 1000), 100 of them warm-up." in table
     assert "every 100 updates" in table
