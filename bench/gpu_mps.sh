@@ -1,6 +1,12 @@
-# Sourced by bench/gpu_checks.sh (mqar stage) and bench/gpu_mqar.sh, from the repository root.
-# CUDA MPS for the mqar stage: sets MPS_MODE to what was used (MPS on, or off and why).
+# Sourced by bench/gpu_checks.sh (mqar stage), bench/gpu_mqar.sh, bench/gpu_lra.sh and bench/gpu_session.sh,
+# from the repository root. CUDA MPS: sets MPS_MODE to what was used (MPS on, or off and why).
+# MPS_SHARED=1 (exported by gpu_session.sh when its stages run at once, SESSION_PARALLEL=1, with the daemon
+# it started): start_mps and stop_mps leave that daemon alone (a start would quit it under the other stage).
 start_mps() {
+  if [ "${MPS_SHARED:-0}" = 1 ]; then
+    MPS_MODE="${MPS_SHARED_MODE:-CUDA MPS as gpu_session.sh set it up} (shared by the session's stages)"
+    return
+  fi
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   local why="" check rc
@@ -28,6 +34,7 @@ start_mps() {
   MPS_MODE="MPS off: $why; the runs sharing a GPU time-slice it"
 }
 stop_mps() {
+  [ "${MPS_SHARED:-0}" = 1 ] && return
   [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo quit | timeout 30 nvidia-cuda-mps-control > /dev/null 2>&1
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 }

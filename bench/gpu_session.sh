@@ -11,7 +11,12 @@
 #   lm_speed    bench/bench_train.py (LM_SPEED_ARGS): the LMs' training tokens/s against transformer_lm
 #   profile_image  bench/profile_image.py (PROFILE_IMAGE_ARGS): where an image training step spends GPU time
 #   baselines   bench/gpu_baselines.sh     lm_eval     bench/gpu_lm_eval.sh
+#   mqar        bench/gpu_mqar.sh: one slice of the MQAR sweep (its MQAR_* knobs; MQAR_CALL_S defaults to the
+#               stage's limit - 5). Its files come back inside session.tgz (mqar/mqar_results.tgz, ...) except
+#               the checkpoint parts mqar_ckpt.tar.partNN, which travel alone.
 #   tests:PATHS... is not a stage: use TEST_PATHS with bench/gpu_checks.sh for kernel tests.
+# SESSION_PARALLEL=1 runs the stages at the same time, under one CUDA MPS daemon they share (e.g.
+#   SESSION_PARALLEL=1 LRA_PARTS=listops LRA_CONCURRENT=1 ... bash bench/gpu_session.sh lra:540 mqar:540).
 # SAVE_FAIRSEQ_WHEEL=1 returns the fairseq wheel built here in $OUT (two parts; see gpu_fairseq.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,9 +34,8 @@ export PYTHONPATH=$R:/tmp/site:/tmp/site2 PATH=/tmp/site2/bin:$PATH
 export TRITON_CACHE_DIR=/tmp/tc
 mkdir -p /tmp/tc
 
-for spec in "$@"; do
-  stage=${spec%%:*}
-  limit=300
+run_stage() {  # SPEC (STAGE[:SECONDS]): the stage under its time limit, its output in $OUT/STAGE.log
+  local spec=$1 stage=${1%%:*} limit=300 cmd
   [ "$spec" != "$stage" ] && limit=${spec#*:}
   case $stage in
     precision) cmd=(python3 bench/bench_precision.py --out "$OUT/precision") ;;
@@ -41,14 +45,39 @@ for spec in "$@"; do
     profile_image) cmd=(python3 bench/profile_image.py --out "$OUT/profile_image" ${PROFILE_IMAGE_ARGS:-}) ;;
     baselines) cmd=(bash bench/gpu_baselines.sh) ;;
     lm_eval) cmd=(bash bench/gpu_lm_eval.sh) ;;
-    *) echo "gpu_session.sh: unknown stage '$stage'"; continue ;;
+    # the sweep's slice ends so that it has packed before the stage's limit
+    mqar) cmd=(env MQAR_CALL_S="${MQAR_CALL_S:-$(( limit - 5 ))}" bash bench/gpu_mqar.sh) ;;
+    *) echo "gpu_session.sh: unknown stage '$stage'"; return ;;
   esac
   echo "== $stage (limit ${limit}s) at $(el)s"
   mkdir -p "$OUT/$stage"
   OUT=$OUT/$stage timeout "$limit" "${cmd[@]}" > "$OUT/$stage.log" 2>&1
   echo "== $stage rc=$? at $(el)s"
-  tail -25 "$OUT/$stage.log"
-done
+}
+
+if [ "${SESSION_PARALLEL:-0}" = 1 ]; then
+  # All stages at once on the machine's GPU(s), under one CUDA MPS daemon that the stages share (their own
+  # start_mps/stop_mps leave it alone: MPS_SHARED); small models (LRA ListOps, MQAR) leave a GPU partly idle.
+  . bench/gpu_mps.sh
+  start_mps
+  export MPS_SHARED=1 MPS_SHARED_MODE="$MPS_MODE"
+  echo "== stages at once: $*; $MPS_MODE"
+  for spec in "$@"; do
+    run_stage "$spec" &
+  done
+  wait
+  unset MPS_SHARED
+  stop_mps
+  for spec in "$@"; do
+    echo "-- ${spec%%:*}"
+    tail -25 "$OUT/${spec%%:*}.log"
+  done
+else
+  for spec in "$@"; do
+    run_stage "$spec"
+    tail -25 "$OUT/${spec%%:*}.log"
+  done
+fi
 echo "all done at $(el)s"
 # $OUT brings back at most 8 files of 16 MiB: everything but the wheel parts travels as one archive
 # (split when larger).
