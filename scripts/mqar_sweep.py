@@ -9,7 +9,8 @@ validation accuracy on the held-out set from its JSON log, keeps the best learni
 
 * ``runs.csv``: every run (final and best validation accuracy, updates done and planned, training
   speed, wall time, GPU, status), the selected learning rates marked;
-* ``table.md``: per setting, the best accuracy per d for each model and whether HGRN2 beats HGRN1;
+* ``table.md``: per setting, the best accuracy per d for each model, whether HGRN2 beats HGRN1 (by more
+  than ``WIN_MARGIN`` points, else a tie) and the accuracy a model without recall gets;
 * ``plot.png``: accuracy vs d, one line per model, one panel per setting;
 * ``runs/<name>.json`` and ``logs/<name>.log``: per-run results (with every validation as
   ``valid_curve``: ``[updates, accuracy]`` pairs) and fairseq logs.
