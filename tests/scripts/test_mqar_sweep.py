@@ -7,6 +7,7 @@ import csv
 import json
 import os
 import subprocess
+import sys
 import threading
 
 import pytest
@@ -476,3 +477,26 @@ def test_run_mqar_passes_the_issue_25_variables():
     r = run_mqar_sh(env)
     assert "--slice-s" not in r.stdout and "--reveal-answers" not in r.stdout
     assert "--hgrn2-expand 64,128" in r.stdout
+
+
+# The commands docs/mqar.md gives for the committed GPU results (section 3) rewrite their tables as committed.
+GPU_RESULTS = os.path.join(REPO, "bench", "results", "mqar_gpu_h100_2026-11-25")
+
+
+@pytest.mark.parametrize("folder, grid", [
+    ("seq256", dict(SETTINGS="256:16", LRS="1e-4,5e-4,1e-3,5e-3", EPOCHS="8")),
+    ("seq512", dict(SETTINGS="512:64", LRS="1e-3", EPOCHS="4")),
+])
+def test_committed_gpu_tables_come_back_from_their_run_records(tmp_path, folder, grid):
+    import shutil
+
+    src = os.path.join(GPU_RESULTS, folder)
+    shutil.copytree(os.path.join(src, "runs"), tmp_path / "runs")
+    env = subprocess_env()
+    env.update(OUT=str(tmp_path), EXPAND="128", BATCH_SIZE="64", VALIDATE_EVERY="1000", TRAIN_SIZE="100000",
+               PYTHON=sys.executable, **grid)
+    r = run_mqar_sh(env, "--report-only", "--no-plot")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "table.md").read_text() == open(os.path.join(src, "table.md")).read()
+    with open(tmp_path / "runs.csv") as f, open(os.path.join(src, "runs.csv")) as g:
+        assert list(csv.DictReader(f)) == list(csv.DictReader(g))
