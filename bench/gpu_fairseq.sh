@@ -1,12 +1,15 @@
 # Sourced by the GPU-machine scripts (bench/gpu_checks.sh, bench/gpu_session.sh) from the repository root,
 # with R set to it and OUT to the results folder. gpu_env installs the wheels of .whl/ into /tmp/site,
-# puts the repository and them on the PYTHONPATH and records the GPU and versions in $OUT/env.txt;
+# puts the repository and them on the PYTHONPATH and records the GPU and versions (gpu_versions) in $OUT/env.txt;
 # install_fairseq installs fairseq-fixed into /tmp/site2.
 gpu_env() {
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$R"/.whl/*.whl 2>/dev/null
   export PYTHONPATH=$R:/tmp/site
-  { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-    python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee "$OUT/env.txt"
+  gpu_versions | tee "$OUT/env.txt"
+}
+gpu_versions() {  # the GPU, its driver, torch and triton (what $OUT/env.txt records)
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 }
 # fairseq-fixed into /tmp/site2 (console scripts in /tmp/site2/bin): the prebuilt wheel, else a wheel
 # built from the sdist. The other sdists of .whl/ (antlr4) are pure Python and install from source.

@@ -44,11 +44,10 @@ STATE=${MQAR_STATE:-results/mqar_gpu}
 CARRY=${MQAR_CARRY:-results/mqar_carry}
 say() { echo "$*" | tee -a "$LOG"; }
 
+. bench/gpu_fairseq.sh  # gpu_env, gpu_versions, install_fairseq
 if python3 -c "import fairseq" > /dev/null 2>&1; then  # under gpu_session.sh (stage mqar): set up already
-  { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-    python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > "$OUT/env.txt" 2>&1
+  gpu_versions > "$OUT/env.txt" 2>&1
 else
-  . bench/gpu_fairseq.sh  # gpu_env, install_fairseq
   gpu_env
   if [ ! -d /tmp/site2/fairseq ]; then
     install_fairseq > /tmp/fairseq_build.log 2>&1 || { cat /tmp/fairseq_build.log | tee -a "$LOG"; exit 1; }
