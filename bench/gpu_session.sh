@@ -15,8 +15,9 @@
 #               stage's limit - 5). Its files come back inside session.tgz (mqar/mqar_results.tgz, ...) except
 #               the checkpoint parts mqar_ckpt.tar.partNN, which travel alone.
 #   tests:PATHS... is not a stage: use TEST_PATHS with bench/gpu_checks.sh for kernel tests.
-# SESSION_PARALLEL=1 runs the stages at the same time, under one CUDA MPS daemon they share (e.g.
-#   SESSION_PARALLEL=1 LRA_PARTS=listops LRA_CONCURRENT=1 ... bash bench/gpu_session.sh lra:540 mqar:540).
+# SESSION_PARALLEL=1 runs the stages at the same time, under one CUDA MPS daemon they share. Only for stages
+#   that leave a GPU idle: LRA ListOps beside the MQAR sweep's 8 jobs measured no gain (H200 2026-11-25:
+#   ListOps at ~35% of its rate, the sweep at ~55%; docs/lra.md), so run those one after the other.
 # SAVE_FAIRSEQ_WHEEL=1 returns the fairseq wheel built here in $OUT (two parts; see gpu_fairseq.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
