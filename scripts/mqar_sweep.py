@@ -97,15 +97,18 @@ class Run:
     max_update: int = 0  # the whole schedule: cosine length, warm-up share, --max-update
     expand: int = 0  # hgrn2: --expand-ratio (0: the arch's default, min(d, 128))
     batch_size: int = 0  # 0: --batch-size of the sweep
+    seed: int = 1  # fairseq --seed (the model's initialisation and the batch order)
 
     @property
     def name(self) -> str:
-        return run_name(self.setting.seq_len, self.setting.num_kv_pairs, self.model, self.d, self.lr, self.expand)
+        return run_name(self.setting.seq_len, self.setting.num_kv_pairs, self.model, self.d, self.lr, self.expand,
+                        self.seed)
 
 
-def run_name(seq_len: int, kv: int, model: str, d: int, lr: float, expand: int = 0) -> str:
+def run_name(seq_len: int, kv: int, model: str, d: int, lr: float, expand: int = 0, seed: int = 1) -> str:
+    """Seed 1 has no suffix, so the records of sweeps from before --seeds keep their names."""
     variant = f"{model}_e{expand}" if expand else model
-    return f"seq{seq_len}_kv{kv}_{variant}_d{d}_lr{lr:g}"
+    return f"seq{seq_len}_kv{kv}_{variant}_d{d}_lr{lr:g}" + (f"_s{seed}" if seed != 1 else "")
 
 
 def variant_label(model: str, expand: int) -> str:
@@ -138,6 +141,7 @@ class RunResult:
     segments: int = 0  # fairseq-train processes the run took (1 + resumptions from its checkpoint)
     restarts: int = 0  # times it started over because its checkpoint was missing
     reveal_answers: bool = False  # the task's pre-issue-25 layout (answers shown after the queries)
+    seed: int = 1  # fairseq --seed of the run (records from before --seeds: 1, the only seed then)
 
     @classmethod
     def from_json(cls, data: Dict) -> "RunResult":
@@ -282,7 +286,7 @@ def fairseq_command(run: Run, args, use_cpu: bool, stop_at_update: int = 0,
         "--batch-size", batch,
         "--save-dir", checkpoint_dir(args, run.name),  # per run (without checkpoints: only probed)
         "--num-workers", 0, "--log-format", "json",
-        "--log-interval", args.log_interval, "--seed", args.seed,
+        "--log-interval", args.log_interval, "--seed", run.seed,
     ]
     every = getattr(args, "checkpoint_every", 0)
     if every > 0:  # checkpoint_last.pt (and the newest interval one) only
@@ -468,6 +472,7 @@ def run_one(run: Run, args, use_cpu: bool, deadline: Optional[float] = None,
         max_update=run.max_update, updates_per_s=None if ups is None else round(ups, 2), gpu=gpu,
         valid_curve=parsed["curve"], expand=run.expand, batch_size=run.batch_size or int(args.batch_size),
         segments=segments + 1, restarts=restarts, reveal_answers=bool(getattr(args, "reveal_answers", False)),
+        seed=run.seed,
     )
 
 
@@ -477,13 +482,14 @@ def run_one(run: Run, args, use_cpu: bool, deadline: Optional[float] = None,
 
 def select_best(results: List[RunResult]) -> Dict:
     """(seq_len, kv, model, d) -> the run with the best final accuracy (ties: best accuracy, then the
-    smaller learning rate) over the learning rates and, for HGRN2, the expand ratios."""
+    smaller learning rate, then the smaller seed) over the learning rates, the seeds and, for HGRN2, the
+    expand ratios."""
     best = {}
     for r in results:
         if r.final_acc is None:
             continue
         key = (r.seq_len, r.num_kv_pairs, r.model, r.d)
-        score = (r.final_acc, r.best_acc or 0.0, -r.lr)
+        score = (r.final_acc, r.best_acc or 0.0, -r.lr, -r.seed)
         if key not in best or score > best[key][0]:
             best[key] = (score, r)
     return {k: v[1] for k, v in best.items()}
@@ -506,7 +512,7 @@ def select_cut(results: List[RunResult], best: Dict) -> Dict:
 UNFINISHED = ("timeout", "paused")
 CSV_COLUMNS = ["seq_len", "num_kv_pairs", "model", "d", "lr", "final_acc", "best_acc", "final_loss", "epochs",
                "updates", "max_update", "updates_per_s", "wall_s", "status", "gpu", "expand", "batch_size",
-               "segments", "restarts", "selected"]
+               "segments", "restarts", "seed", "selected"]
 
 
 def write_csv(path: str, results: List[RunResult], best: Dict) -> None:
@@ -514,7 +520,7 @@ def write_csv(path: str, results: List[RunResult], best: Dict) -> None:
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(CSV_COLUMNS)
-        for r in sorted(results, key=lambda r: (r.seq_len, r.num_kv_pairs, r.model, r.d, r.lr)):
+        for r in sorted(results, key=lambda r: (r.seq_len, r.num_kv_pairs, r.model, r.d, r.lr, r.seed)):
             row = asdict(r)
             row["selected"] = int(r.name in chosen)
             writer.writerow(["" if row[c] is None else row[c] for c in CSV_COLUMNS])
@@ -526,7 +532,7 @@ def fmt_pct(x: float) -> str:
 
 
 def _hp(r: RunResult) -> str:
-    return f"lr {r.lr:g}" + (f", e {r.expand}" if r.expand else "")
+    return f"lr {r.lr:g}" + (f", e {r.expand}" if r.expand else "") + (f", seed {r.seed}" if r.seed != 1 else "")
 
 
 def fmt_acc(r: Optional[RunResult]) -> str:
@@ -584,6 +590,8 @@ def write_table(path: str, results: List[RunResult], best: Dict, cut: Dict, sett
         + f", AdamW wd "
         f"{args.weight_decay}, gradient clip {getattr(args, 'clip_norm', '-')}, cosine with "
         f"{args.warmup_frac:g} warm-up; 2 layers, no MLP, no positions. "
+        + (f"Seeds {args.seeds} (best per cell over them). " if str(getattr(args, "seeds", "1")) != "1" else "")
+        + 
         f"Chance: {100.0 / (args.vocab_size - 1 - (args.vocab_size - 1) // 2):.3g}%. Validation at the end of "
         "every epoch" + (f" and every {every} updates" if every else "") + ".",
         "",
@@ -715,19 +723,22 @@ def hgrn2_expands(d: int, expands: List[int]) -> List[int]:
 
 
 def order_runs(settings, models, dims, lrs, totals: Dict[str, int], expands: List[int] = (),
-               batches: Optional[Dict[str, int]] = None) -> List[Run]:
+               batches: Optional[Dict[str, int]] = None, seeds: List[int] = (1,)) -> List[Run]:
     """Per setting, the biggest d first so parallel jobs end together. Within one d the (model, expand,
     lr) triples are rotated by one per width, so that runs started together and dealt round the GPUs
     do not give one GPU every run of one model and learning rate (HGRN2 steps cost more than HGRN1's).
-    HGRN2 runs once per expand ratio that d allows (``hgrn2_expands``)."""
+    HGRN2 runs once per expand ratio that d allows (``hgrn2_expands``). Each seed repeats the whole grid
+    after the one before, so a sweep cut short has every cell of the first seeds."""
     runs = []
-    for s in settings:
-        for i, d in enumerate(sorted(dims, reverse=True)):
-            triples = [(m, e, lr) for m in models for e in (hgrn2_expands(d, list(expands)) if m == "hgrn2" else [0])
-                       for lr in lrs]
-            shift = i % len(triples)
-            runs += [Run(s, m, d, lr, totals[s.name], expand=e, batch_size=(batches or {}).get(s.name, 0))
-                     for m, e, lr in triples[shift:] + triples[:shift]]
+    for seed in seeds:
+        for s in settings:
+            for i, d in enumerate(sorted(dims, reverse=True)):
+                triples = [(m, e, lr) for m in models
+                           for e in (hgrn2_expands(d, list(expands)) if m == "hgrn2" else [0]) for lr in lrs]
+                shift = i % len(triples)
+                runs += [Run(s, m, d, lr, totals[s.name], expand=e, batch_size=(batches or {}).get(s.name, 0),
+                             seed=seed)
+                         for m, e, lr in triples[shift:] + triples[:shift]]
     return runs
 
 
@@ -773,7 +784,10 @@ def main(argv=None) -> None:
     p.add_argument("--warmup-frac", type=float, default=0.1, help="warm-up share of all updates")
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--clip-norm", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=1, help="model seed")
+    p.add_argument("--seeds", default="1",
+                   help="model seeds (fairseq --seed: initialisation and batch order), e.g. 1,2,3: the grid runs "
+                        "once per seed and each cell shows its best run over them. Runs of seed 1 have no suffix, "
+                        "others end in _sN")
     p.add_argument("--data-seed", type=int, default=1)
     p.add_argument("--jobs", type=int, default=1,
                    help="runs at the same time (they share the GPUs). On GPU with --jobs > 1 each run gets "
@@ -826,6 +840,9 @@ def main(argv=None) -> None:
             raise SystemExit(f"--models: {m!r} is not one of {sorted(ARCHS)}")
     dims = parse_list(args.dims, int)
     lrs = parse_list(args.lrs, float)
+    seeds = parse_list(args.seeds, int)
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise SystemExit(f"--seeds {args.seeds!r}: expected distinct integers, e.g. 1,2,3")
     os.makedirs(os.path.join(args.out, "runs"), exist_ok=True)
     import torch  # noqa: E402 (only to see whether CUDA is there)
 
@@ -840,7 +857,7 @@ def main(argv=None) -> None:
                          "they need --checkpoint-every > 0")
     expands = parse_list(args.hgrn2_expand, int)
     totals = planned_updates(args, settings)
-    runs = order_runs(settings, models, dims, lrs, totals, expands, batch_sizes(args, settings))
+    runs = order_runs(settings, models, dims, lrs, totals, expands, batch_sizes(args, settings), seeds)
     if args.dry_run:
         for run in runs:
             print(" ".join(shlex.quote(c) for c in fairseq_command(run, args, use_cpu)))

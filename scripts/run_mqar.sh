@@ -7,6 +7,8 @@
 # scripts/mqar_sweep.py (e.g. --dry-run, --force, --report-only, --run-timeout 120):
 #   OUT [results/mqar]  SETTINGS [256:16,512:64]  MODELS [hgrn1,hgrn2]  DIMS [64,128,256,512]
 #   LRS [1e-4,5e-4,1e-3,5e-3]  EXPAND [64,128: HGRN2 expand ratios, each where <= d]
+#   SEEDS [1]: model seeds; the grid runs once per seed, each cell shows its best run over them (runs of
+#       seed 1 keep their names, others end in _sN, so SEEDS=1,2 adds seed 2 to a finished seed-1 sweep)
 #   VOCAB_SIZE [8192]  TRAIN_SIZE [100000]  TEST_SIZE [3000]
 #   BATCH_SIZE [64]: one value or one per setting (the paper: 256,64)
 #   EPOCHS [32]: epochs per run, one value or one per setting (EPOCHS=6,3 with SETTINGS=256:16,512:64)
@@ -41,6 +43,7 @@ args=(
   --models "${MODELS:-hgrn1,hgrn2}"
   --dims "${DIMS:-64,128,256,512}"
   --lrs "${LRS:-1e-4,5e-4,1e-3,5e-3}"
+  --seeds "${SEEDS:-1}"
   --hgrn2-expand "${EXPAND-64,128}"
   --vocab-size "${VOCAB_SIZE:-8192}"
   --train-size "${TRAIN_SIZE:-100000}"

@@ -260,6 +260,46 @@ def test_report_marks_cut_cells_and_counts_only_finished_runs(sweep, tmp_path):
     assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_seeds_repeat_the_grid_and_each_cell_takes_its_best_seed(sweep, tmp_path):
+    # the same recipe escaped on one GPU and not on another (docs/mqar.md): --seeds runs a cell more than once
+    settings = [sweep.Setting(256, 16)]
+    runs = sweep.order_runs(settings, ["hgrn1", "hgrn2"], [64, 128], [1e-3, 5e-3], {"seq256_kv16": 900},
+                            seeds=[1, 2])
+    assert len(runs) == 16 and len({r.name for r in runs}) == 16
+    assert [r.seed for r in runs] == [1] * 8 + [2] * 8  # a sweep cut short has every cell of seed 1
+    one = {r.name for r in runs if r.seed == 1}
+    assert "seq256_kv16_hgrn2_d64_lr0.005" in one  # seed 1 keeps the names of sweeps before --seeds
+    assert {r.name for r in runs if r.seed == 2} == {n + "_s2" for n in one}
+    args = argparse.Namespace(out="/tmp/x", vocab_size=64, train_size=1000, test_size=10, data_seed=7,
+                              weight_decay=0.1, clip_norm=1.0, warmup_frac=0.1, batch_size=64, log_interval=10,
+                              fairseq_args="", validate_interval_updates=0)
+    cmd = sweep.fairseq_command(runs[-1], args, use_cpu=True)
+    assert cmd[cmd.index("--seed") + 1] == "2" and cmd[cmd.index("--data-seed") + 1] == "7"
+
+    def seeded(model, d, lr, seed, final):
+        r = result(sweep, model, d, lr, final=final)
+        r.seed, r.name = seed, r.name + (f"_s{seed}" if seed != 1 else "")
+        return r
+
+    results = [seeded("hgrn1", 64, 1e-3, 1, 6.0), seeded("hgrn1", 64, 1e-3, 2, 5.0),
+               seeded("hgrn2", 64, 1e-3, 1, 6.3), seeded("hgrn2", 64, 1e-3, 2, 99.0),
+               seeded("hgrn2", 64, 5e-3, 1, 50.0)]
+    sweep.write_reports(results, [sweep.Setting(64, 4)], ["hgrn1", "hgrn2"], [64],
+                        report_args(tmp_path, seeds="1,2", no_plot=True))
+    table = (tmp_path / "table.md").read_text()
+    assert "| 64 | 6.0 (lr 0.001) | 99.0 (lr 0.001, seed 2) | yes |" in table
+    assert "Seeds 1,2 (best per cell over them)." in table
+    with open(tmp_path / "runs.csv") as f:
+        rows = list(csv.DictReader(f))
+    picked = [(r["model"], r["lr"], r["seed"]) for r in rows if r["selected"] == "1"]
+    assert sorted(picked) == [("hgrn1", "0.001", "1"), ("hgrn2", "0.001", "2")]
+    with pytest.raises(SystemExit, match=r"--seeds '1,1': expected distinct integers"):
+        sweep.main(["--out", str(tmp_path / "x"), "--seeds", "1,1", "--report-only"])
+    # a record from before --seeds is seed 1
+    assert sweep.RunResult.from_json({k: v for k, v in json.loads(json.dumps(
+        sweep.asdict(results[0]))).items() if k != "seed"}).seed == 1
+
+
 OLD_JSON = {  # a run JSON written before valid_curve / max_update / updates_per_s / gpu existed
     "name": "seq256_kv16_hgrn1_d64_lr0.003", "seq_len": 256, "num_kv_pairs": 16, "model": "hgrn1", "d": 64,
     "lr": 0.003, "status": "timeout", "final_acc": None, "best_acc": 1.794, "final_loss": 10.326, "epochs": 2,
@@ -470,13 +510,15 @@ def test_run_mqar_passes_the_issue_25_variables():
     r = run_mqar_sh(env)
     assert r.returncode == 0, r.stderr
     for part in ["--slice-s 480", "--checkpoint-every 500", "--reveal-answers", "--hgrn2-expand 128",
-                 "--batch-size 256,64", "--lrs 1e-4,5e-4,1e-3,5e-3"]:
+                 "--batch-size 256,64", "--lrs 1e-4,5e-4,1e-3,5e-3", "--seeds 1 "]:
         assert part in r.stdout, (part, r.stdout)
     for name in ("SLICE_S", "REVEAL_ANSWERS", "EXPAND"):
         env.pop(name)
     r = run_mqar_sh(env)
     assert "--slice-s" not in r.stdout and "--reveal-answers" not in r.stdout
     assert "--hgrn2-expand 64,128" in r.stdout
+    env["SEEDS"] = "1,2,3"
+    assert "--seeds 1,2,3 " in run_mqar_sh(env).stdout
 
 
 # The commands docs/mqar.md gives for the committed GPU results (section 3) rewrite their tables as committed.
