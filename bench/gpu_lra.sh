@@ -11,7 +11,9 @@
 # Parts:
 # A call has ~600 s in all: gpu_session.sh's set-up (~1 min), data (~1.5 min for ListOps), and per model
 # LRA_TRAIN_MINUTES plus ~1 min (start-up, Triton autotuning, validation, test). LRA_MODELS="hgrn1" (or
-# "hgrn2") trains one model per call, e.g. LRA_MODELS=hgrn1 LRA_TRAIN_MINUTES=5 for a longer run.
+# "hgrn2") trains one model per call, e.g. LRA_MODELS=hgrn1 LRA_TRAIN_MINUTES=5 for a longer run. An entry
+# MODEL:SEED trains that model with another seed than the recipe's 2222 in its own run, TASK_MODEL_sSEED
+# (e.g. LRA_MODELS="hgrn2 hgrn1:2" LRA_CONCURRENT=1: HGRN2 continues while a second HGRN1 seed starts).
 #   listops     ListOps from the offline generator at LRA's full size (96k/2k/2k, data_prep/lra_listops.py),
 #               data_prep/prepare_lra.py, then `scripts/train_lra.sh listops hgrn1` and `... hgrn2` with
 #               the papers' recipes shortened to LRA_LISTOPS_UPDATES updates (default 2500; warm-up scaled,
@@ -92,21 +94,28 @@ data_ready() {  # TASK: a warm machine keeps the prepared data of an earlier cal
     [ -f "$WORK/data-bin/$1/meta.json" ] && [ -z "${LRA_REGENERATE:-}" ] && echo "== $1 data: reusing $WORK/data-bin/$1"
 }
 
-train_one() {  # TASK UPDATES MODEL: one model, shortened recipe, test evaluation
-    local task=$1 updates=$2 model=$3 run cap
-    run=$WORK/runs/${task}_$model
+run_id() {  # TASK SPEC: the run's folder name; SPEC is MODEL (the recipe's seed) or MODEL:SEED (-> TASK_MODEL_sSEED)
+    local model=${2%%:*}
+    if [ "$2" = "$model" ]; then echo "$1_$model"; else echo "$1_${model}_s${2#*:}"; fi
+}
+
+train_one() {  # TASK UPDATES SPEC: one model (SPEC: MODEL or MODEL:SEED), shortened recipe, test evaluation
+    local task=$1 updates=$2 model=${3%%:*} id run cap seed=()
+    id=$(run_id "$task" "$3")
+    [ "$3" != "$model" ] && seed=(--seed "${3#*:}")
+    run=$WORK/runs/$id
     cap=$(awk "BEGIN { printf \"%.3f\", $(trained_minutes "$run") + $MINUTES }")
-    echo "== train $task $model: MAX_UPDATE=$updates, this slice at most $MINUTES min (cumulative cap $cap min) (at $(el)s)"
-    SAVE_DIR=$run LOG_DIR=$OUT/runs/${task}_$model RESULTS_DIR=$WORK/runs \
+    echo "== train $id: MAX_UPDATE=$updates, this slice at most $MINUTES min (cumulative cap $cap min) (at $(el)s)"
+    SAVE_DIR=$run LOG_DIR=$OUT/runs/$id RESULTS_DIR=$WORK/runs \
         MAX_UPDATE=$updates TRAIN_MINUTES=$cap NUM_GPUS=${LRA_NUM_GPUS:-1} SAVE_INTERVAL_UPDATES=500 \
         timeout "$(awk "BEGIN { printf \"%.0f\", $MINUTES * 60 + 150 }")" \
-        bash scripts/train_lra.sh "$task" "$model" "$WORK/data-bin/$task" ${LRA_TRAIN_EXTRA:-} \
-        > "$OUT/runs/train_${task}_$model.log" 2>&1
-    echo "   $task $model rc=$? at $(el)s"
+        bash scripts/train_lra.sh "$task" "$model" "$WORK/data-bin/$task" ${LRA_TRAIN_EXTRA:-} "${seed[@]}" \
+        > "$OUT/runs/train_$id.log" 2>&1
+    echo "   $id rc=$? at $(el)s"
 }
 
 train_both() {  # TASK UPDATES: the models of LRA_MODELS one after the other, or at once (LRA_CONCURRENT=1)
-    local task=$1 updates=$2 models=${LRA_MODELS:-hgrn1 hgrn2} model log
+    local task=$1 updates=$2 models=${LRA_MODELS:-hgrn1 hgrn2} model log id
     if [ "${LRA_CONCURRENT:-0}" = 1 ]; then
         # The LRA models are small (ListOps HGRN1: 66k parameters) and leave the GPU partly idle (host
         # time, small kernels): both train at once, each with its own time cap, under CUDA MPS where the
@@ -127,12 +136,13 @@ train_both() {  # TASK UPDATES: the models of LRA_MODELS one after the other, or
         done
     fi
     for model in $models; do
-        log=$OUT/runs/train_${task}_$model.log
-        echo "-- $task $model"
+        id=$(run_id "$task" "$model")
+        log=$OUT/runs/train_$id.log
+        echo "-- $id"
         grep "valid on 'valid'" "$log" | tail -3
         grep "lra_eval:" "$log"
         grep -o "num_updates [0-9]*\|ups [0-9.]*" "$log" | tail -2 | tr '\n' ' '; echo
-        cp "$WORK/runs/${task}_$model/test_result.json" "$OUT/runs/${task}_$model.test_result.json" 2>/dev/null
+        cp "$WORK/runs/$id/test_result.json" "$OUT/runs/$id.test_result.json" 2>/dev/null
     done
     TRAINED=1
     cp "$WORK/runs/results.md" "$WORK/runs/results.csv" "$OUT/" 2>/dev/null
@@ -188,6 +198,7 @@ fi
 
 if [[ ",$PARTS," == *",profile,"* ]]; then  # where a training step of the entry point spends its time
     for model in ${LRA_MODELS:-hgrn1 hgrn2}; do
+        model=${model%%:*}
         echo "== profile listops $model at $(el)s"
         timeout 300 python3 bench/profile_lra_step.py listops "$model" "$WORK/data-bin/listops" --out "$OUT" \
             > "$OUT/profile_listops_$model.log" 2>&1

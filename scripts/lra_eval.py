@@ -110,6 +110,7 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
         "num_updates": updates(last_state),  # updates the run made (checkpoint_last.pt)
         "best_checkpoint_updates": updates(state),
         "planned_updates": int(cfg.optimization.max_update),
+        "seed": int(cfg.common.seed),
         "epoch": int(extra.get("train_iterator", {}).get("epoch", 0)),
         "best_valid_accuracy": extra.get("best"),
         "precision": "bf16" if bf16 else "fp32",

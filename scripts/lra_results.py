@@ -19,20 +19,25 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from lra_recipes import MODELS, TASKS, recipe  # noqa: E402
+from lra_recipes import MODELS, SEED, TASKS, recipe  # noqa: E402
 
 COLUMNS = ["task", "model", "ours", "paper", "diff", "updates", "planned_updates", "recipe_updates", "data",
            "precision", "device", "date", "examples"]
 
 
-def collect(root: str) -> dict:
+def collect(root: str, others: list = None) -> dict:
+    """(task, model) -> the test result of the run with the recipe's seed (results from before the seed
+    was recorded count as such). Runs with other seeds go to ``others`` (a list, when given) instead."""
     results = {}
     for path in sorted(glob.glob(os.path.join(root, "*", "test_result.json"))):
         with open(path) as f:
             r = json.load(f)
         model, _, task = r.get("arch", "").partition("_lra_")
         if task in TASKS and model in MODELS:
-            results[(task, model)] = r
+            if r.get("seed", SEED) == SEED:
+                results[(task, model)] = r
+            elif others is not None:
+                others.append(r)
     return results
 
 
@@ -54,6 +59,18 @@ def rows(results: dict) -> list:
                            examples=r.get("examples"))
             out.append(row)
     return out
+
+
+def other_seeds(others: list) -> str:
+    """Lines for the runs with seeds other than the recipe's (not in the table: one run per cell there)."""
+    if not others:
+        return ""
+    lines = [f"\nOther seeds (the table has the recipe's seed {SEED}):"]
+    for r in sorted(others, key=lambda r: (r["arch"], r["seed"])):
+        model, _, task = r["arch"].partition("_lra_")
+        lines.append(f"- {model.upper()} {task}, seed {r['seed']}: {r['accuracy']:.2f} after {r.get('num_updates') or 0:,} "
+                     f"updates (planned {r.get('planned_updates') or 0:,}), {r.get('device', '-')}")
+    return "\n".join(lines) + "\n"
 
 
 def markdown(table: list) -> str:
@@ -85,10 +102,11 @@ def main(argv=None) -> int:
     p.add_argument("root", nargs="?", default=os.path.join(repo, "checkpoints", "lra"))
     p.add_argument("--out-prefix", default=None, help="write PREFIX.md and PREFIX.csv (default ROOT/results)")
     args = p.parse_args(argv)
-    table = rows(collect(args.root))
+    others = []
+    table = rows(collect(args.root, others))
     prefix = args.out_prefix or os.path.join(args.root, "results")
     os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
-    text = markdown(table)
+    text = markdown(table) + other_seeds(others)
     with open(prefix + ".md", "w") as f:
         f.write(text)
     with open(prefix + ".csv", "w", newline="") as f:
