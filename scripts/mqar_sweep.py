@@ -591,8 +591,7 @@ def write_table(path: str, results: List[RunResult], best: Dict, cut: Dict, sett
         f"{args.weight_decay}, gradient clip {getattr(args, 'clip_norm', '-')}, cosine with "
         f"{args.warmup_frac:g} warm-up; 2 layers, no MLP, no positions. "
         + (f"Seeds {args.seeds} (best per cell over them). " if str(getattr(args, "seeds", "1")) != "1" else "")
-        + 
-        f"Chance: {100.0 / (args.vocab_size - 1 - (args.vocab_size - 1) // 2):.3g}%. Validation at the end of "
+        + f"Chance: {100.0 / (args.vocab_size - 1 - (args.vocab_size - 1) // 2):.3g}%. Validation at the end of "
         "every epoch" + (f" and every {every} updates" if every else "") + ".",
         "",
     ]
