@@ -13,7 +13,8 @@
 # LRA_TRAIN_MINUTES plus ~1 min (start-up, Triton autotuning, validation, test). LRA_MODELS="hgrn1" (or
 # "hgrn2") trains one model per call, e.g. LRA_MODELS=hgrn1 LRA_TRAIN_MINUTES=5 for a longer run. An entry
 # MODEL:SEED trains that model with another seed than the recipe's 2222 in its own run, TASK_MODEL_sSEED
-# (e.g. LRA_MODELS="hgrn2 hgrn1:2" LRA_CONCURRENT=1: HGRN2 continues while a second HGRN1 seed starts).
+# (e.g. LRA_MODELS="hgrn2 hgrn1:2" LRA_CONCURRENT=1: HGRN2 continues while a second HGRN1 seed starts);
+# MODEL:SEED:unmasked is the unmasked-padding ablation (--unmasked-padding, docs/lra.md) in TASK_MODEL_sSEED_unmasked.
 #   listops     ListOps from the offline generator at LRA's full size (96k/2k/2k, data_prep/lra_listops.py),
 #               data_prep/prepare_lra.py, then `scripts/train_lra.sh listops hgrn1` and `... hgrn2` with
 #               the papers' recipes shortened to LRA_LISTOPS_UPDATES updates (default 2500; warm-up scaled,
@@ -94,22 +95,35 @@ data_ready() {  # TASK: a warm machine keeps the prepared data of an earlier cal
     [ -f "$WORK/data-bin/$1/meta.json" ] && [ -z "${LRA_REGENERATE:-}" ] && echo "== $1 data: reusing $WORK/data-bin/$1"
 }
 
-run_id() {  # TASK SPEC: the run's folder name; SPEC is MODEL (the recipe's seed) or MODEL:SEED (-> TASK_MODEL_sSEED)
-    local model=${2%%:*}
-    if [ "$2" = "$model" ]; then echo "$1_$model"; else echo "$1_${model}_s${2#*:}"; fi
+run_id() {  # TASK SPEC: the run's folder name. SPEC: MODEL (the recipe's seed) -> TASK_MODEL, MODEL:SEED ->
+    # TASK_MODEL_sSEED, MODEL:SEED:unmasked (the unmasked-padding ablation) -> TASK_MODEL_sSEED_unmasked
+    local model seed flag
+    IFS=: read -r model seed flag <<< "$2"
+    echo "$1_${model}${seed:+_s$seed}${flag:+_$flag}"
 }
 
-train_one() {  # TASK UPDATES SPEC: one model (SPEC: MODEL or MODEL:SEED), shortened recipe, test evaluation
-    local task=$1 updates=$2 model=${3%%:*} id run cap seed=()
+spec_args() {  # SPEC: the fairseq-train arguments it adds (--seed N, --unmasked-padding)
+    local model seed flag
+    IFS=: read -r model seed flag <<< "$1"
+    case $flag in
+        "") ;; unmasked) echo "--unmasked-padding" ;;
+        *) echo "gpu_lra.sh: '$1' in LRA_MODELS: the third field can only be 'unmasked'" >&2; return 1 ;;
+    esac
+    [ -n "$seed" ] && echo "--seed $seed"
+    return 0
+}
+
+train_one() {  # TASK UPDATES SPEC: one model (SPEC: see run_id), shortened recipe, test evaluation
+    local task=$1 updates=$2 model=${3%%:*} id run cap seed
     id=$(run_id "$task" "$3")
-    [ "$3" != "$model" ] && seed=(--seed "${3#*:}")
+    seed=$(spec_args "$3") || return 1
     run=$WORK/runs/$id
     cap=$(awk "BEGIN { printf \"%.3f\", $(trained_minutes "$run") + $MINUTES }")
     echo "== train $id: MAX_UPDATE=$updates, this slice at most $MINUTES min (cumulative cap $cap min) (at $(el)s)"
     SAVE_DIR=$run LOG_DIR=$OUT/runs/$id RESULTS_DIR=$WORK/runs \
         MAX_UPDATE=$updates TRAIN_MINUTES=$cap NUM_GPUS=${LRA_NUM_GPUS:-1} SAVE_INTERVAL_UPDATES=500 \
         timeout "$(awk "BEGIN { printf \"%.0f\", $MINUTES * 60 + 150 }")" \
-        bash scripts/train_lra.sh "$task" "$model" "$WORK/data-bin/$task" ${LRA_TRAIN_EXTRA:-} "${seed[@]}" \
+        bash scripts/train_lra.sh "$task" "$model" "$WORK/data-bin/$task" ${LRA_TRAIN_EXTRA:-} $seed \
         > "$OUT/runs/train_$id.log" 2>&1
     echo "   $id rc=$? at $(el)s"
 }

@@ -27,14 +27,15 @@ COLUMNS = ["task", "model", "ours", "paper", "diff", "updates", "planned_updates
 
 def collect(root: str, others: list = None) -> dict:
     """(task, model) -> the test result of the run with the recipe's seed (results from before the seed
-    was recorded count as such). Runs with other seeds go to ``others`` (a list, when given) instead."""
+    was recorded count as such). Runs with other seeds or the unmasked-padding ablation go to ``others``
+    (a list, when given) instead."""
     results = {}
     for path in sorted(glob.glob(os.path.join(root, "*", "test_result.json"))):
         with open(path) as f:
             r = json.load(f)
         model, _, task = r.get("arch", "").partition("_lra_")
         if task in TASKS and model in MODELS:
-            if r.get("seed", SEED) == SEED:
+            if r.get("seed", SEED) == SEED and not r.get("unmasked_padding"):
                 results[(task, model)] = r
             elif others is not None:
                 others.append(r)
@@ -62,14 +63,17 @@ def rows(results: dict) -> list:
 
 
 def other_seeds(others: list) -> str:
-    """Lines for the runs with seeds other than the recipe's (not in the table: one run per cell there)."""
+    """Lines for the runs with seeds other than the recipe's or the unmasked-padding ablation (not in the
+    table: one run per cell there, the recipe's)."""
     if not others:
         return ""
-    lines = [f"\nOther seeds (the table has the recipe's seed {SEED}):"]
-    for r in sorted(others, key=lambda r: (r["arch"], r["seed"])):
+    lines = [f"\nOther runs (the table has the recipe's: seed {SEED}, padding masked):"]
+    for r in sorted(others, key=lambda r: (r["arch"], r["seed"], bool(r.get("unmasked_padding")))):
         model, _, task = r["arch"].partition("_lra_")
-        lines.append(f"- {model.upper()} {task}, seed {r['seed']}: {r['accuracy']:.2f} after {r.get('num_updates') or 0:,} "
-                     f"updates (planned {r.get('planned_updates') or 0:,}), {r.get('device', '-')}")
+        ablation = ", unmasked padding" if r.get("unmasked_padding") else ""
+        lines.append(f"- {model.upper()} {task}, seed {r['seed']}{ablation}: {r['accuracy']:.2f} after "
+                     f"{r.get('num_updates') or 0:,} updates (planned {r.get('planned_updates') or 0:,}), "
+                     f"{r.get('device', '-')}")
     return "\n".join(lines) + "\n"
 
 

@@ -62,6 +62,12 @@ class HgrnLraConfig(FairseqDataclass):
                   "mixer along the rows, then one down the columns (HGRN2 Path-X)"},
     )
     no_lower_bound: bool = field(default=False, metadata={"help": "no layer-wise lower bounds (ablation)"})
+    unmasked_padding: bool = field(
+        default=False,
+        metadata={"help": "ablation, the official LRA code's handling of padding: a learned pad embedding, the "
+                  "mixers and norms see the padded positions (the reverse scan starts in the padding, batch "
+                  "norms count it); the pooling still averages the valid positions"},
+    )
     max_positions: int = field(default=2000, metadata={"help": "longest sequence (positions) the model takes"})
     kernel_backend: ChoiceEnum(list(BACKENDS)) = field(
         default="auto", metadata={"help": "auto: Triton kernels on CUDA, PyTorch reference on CPU"}
@@ -149,6 +155,7 @@ class HgrnLraModel(BaseFairseqModel):
             max_len=cfg.max_positions,
             backend=cfg.kernel_backend,
             compile="train" if cfg.compile_blocks else "none",
+            unmasked_padding=bool(safe_getattr(cfg, "unmasked_padding", False)),
         )
         head = LraPairClassifier if info["pair"] else LraClassifier
         grid = tuple(info["grid"]) if cfg.scan_2d != "none" else None

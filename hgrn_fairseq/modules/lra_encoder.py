@@ -15,7 +15,10 @@ throughput comparison, same blocks and GLU otherwise).
 Padding: ``padding_mask`` ``[B, T]`` bool, True at padding. It zeroes the mixers' inputs there (no
 padding reaches a valid position in either scan direction), keeps padded positions out of the
 batch norms' statistics and out of the mean pooling: a sequence's output does not depend on how
-much padding its batch carries.
+much padding its batch carries. ``unmasked_padding=True`` is the ablation of the official LRA code's
+handling: the pad token has a learned embedding, and the mixers and norms see the padded positions
+(the reverse scan starts in the padding, batch norms count it); only the pooling still averages the
+valid positions.
 
 2-D (``scan_2d`` = "parallel" or "series"): the T tokens are an H x W raster. "parallel" scans the
 rows and the columns, each forwards and backwards, inside each mixer and sums the four
@@ -139,6 +142,7 @@ class LraEncoder(nn.Module):
         max_len: int = 4096,
         backend: str = "auto",
         compile: str = "none",
+        unmasked_padding: bool = False,
     ):
         super().__init__()
         if mixer not in LRA_MIXERS:
@@ -161,10 +165,11 @@ class LraEncoder(nn.Module):
             raise ValueError("scan_2d='series' needs a recurrent mixer (hgru or hgru2), not attention")
         self.mixer_kind, self.dim, self.input_kind = mixer, dim, input
         self.positions, self.scan_2d, self.max_len = positions, scan_2d, max_len
+        self.unmasked_padding = bool(unmasked_padding)
         if input == "tokens":
             if not vocab_size or vocab_size < 1:
                 raise ValueError(f"input='tokens' needs vocab_size >= 1, got {vocab_size}")
-            self.embed = nn.Embedding(vocab_size, dim, padding_idx=padding_idx)
+            self.embed = nn.Embedding(vocab_size, dim, padding_idx=None if unmasked_padding else padding_idx)
         else:
             if not in_channels or in_channels < 1:
                 raise ValueError(f"input='pixels' needs in_channels >= 1, got {in_channels}")
@@ -238,9 +243,10 @@ class LraEncoder(nn.Module):
         if self.positions == "sin":
             h = self.position_dropout(h + self._positions(T, h))
         bounds = self.lower_bounds().to(h.device) if self.lower_bounds is not None else None
+        inner = None if self.unmasked_padding else padding_mask  # (the ablation: padding seen everywhere)
         for i, layer in enumerate(self.layers):
-            h, _ = layer(h, None if bounds is None else bounds[i], None, False, padding_mask=padding_mask, grid=g)
-        return apply_norm(self.final_norm, h, padding_mask)
+            h, _ = layer(h, None if bounds is None else bounds[i], None, False, padding_mask=inner, grid=g)
+        return apply_norm(self.final_norm, h, inner)
 
     def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None,
                 grid: Optional[Sequence[int]] = None) -> Tensor:

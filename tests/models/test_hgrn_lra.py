@@ -147,6 +147,10 @@ def test_forward_shapes_and_pair_and_pixels():
     tokens = torch.randint(4, 19, (3, 7))
     tokens[0, 5:] = 1
     assert m(src_tokens=tokens, src_lengths=torch.tensor([5, 7, 7])).shape == (3, 10)
+    assert not m.classifier.encoder.unmasked_padding and m.classifier.encoder.embed.padding_idx == 1
+    u = build("hgrn1_lra_listops", FakeTask("tokens", 19, 10), encoder_embed_dim=8, encoder_layers=1,
+              kernel_backend="reference", norm="batch", unmasked_padding=True)  # the ablation's switch
+    assert u.classifier.encoder.unmasked_padding and u.classifier.encoder.embed.padding_idx is None
     r = build("hgrn2_lra_retrieval", FakeTask("tokens", 30, 2, pair=True), encoder_embed_dim=8,
               kernel_backend="reference")
     out = r(src_tokens=torch.randint(4, 30, (2, 6)), src_tokens1=torch.randint(4, 30, (2, 6)))

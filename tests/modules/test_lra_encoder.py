@@ -191,6 +191,30 @@ def test_output_unchanged_when_padding_is_added(mixer, norm):
         torch.testing.assert_close(alone, batch[i: i + 1], **tol)
 
 
+@pytest.mark.parametrize("mixer", ["hgru", "hgru2"])
+def test_unmasked_padding_ablation_lets_the_padding_in_and_pools_the_valid_positions(mixer):
+    """``unmasked_padding`` (the official LRA code's handling): the pad token has its own learned
+    embedding, padding changes the valid positions' outputs through the reverse scan and the batch
+    norms, and the pooled vector is still the mean over the valid positions only."""
+    torch.manual_seed(3)
+    enc = LraEncoder(mixer=mixer, dim=8, num_layers=2, norm="batch", input="tokens", vocab_size=11, padding_idx=1,
+                     position_dropout=0.0, expand_ratio=4, backend="reference", max_len=64, unmasked_padding=True)
+    enc = randomise(enc.double(), 3).eval()
+    assert enc.embed.padding_idx is None and enc.embed.weight[1].abs().sum() > 0  # a learned pad vector
+    tokens = torch.randint(4, 11, (2, 6), generator=torch.Generator().manual_seed(2))
+    padded = F.pad(tokens, (0, 4), value=1)
+    mask = padded.eq(1)
+    alone = enc(tokens)
+    out = enc(padded, mask)
+    assert (out - alone).abs().max() > 1e-3  # the padding reaches the valid positions
+    # pooling: by hand, the mean of the per-position outputs at the 6 valid positions of each row
+    feats = enc.features(padded)
+    torch.testing.assert_close(out, feats[:, :6].sum(1) / 6, rtol=1e-12, atol=1e-12)
+    # the same weights with the default handling: padding changes nothing
+    enc.unmasked_padding = False
+    torch.testing.assert_close(enc(padded, mask), enc(tokens), rtol=1e-10, atol=1e-10)
+
+
 def test_masked_mean_and_batch_norm_statistics_skip_padding():
     x = torch.randn(2, 5, 3, dtype=torch.float64)
     mask = torch.tensor([[False, False, True, True, True], [False, False, False, False, True]])

@@ -128,10 +128,12 @@ def test_configs_match_the_recipes(tmp_path):
 def test_results_table_keeps_the_recipe_seed_and_lists_other_seeds(tmp_path):
     results = load_script(os.path.join(REPO, "scripts", "lra_results.py"))
     # run folders sort so that the other seed comes last: it must not replace the recipe's run in the table
-    for folder, seed, acc in (("listops_hgrn1", 2222, 41.5), ("listops_hgrn1_s2", 2, 47.25), ("old", None, 12.0)):
+    for folder, seed, acc in (("listops_hgrn1", 2222, 41.5), ("listops_hgrn1_s2", 2, 47.25), ("old", None, 12.0),
+                              ("listops_hgrn1_s2222_unmasked", 2222, 44.0)):
         record = {"arch": "hgrn1_lra_listops", "accuracy": acc, "num_updates": 37500, "planned_updates": 50000,
                   "data_comparable": False, "data_source": "generator", "precision": "fp32", "device": "NVIDIA H200",
-                  "date": "2026-11-26T00:00:00Z", "examples": 2000, "seed": seed}
+                  "date": "2026-11-26T00:00:00Z", "examples": 2000, "seed": seed,
+                  "unmasked_padding": folder.endswith("_unmasked")}
         if seed is None:  # a result from before the seed was recorded: the recipe's, of another task
             record.pop("seed")
             record["arch"] = "hgrn1_lra_text"
@@ -142,8 +144,9 @@ def test_results_table_keeps_the_recipe_seed_and_lists_other_seeds(tmp_path):
     md = (tmp_path / "results.md").read_text()
     assert "| HGRN1 | listops | 41.50 | 59.95 | -18.45 |" in md
     assert "| HGRN1 | text | 12.00 |" in md
-    assert "Other seeds (the table has the recipe's seed 2222):" in md
+    assert "Other runs (the table has the recipe's: seed 2222, padding masked):" in md
     assert "- HGRN1 listops, seed 2: 47.25 after 37,500 updates (planned 50,000), NVIDIA H200" in md
+    assert "- HGRN1 listops, seed 2222, unmasked padding: 44.00 after 37,500 updates" in md
     with open(tmp_path / "results.csv") as f:
         listops = [r for r in csv.DictReader(f) if r["task"] == "listops" and r["model"] == "hgrn1"]
     assert [r["ours"] for r in listops] == ["41.5"]
@@ -179,7 +182,8 @@ def test_cpu_run_end_to_end_and_resume(tmp_path):
     assert result["examples"] == 20 and result["split"] == "test" and result["num_updates"] == 12
     assert result["planned_updates"] == 12 and result["paper_accuracy"] == 59.95
     assert result["data_comparable"] is False  # the tiny data say so in meta.json
-    assert result["seed"] == 2222  # the recipe's (lra_results.py keeps other seeds out of the table)
+    assert result["seed"] == 2222 and result["unmasked_padding"] is False  # the recipe's (lra_results.py
+    # keeps other seeds and the ablation out of the table)
     assert "lra_eval: listops hgrn1_lra_listops: test accuracy" in p.stdout
     assert (tmp_path / "runs" / "results.md").is_file() and (tmp_path / "runs" / "results.csv").is_file()
     assert (tmp_path / "runs" / "listops_hgrn1" / "logs" / "train.log").is_file()
