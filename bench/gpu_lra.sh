@@ -69,6 +69,9 @@ WORK=${LRA_WORK:-/tmp/lra_evidence}
 NPROC_CPU=$(env -u OMP_NUM_THREADS nproc)  # (nproc honours OMP_NUM_THREADS, which gpu_session.sh sets to 4)
 PARTS=${LRA_PARTS:-listops}
 MINUTES=${LRA_TRAIN_MINUTES:-2.2}
+# LRA_CALL_S (gpu_session.sh sets it to the stage's limit - 5): the training slices are cut so that each
+# run's validation, test evaluation and the state packing (LRA_END_S, default 120 s: 74-95 s were seen with
+# three runs at once) end before it; without it, a slice that overran the stage's limit lost its state.
 mkdir -p "$WORK" "$OUT/runs"
 
 if [ -n "${LRA_CARRY:-}" ]; then  # checkpoints of earlier calls; a run this machine already has wins
@@ -113,16 +116,35 @@ spec_args() {  # SPEC: the fairseq-train arguments it adds (--seed N, --unmasked
     return 0
 }
 
+slice_plan() {  # -> "MINUTES KILL_S": this slice's training minutes and the run's hard time limit (seconds)
+    local now; now=$(el)
+    awk -v m="$MINUTES" -v call="${LRA_CALL_S:-}" -v end="${LRA_END_S:-120}" -v now="$now" 'BEGIN {
+        kill = m * 60 + 150
+        if (call != "") {
+            left = call - now - end  # seconds this slice may train
+            if (left < 60) { print "none"; exit }
+            if (left < m * 60) m = left / 60
+            if (call - now - 15 < kill) kill = call - now - 15
+        }
+        printf "%.3f %.0f\n", m, kill }'
+}
+
 train_one() {  # TASK UPDATES SPEC: one model (SPEC: see run_id), shortened recipe, test evaluation
-    local task=$1 updates=$2 model=${3%%:*} id run cap seed
+    local task=$1 updates=$2 model=${3%%:*} id run cap seed plan minutes kill
     id=$(run_id "$task" "$3")
     seed=$(spec_args "$3") || return 1
     run=$WORK/runs/$id
-    cap=$(awk "BEGIN { printf \"%.3f\", $(trained_minutes "$run") + $MINUTES }")
-    echo "== train $id: MAX_UPDATE=$updates, this slice at most $MINUTES min (cumulative cap $cap min) (at $(el)s)"
+    plan=$(slice_plan)
+    if [ "$plan" = none ]; then
+        echo "== train $id: skipped, under a minute of LRA_CALL_S=$LRA_CALL_S left for a slice (at $(el)s)"
+        return 0
+    fi
+    read -r minutes kill <<< "$plan"
+    cap=$(awk "BEGIN { printf \"%.3f\", $(trained_minutes "$run") + $minutes }")
+    echo "== train $id: MAX_UPDATE=$updates, this slice at most $minutes min (cumulative cap $cap min; killed after ${kill}s) (at $(el)s)"
     SAVE_DIR=$run LOG_DIR=$OUT/runs/$id RESULTS_DIR=$WORK/runs \
         MAX_UPDATE=$updates TRAIN_MINUTES=$cap NUM_GPUS=${LRA_NUM_GPUS:-1} SAVE_INTERVAL_UPDATES=500 \
-        timeout "$(awk "BEGIN { printf \"%.0f\", $MINUTES * 60 + 150 }")" \
+        timeout "$kill" \
         bash scripts/train_lra.sh "$task" "$model" "$WORK/data-bin/$task" ${LRA_TRAIN_EXTRA:-} $seed \
         > "$OUT/runs/train_$id.log" 2>&1
     echo "   $id rc=$? at $(el)s"

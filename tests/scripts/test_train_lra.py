@@ -152,6 +152,35 @@ def test_results_table_keeps_the_recipe_seed_and_lists_other_seeds(tmp_path):
     assert [r["ours"] for r in listops] == ["41.5"]
 
 
+def gpu_lra_slice_plan(minutes, now, call_s=None, end_s=None):
+    """bench/gpu_lra.sh's slice_plan function, cut out of the script and run with el() answering `now`."""
+    text = open(os.path.join(REPO, "bench", "gpu_lra.sh")).read()
+    func = re.search(r"^slice_plan\(\) \{.*?^\}$", text, re.M | re.S).group(0)
+    env = dict(os.environ, MINUTES=str(minutes))
+    env.pop("LRA_CALL_S", None), env.pop("LRA_END_S", None)
+    if call_s is not None:
+        env["LRA_CALL_S"] = str(call_s)
+    if end_s is not None:
+        env["LRA_END_S"] = str(end_s)
+    r = subprocess.run(["bash", "-c", f"el() {{ echo {now}; }}\n{func}\nslice_plan"], capture_output=True,
+                       text=True, env=env, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
+def test_gpu_lra_slices_end_before_the_call_does():
+    # no call length: the slice is the minutes asked for, killed 150 s after them
+    assert gpu_lra_slice_plan(7.2, now=90) == ["7.200", "582"]
+    # a 575 s call at 95 s, 120 s kept for the test evaluation and packing: 360 s of training, not 432
+    # (session 19 lost a slice's state to a 7.2-minute slice in a 580 s stage); killed 15 s before the end
+    assert gpu_lra_slice_plan(7.2, now=95, call_s=575) == ["6.000", "465"]
+    # enough time: the minutes asked for stand, the kill still comes before the call's end
+    assert gpu_lra_slice_plan(5, now=10, call_s=575) == ["5.000", "450"]
+    assert gpu_lra_slice_plan(5, now=10, call_s=575, end_s=300) == ["4.417", "450"]
+    # under a minute left: no slice at all
+    assert gpu_lra_slice_plan(7.2, now=400, call_s=575) == ["none"]
+
+
 def test_results_table(tmp_path):
     results = load_script(os.path.join(REPO, "scripts", "lra_results.py"))
     for task, model, acc in (("listops", "hgrn1", 58.45), ("pathfinder", "hgrn2", 70.0)):
