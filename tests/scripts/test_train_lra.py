@@ -232,6 +232,14 @@ def test_cpu_run_end_to_end_and_resume(tmp_path):
     assert re.search(r"Loaded checkpoint \S+checkpoint_last.pt \(epoch \d+ @ 12 updates\)", p.stdout + p.stderr)
     log = open(tmp_path / "runs" / "listops_hgrn1" / "logs" / "train.log").read()  # fairseq_cli.train's messages
     assert "Stopping training due to num_updates: 14 >= max_update: 14" in log
+    # bench/lra_padding_sensitivity.py on the masked model: padding an example to the task's longest
+    # changes no prediction and no logit beyond rounding (the unmasked ablation's do: docs/lra.md)
+    sens = load_script(os.path.join(REPO, "bench", "lra_padding_sensitivity.py"))
+    r = sens.measure(str(tmp_path / "runs" / "listops_hgrn1" / "checkpoint_last.pt"), data, "test", 6, None, True)
+    assert r["examples"] == 6 and r["unmasked_padding"] is False
+    assert r["pad_to"] > r["example_lengths"][1]  # the padding is real
+    assert r["predictions_changed"] == 0 and r["max_abs_logit_diff"] < 1e-5
+    assert r["accuracy_alone"] == r["accuracy_padded"]
 
 
 def test_bench_lra_smoke(tmp_path):

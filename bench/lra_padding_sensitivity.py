@@ -1,0 +1,110 @@
+"""Does an LRA text model's prediction for an example depend on how much padding the batch gives it?
+
+With the recipe's masked padding it must not (tests/modules/test_lra_encoder.py checks the encoder); the
+official code's unmasked padding (`--unmasked-padding`, docs/lra.md) lets the pads into the scans and the
+norms, so an example's prediction can change with the other examples of its batch. This scores the first
+N examples of a split twice: each alone (no padding) and each padded to --pad-to tokens (the task's
+longest by default), and reports both accuracies and how many predictions differ.
+
+    python bench/lra_padding_sensitivity.py CHECKPOINT [--data DIR] [--split test] [--n 200] [--cpu]
+        [--padded-only] [--json OUT.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def measure(checkpoint: str, data: str | None, split: str, n: int, pad_to: int | None, cpu: bool,
+            batch_size: int = 32, alone: bool = True) -> dict:
+    import torch
+    from fairseq import checkpoint_utils, utils
+
+    import hgrn_fairseq  # noqa: F401  (registers the plugin)
+
+    overrides = {"data": data} if data else {}
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides=overrides)
+    model = models[0]
+    use_cuda = torch.cuda.is_available() and not cpu
+    model = (model.bfloat16() if cfg.common.bf16 else model.float())
+    if use_cuda:
+        model = model.cuda()
+    model.eval()
+    task.load_dataset(split)
+    dataset = task.dataset(split)
+    if getattr(dataset, "input1", None) is not None:
+        raise SystemExit("lra_padding_sensitivity.py: pair tasks (retrieval) are not supported; use a single-input task")
+    n = min(n, len(dataset))
+    if n < 1:
+        raise SystemExit(f"lra_padding_sensitivity.py: --n must be at least 1 (the split has {len(dataset)} examples)")
+    items = [dataset[i] for i in range(n)]
+    longest = max(len(it["source"]) for it in items)
+    pad_to = pad_to or int(task.meta["max_len"])
+    if pad_to < longest:
+        raise SystemExit(f"lra_padding_sensitivity.py: --pad-to {pad_to} is shorter than an example ({longest} tokens); "
+                         f"give at least {longest}")
+
+    def run(sample):
+        if use_cuda:
+            sample = utils.move_to_cuda(sample)
+        with torch.no_grad():
+            return model(**sample["net_input"]).float().cpu()
+
+    # batch of one: no pad position (slow on a CPU: ~1.5 s per ListOps example; alone=False skips it)
+    single = torch.cat([run(dataset.collater([it])) for it in items]) if alone else None
+    padded = []
+    for start in range(0, n, batch_size):
+        sample = dataset.collater(items[start:start + batch_size])
+        tokens = sample["net_input"]["src_tokens"]
+        wide = tokens.new_full((tokens.shape[0], pad_to), dataset.pad)
+        wide[:, : tokens.shape[1]] = tokens
+        sample["net_input"]["src_tokens"] = wide
+        sample["net_input"]["padded"] = True
+        padded.append(run(sample))
+    padded = torch.cat(padded)
+    target = torch.tensor([it["label"] for it in items])
+    pp = padded.argmax(-1)
+    pa = single.argmax(-1) if alone else None
+    return {
+        "checkpoint": checkpoint,
+        "split": split,
+        "examples": n,
+        "pad_to": pad_to,
+        "example_lengths": [min(len(it["source"]) for it in items), longest],
+        "unmasked_padding": bool(getattr(cfg.model, "unmasked_padding", False)),
+        "accuracy_alone": round(100.0 * float(pa.eq(target).float().mean()), 2) if alone else None,
+        "accuracy_padded": round(100.0 * float(pp.eq(target).float().mean()), 2),
+        "predictions_changed": int(pa.ne(pp).sum()) if alone else None,
+        "max_abs_logit_diff": float((single - padded).abs().max()) if alone else None,
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("checkpoint")
+    p.add_argument("--data", help="data directory (default: the one the checkpoint trained on)")
+    p.add_argument("--split", default="test")
+    p.add_argument("--n", type=int, default=200, help="the first N examples of the split")
+    p.add_argument("--pad-to", type=int, help="length to pad each example to (default: the task's maximum)")
+    p.add_argument("--cpu", action="store_true")
+    p.add_argument("--padded-only", action="store_true", help="score only the padded examples (fast: whole splits)")
+    p.add_argument("--json", help="write the result here")
+    args = p.parse_args(argv)
+    r = measure(args.checkpoint, args.data, args.split, args.n, args.pad_to, args.cpu, alone=not args.padded_only)
+    if args.padded_only:
+        print(f"lra_padding_sensitivity: {r['examples']} {r['split']} examples, unmasked_padding="
+              f"{r['unmasked_padding']}: accuracy padded to {r['pad_to']} {r['accuracy_padded']:.2f}")
+    else:
+        print(f"lra_padding_sensitivity: {r['examples']} {r['split']} examples ({r['example_lengths'][0]}-"
+              f"{r['example_lengths'][1]} tokens), unmasked_padding={r['unmasked_padding']}: accuracy alone "
+              f"{r['accuracy_alone']:.2f}, padded to {r['pad_to']} {r['accuracy_padded']:.2f}, predictions changed "
+              f"{r['predictions_changed']}, max |logit diff| {r['max_abs_logit_diff']:.3g}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(r, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
