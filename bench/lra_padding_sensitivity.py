@@ -7,7 +7,7 @@ N examples of a split twice: each alone (no padding) and each padded to --pad-to
 longest by default), and reports both accuracies and how many predictions differ.
 
     python bench/lra_padding_sensitivity.py CHECKPOINT [--data DIR] [--split test] [--n 200] [--cpu]
-        [--padded-only] [--json OUT.json]
+        [--padded-only] [--pad-by 1,16,128] [--json OUT.json]
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import sys
 
 
 def measure(checkpoint: str, data: str | None, split: str, n: int, pad_to: int | None, cpu: bool,
-            batch_size: int = 32, alone: bool = True) -> dict:
+            batch_size: int = 32, alone: bool = True, pad_by: tuple[int, ...] = ()) -> dict:
     import torch
     from fairseq import checkpoint_utils, utils
 
@@ -45,6 +45,10 @@ def measure(checkpoint: str, data: str | None, split: str, n: int, pad_to: int |
         raise SystemExit(f"lra_padding_sensitivity.py: --pad-to {pad_to} is shorter than an example ({longest} tokens); "
                          f"give at least {longest}")
 
+    if pad_by and longest + max(pad_by) > pad_to:
+        raise SystemExit(f"lra_padding_sensitivity.py: --pad-by {max(pad_by)} makes the longest example ({longest} tokens) "
+                         f"longer than the task's {pad_to}; give at most {pad_to - longest} or a smaller --n")
+
     def run(sample):
         if use_cuda:
             sample = utils.move_to_cuda(sample)
@@ -64,6 +68,17 @@ def measure(checkpoint: str, data: str | None, split: str, n: int, pad_to: int |
         padded.append(run(sample))
     padded = torch.cat(padded)
     target = torch.tensor([it["label"] for it in items])
+    by = {}
+    for k in pad_by:  # each example alone with exactly k pads behind it (a batch of one, widened)
+        logits = []
+        for it in items:
+            sample = dataset.collater([it])
+            tokens = sample["net_input"]["src_tokens"]
+            wide = tokens.new_full((1, tokens.shape[1] + k), dataset.pad)
+            wide[:, : tokens.shape[1]] = tokens
+            sample["net_input"]["src_tokens"], sample["net_input"]["padded"] = wide, k > 0
+            logits.append(run(sample))
+        by[str(k)] = round(100.0 * float(torch.cat(logits).argmax(-1).eq(target).float().mean()), 2)
     pp = padded.argmax(-1)
     pa = single.argmax(-1) if alone else None
     return {
@@ -77,6 +92,7 @@ def measure(checkpoint: str, data: str | None, split: str, n: int, pad_to: int |
         "accuracy_padded": round(100.0 * float(pp.eq(target).float().mean()), 2),
         "predictions_changed": int(pa.ne(pp).sum()) if alone else None,
         "max_abs_logit_diff": float((single - padded).abs().max()) if alone else None,
+        "accuracy_padded_by": by,
     }
 
 
@@ -89,9 +105,17 @@ def main(argv=None) -> int:
     p.add_argument("--pad-to", type=int, help="length to pad each example to (default: the task's maximum)")
     p.add_argument("--cpu", action="store_true")
     p.add_argument("--padded-only", action="store_true", help="score only the padded examples (fast: whole splits)")
+    p.add_argument("--pad-by", default="", help="comma-separated K: also score each example alone with exactly K pads")
     p.add_argument("--json", help="write the result here")
     args = p.parse_args(argv)
-    r = measure(args.checkpoint, args.data, args.split, args.n, args.pad_to, args.cpu, alone=not args.padded_only)
+    try:
+        pad_by = tuple(int(k) for k in args.pad_by.split(",") if k.strip())
+    except ValueError:
+        p.error(f"--pad-by {args.pad_by!r}: give comma-separated whole numbers of pads, e.g. 1,16,128")
+    if any(k < 0 for k in pad_by):
+        p.error(f"--pad-by {args.pad_by!r}: a number of pads cannot be negative")
+    r = measure(args.checkpoint, args.data, args.split, args.n, args.pad_to, args.cpu, alone=not args.padded_only,
+                pad_by=pad_by)
     if args.padded_only:
         print(f"lra_padding_sensitivity: {r['examples']} {r['split']} examples, unmasked_padding="
               f"{r['unmasked_padding']}: accuracy padded to {r['pad_to']} {r['accuracy_padded']:.2f}")
@@ -100,6 +124,8 @@ def main(argv=None) -> int:
               f"{r['example_lengths'][1]} tokens), unmasked_padding={r['unmasked_padding']}: accuracy alone "
               f"{r['accuracy_alone']:.2f}, padded to {r['pad_to']} {r['accuracy_padded']:.2f}, predictions changed "
               f"{r['predictions_changed']}, max |logit diff| {r['max_abs_logit_diff']:.3g}")
+    for k, acc in r["accuracy_padded_by"].items():
+        print(f"lra_padding_sensitivity: each example alone with {k} pad(s) behind it: accuracy {acc:.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(r, f, indent=1)

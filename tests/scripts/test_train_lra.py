@@ -235,11 +235,12 @@ def test_cpu_run_end_to_end_and_resume(tmp_path):
     # bench/lra_padding_sensitivity.py on the masked model: padding an example to the task's longest
     # changes no prediction and no logit beyond rounding (the unmasked ablation's do: docs/lra.md)
     sens = load_script(os.path.join(REPO, "bench", "lra_padding_sensitivity.py"))
-    r = sens.measure(str(tmp_path / "runs" / "listops_hgrn1" / "checkpoint_last.pt"), data, "test", 6, None, True)
+    r = sens.measure(str(tmp_path / "runs" / "listops_hgrn1" / "checkpoint_last.pt"), data, "test", 6, None, True,
+                     pad_by=(1,))
     assert r["examples"] == 6 and r["unmasked_padding"] is False
     assert r["pad_to"] > r["example_lengths"][1]  # the padding is real
     assert r["predictions_changed"] == 0 and r["max_abs_logit_diff"] < 1e-5
-    assert r["accuracy_alone"] == r["accuracy_padded"]
+    assert r["accuracy_alone"] == r["accuracy_padded"] == r["accuracy_padded_by"]["1"]
 
 
 def test_bench_lra_smoke(tmp_path):
