@@ -13,24 +13,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+from lra_eval import load  # noqa: E402  (the checkpoint as scripts/lra_eval.py scores it)
 
 
 def measure(checkpoint: str, data: str | None, split: str, n: int, pad_to: int | None, cpu: bool,
             batch_size: int = 32, alone: bool = True, pad_by: tuple[int, ...] = ()) -> dict:
     import torch
-    from fairseq import checkpoint_utils, utils
+    from fairseq import utils
 
-    import hgrn_fairseq  # noqa: F401  (registers the plugin)
-
-    overrides = {"data": data} if data else {}
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides=overrides)
-    model = models[0]
-    use_cuda = torch.cuda.is_available() and not cpu
-    model = (model.bfloat16() if cfg.common.bf16 else model.float())
-    if use_cuda:
-        model = model.cuda()
-    model.eval()
+    model, cfg, task, use_cuda, _ = load(checkpoint, data, cpu)
     task.load_dataset(split)
     dataset = task.dataset(split)
     if getattr(dataset, "input1", None) is not None:
@@ -49,36 +44,27 @@ def measure(checkpoint: str, data: str | None, split: str, n: int, pad_to: int |
         raise SystemExit(f"lra_padding_sensitivity.py: --pad-by {max(pad_by)} makes the longest example ({longest} tokens) "
                          f"longer than the task's {pad_to}; give at most {pad_to - longest} or a smaller --n")
 
-    def run(sample):
+    def run(batch, length=None):  # logits of the examples, padded to `length` tokens (None: the collater's)
+        sample = dataset.collater(batch)
+        if length is not None:
+            tokens = sample["net_input"]["src_tokens"]
+            wide = tokens.new_full((tokens.shape[0], length), dataset.pad)
+            wide[:, : tokens.shape[1]] = tokens
+            sample["net_input"]["src_tokens"] = wide
+            sample["net_input"]["padded"] = bool(wide.eq(dataset.pad).any())
         if use_cuda:
             sample = utils.move_to_cuda(sample)
         with torch.no_grad():
             return model(**sample["net_input"]).float().cpu()
 
     # batch of one: no pad position (slow on a CPU: ~1.5 s per ListOps example; alone=False skips it)
-    single = torch.cat([run(dataset.collater([it])) for it in items]) if alone else None
-    padded = []
-    for start in range(0, n, batch_size):
-        sample = dataset.collater(items[start:start + batch_size])
-        tokens = sample["net_input"]["src_tokens"]
-        wide = tokens.new_full((tokens.shape[0], pad_to), dataset.pad)
-        wide[:, : tokens.shape[1]] = tokens
-        sample["net_input"]["src_tokens"] = wide
-        sample["net_input"]["padded"] = True
-        padded.append(run(sample))
-    padded = torch.cat(padded)
+    single = torch.cat([run([it]) for it in items]) if alone else None
+    padded = torch.cat([run(items[i:i + batch_size], pad_to) for i in range(0, n, batch_size)])
     target = torch.tensor([it["label"] for it in items])
     by = {}
-    for k in pad_by:  # each example alone with exactly k pads behind it (a batch of one, widened)
-        logits = []
-        for it in items:
-            sample = dataset.collater([it])
-            tokens = sample["net_input"]["src_tokens"]
-            wide = tokens.new_full((1, tokens.shape[1] + k), dataset.pad)
-            wide[:, : tokens.shape[1]] = tokens
-            sample["net_input"]["src_tokens"], sample["net_input"]["padded"] = wide, k > 0
-            logits.append(run(sample))
-        by[str(k)] = round(100.0 * float(torch.cat(logits).argmax(-1).eq(target).float().mean()), 2)
+    for k in pad_by:  # each example alone with exactly k pads behind it
+        logits = torch.cat([run([it], len(it["source"]) + k) for it in items])
+        by[str(k)] = round(100.0 * float(logits.argmax(-1).eq(target).float().mean()), 2)
     pp = padded.argmax(-1)
     pa = single.argmax(-1) if alone else None
     return {

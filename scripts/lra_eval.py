@@ -35,13 +35,13 @@ def git_commit() -> str:
         return ""
 
 
-def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batch_size: int = 64,
-             cpu: bool = False) -> dict:
+def load(checkpoint: str, data: str | None = None, cpu: bool = False):
+    """The checkpoint's model in eval mode, in its training precision, on the GPU unless ``cpu``; its
+    config and task (on ``data`` when given, else the data it trained on). -> (model, cfg, task, use_cuda, bf16)"""
     import torch
-    from fairseq import checkpoint_utils, utils
+    from fairseq import checkpoint_utils
 
     import hgrn_fairseq  # noqa: F401  (registers the plugin)
-    from hgrn_fairseq.tasks import lra_format
 
     if not os.path.isfile(checkpoint):
         raise FileNotFoundError(f"checkpoint {checkpoint} not found: train first (bash scripts/train_lra.sh TASK MODEL)")
@@ -54,6 +54,17 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
     if use_cuda:
         model = model.cuda()
     model.eval()
+    return model, cfg, task, use_cuda, bf16
+
+
+def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batch_size: int = 64,
+             cpu: bool = False) -> dict:
+    import torch
+    from fairseq import checkpoint_utils, utils
+
+    from hgrn_fairseq.tasks import lra_format
+
+    model, cfg, task, use_cuda, bf16 = load(checkpoint, data, cpu)
     task.load_dataset(split)
     dataset = task.dataset(split)
     itr = task.get_batch_iterator(dataset, max_sentences=batch_size, required_batch_size_multiple=1,

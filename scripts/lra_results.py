@@ -62,7 +62,7 @@ def rows(results: dict) -> list:
     return out
 
 
-def other_seeds(others: list) -> str:
+def other_runs(others: list) -> str:
     """Lines for the runs with seeds other than the recipe's or the unmasked-padding ablation (not in the
     table: one run per cell there, the recipe's)."""
     if not others:
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     table = rows(collect(args.root, others))
     prefix = args.out_prefix or os.path.join(args.root, "results")
     os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
-    text = markdown(table) + other_seeds(others)
+    text = markdown(table) + other_runs(others)
     with open(prefix + ".md", "w") as f:
         f.write(text)
     with open(prefix + ".csv", "w", newline="") as f:
