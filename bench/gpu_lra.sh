@@ -14,7 +14,9 @@
 # "hgrn2") trains one model per call, e.g. LRA_MODELS=hgrn1 LRA_TRAIN_MINUTES=5 for a longer run. An entry
 # MODEL:SEED trains that model with another seed than the recipe's 2222 in its own run, TASK_MODEL_sSEED
 # (e.g. LRA_MODELS="hgrn2 hgrn1:2" LRA_CONCURRENT=1: HGRN2 continues while a second HGRN1 seed starts);
-# MODEL:SEED:unmasked is the unmasked-padding ablation (--unmasked-padding, docs/lra.md) in TASK_MODEL_sSEED_unmasked.
+# MODEL:SEED:unmasked is the unmasked-padding ablation (--unmasked-padding, docs/lra.md) in TASK_MODEL_sSEED_unmasked;
+# MODEL:SEED:eos ends every sequence with <eos> (--append-eos, token tasks; --max-positions 2048, LRA's own cap)
+# in TASK_MODEL_sSEED_eos.
 #   listops     ListOps from the offline generator at LRA's full size (96k/2k/2k, data_prep/lra_listops.py),
 #               data_prep/prepare_lra.py, then `scripts/train_lra.sh listops hgrn1` and `... hgrn2` with
 #               the papers' recipes shortened to LRA_LISTOPS_UPDATES updates (default 2500; warm-up scaled,
@@ -99,18 +101,20 @@ data_ready() {  # TASK: a warm machine keeps the prepared data of an earlier cal
 }
 
 run_id() {  # TASK SPEC: the run's folder name. SPEC: MODEL (the recipe's seed) -> TASK_MODEL, MODEL:SEED ->
-    # TASK_MODEL_sSEED, MODEL:SEED:unmasked (the unmasked-padding ablation) -> TASK_MODEL_sSEED_unmasked
+    # TASK_MODEL_sSEED, MODEL:SEED:unmasked (the unmasked-padding ablation) -> TASK_MODEL_sSEED_unmasked,
+    # MODEL:SEED:eos (--append-eos) -> TASK_MODEL_sSEED_eos
     local model seed flag
     IFS=: read -r model seed flag <<< "$2"
     echo "$1_${model}${seed:+_s$seed}${flag:+_$flag}"
 }
 
-spec_args() {  # SPEC: the fairseq-train arguments it adds (--seed N, --unmasked-padding)
+spec_args() {  # SPEC: the fairseq-train arguments it adds (--seed N, --unmasked-padding, --append-eos)
     local model seed flag
     IFS=: read -r model seed flag <<< "$1"
     case $flag in
         "") ;; unmasked) echo "--unmasked-padding" ;;
-        *) echo "gpu_lra.sh: '$1' in LRA_MODELS: the third field can only be 'unmasked'" >&2; return 1 ;;
+        eos) echo "--append-eos --max-positions 2048" ;;
+        *) echo "gpu_lra.sh: '$1' in LRA_MODELS: the third field can only be 'unmasked' or 'eos'" >&2; return 1 ;;
     esac
     [ -n "$seed" ] && echo "--seed $seed"
     return 0

@@ -35,7 +35,7 @@ def measure(checkpoint: str, data: str | None, split: str, n: int, pad_to: int |
         raise SystemExit(f"lra_padding_sensitivity.py: --n must be at least 1 (the split has {len(dataset)} examples)")
     items = [dataset[i] for i in range(n)]
     longest = max(len(it["source"]) for it in items)
-    pad_to = pad_to or int(task.meta["max_len"])
+    pad_to = pad_to or int(task.max_positions())  # (the stored maximum, + 1 with --append-eos)
     if pad_to < longest:
         raise SystemExit(f"lra_padding_sensitivity.py: --pad-to {pad_to} is shorter than an example ({longest} tokens); "
                          f"give at least {longest}")

@@ -27,15 +27,15 @@ COLUMNS = ["task", "model", "ours", "paper", "diff", "updates", "planned_updates
 
 def collect(root: str, others: list = None) -> dict:
     """(task, model) -> the test result of the run with the recipe's seed (results from before the seed
-    was recorded count as such). Runs with other seeds or the unmasked-padding ablation go to ``others``
-    (a list, when given) instead."""
+    was recorded count as such). Runs with other seeds, the unmasked-padding ablation or --append-eos go
+    to ``others`` (a list, when given) instead."""
     results = {}
     for path in sorted(glob.glob(os.path.join(root, "*", "test_result.json"))):
         with open(path) as f:
             r = json.load(f)
         model, _, task = r.get("arch", "").partition("_lra_")
         if task in TASKS and model in MODELS:
-            if r.get("seed", SEED) == SEED and not r.get("unmasked_padding"):
+            if r.get("seed", SEED) == SEED and not r.get("unmasked_padding") and not r.get("append_eos"):
                 results[(task, model)] = r
             elif others is not None:
                 others.append(r)
@@ -63,14 +63,16 @@ def rows(results: dict) -> list:
 
 
 def other_runs(others: list) -> str:
-    """Lines for the runs with seeds other than the recipe's or the unmasked-padding ablation (not in the
-    table: one run per cell there, the recipe's)."""
+    """Lines for the runs with seeds other than the recipe's, the unmasked-padding ablation or --append-eos
+    (not in the table: one run per cell there, the recipe's)."""
     if not others:
         return ""
-    lines = [f"\nOther runs (the table has the recipe's: seed {SEED}, padding masked):"]
-    for r in sorted(others, key=lambda r: (r["arch"], r["seed"], bool(r.get("unmasked_padding")))):
+    lines = [f"\nOther runs (the table has the recipe's: seed {SEED}, padding masked, no token appended):"]
+    for r in sorted(others, key=lambda r: (r["arch"], r["seed"], bool(r.get("unmasked_padding")),
+                                           bool(r.get("append_eos")))):
         model, _, task = r["arch"].partition("_lra_")
-        ablation = ", unmasked padding" if r.get("unmasked_padding") else ""
+        ablation = (", unmasked padding" if r.get("unmasked_padding") else "") + (
+            ", <eos> appended" if r.get("append_eos") else "")
         lines.append(f"- {model.upper()} {task}, seed {r['seed']}{ablation}: {r['accuracy']:.2f} after "
                      f"{r.get('num_updates') or 0:,} updates (planned {r.get('planned_updates') or 0:,}), "
                      f"{r.get('device', '-')}")

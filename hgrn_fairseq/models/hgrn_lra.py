@@ -129,10 +129,12 @@ class HgrnLraModel(BaseFairseqModel):
         validate_config(cfg)
         info = task.lra_model_inputs()  # kind, vocab / channels, classes, pair, grid, longest sequence
         if info["max_len"] > cfg.max_positions:
+            eos = " (with the token --append-eos adds)" if info.get("appended") else ""
             raise ValueError(
-                f"hgrn_lra: the data ({task.cfg.data}) hold sequences of up to {info['max_len']} positions but "
+                f"hgrn_lra: the data ({task.cfg.data}) hold sequences of up to {info['max_len']} positions{eos} but "
                 f"--max-positions is {cfg.max_positions}: use the arch made for this task, raise --max-positions, "
-                f"or prepare the data truncated to {cfg.max_positions} (data_prep/prepare_lra.py --max-len)")
+                f"or prepare the data truncated to {cfg.max_positions - info.get('appended', 0)} "
+                f"(data_prep/prepare_lra.py --max-len)")
         if cfg.scan_2d != "none" and info["input"] == "tokens":
             raise ValueError("hgrn_lra: --scan-2d is for pixel tasks (lra_image); token sequences are 1-D")
         encoder = LraEncoder(

@@ -8,7 +8,10 @@
   line per problem, naming the file and the fix); ``build_model`` refuses an arch whose maximum
   length is shorter than the data's (the data prep truncates explicitly and counts it).
 * Token batches are padded with the dictionary's pad to the longest sequence of the batch; for
-  Retrieval both documents are padded to their common maximum. Pixel batches are ``[B, H*W, C]``
+  Retrieval both documents are padded to their common maximum. ``--append-eos`` (``lra_text``, off by
+  default) ends every sequence (both documents of a pair) with the dictionary's end-of-sequence token,
+  as LRA's released data do: one learned, unmasked token after each example (docs/lra.md, difference 2);
+  the task's maximum length grows by one, and checkpoints record the option (evaluation uses it). Pixel batches are ``[B, H*W, C]``
   floats, normalised per task: CIFAR-10 RGB with the usual per-channel mean/std, grayscale CIFAR
   with LRA's (122.6/255, 61.0/255), Pathfinder / Path-X with mean 0.5, std 0.5. ``--augment``
   (Image, as the HGRN runs did): random crop after zero-padding 4 pixels and a horizontal flip with
@@ -52,22 +55,28 @@ class LraTokenDataset(FairseqDataset):
     """Token sequences (one, or two for Retrieval) and labels. Items are not padded; the collater pads
     to the batch's longest sequence (both documents of a pair to their common maximum)."""
 
-    def __init__(self, split: lra_format.LraSplit, pad: int, shuffle: bool, name: str):
+    def __init__(self, split: lra_format.LraSplit, pad: int, shuffle: bool, name: str, eos: Optional[int] = None):
+        """``eos``: a token id appended to every sequence (``--append-eos``), or None."""
         self.input0, self.input1 = split.input0, split.input1
         self.labels = split.labels
-        self.pad, self.shuffle, self.name = pad, shuffle, name
+        self.pad, self.shuffle, self.name, self.eos = pad, shuffle, name, eos
         sizes = np.asarray(self.input0.sizes, dtype=np.int64)
         if self.input1 is not None:
             sizes = np.maximum(sizes, np.asarray(self.input1.sizes, dtype=np.int64))
-        self.sizes = sizes
+        self.sizes = sizes + (0 if eos is None else 1)
 
     def __len__(self):
         return len(self.labels)
 
+    def _tokens(self, seq):
+        if self.eos is None:
+            return seq
+        return torch.cat([seq, seq.new_full((1,), self.eos)]) if len(seq) else seq  # (an empty one is refused later)
+
     def __getitem__(self, index):
-        item = {"id": index, "source": self.input0[index], "label": int(self.labels[index])}
+        item = {"id": index, "source": self._tokens(self.input0[index]), "label": int(self.labels[index])}
         if self.input1 is not None:
-            item["source1"] = self.input1[index]
+            item["source1"] = self._tokens(self.input1[index])
         return item
 
     def _pad(self, seqs, length):
@@ -221,6 +230,16 @@ class LraConfig(FairseqDataclass):
 
 
 @dataclass
+class LraTextConfig(LraConfig):
+    append_eos: bool = field(
+        default=False,
+        metadata={"help": "end every sequence (both documents of a Retrieval pair) with the dictionary's "
+                          "end-of-sequence token, as LRA's released data do (one more position: the arch's "
+                          "--max-positions must allow it)"},
+    )
+
+
+@dataclass
 class LraImageConfig(LraConfig):
     augment: bool = field(
         default=False,
@@ -255,7 +274,8 @@ class _LraTask(RecordsDataInCheckpoints, FairseqTask):
         info = {"input": meta["input"], "num_classes": meta["num_classes"], "pair": bool(meta.get("pair")),
                 "max_len": meta["max_len"]}
         if meta["input"] == "tokens":
-            info.update(vocab_size=len(self.dictionary), padding_idx=self.dictionary.pad())
+            info.update(vocab_size=len(self.dictionary), padding_idx=self.dictionary.pad(), max_len=self.max_positions(),
+                        appended=self.appended_tokens())
         else:
             H, W, C = meta["image_shape"]
             info.update(channels=C, grid=(H, W), max_len=H * W)
@@ -299,8 +319,14 @@ class _LraTask(RecordsDataInCheckpoints, FairseqTask):
                 f"{self.NAME}: validation on {dataset.name} scored {int(stats['examples'])} examples but the split has "
                 f"{len(dataset)}: every example must be scored (drop --max-valid-steps)")
 
+    def appended_tokens(self) -> int:
+        """Tokens the task adds after every sequence (1 with --append-eos)."""
+        return 1 if getattr(self.cfg, "append_eos", False) else 0
+
     def max_positions(self):
-        return self.meta["max_len"] if self.INPUT == "tokens" else int(np.prod(self.meta["image_shape"][:2]))
+        if self.INPUT == "tokens":
+            return self.meta["max_len"] + self.appended_tokens()
+        return int(np.prod(self.meta["image_shape"][:2]))
 
     # ---- a checkpoint knows its data (as hgrn_language_modeling's: data_checks.py) --------------------
     def data_fingerprint(self) -> dict:
@@ -309,6 +335,8 @@ class _LraTask(RecordsDataInCheckpoints, FairseqTask):
         if self.dictionary is not None:
             record["dictionary_sha256"] = symbols_fingerprint(self.dictionary.symbols)
             record["dictionary_size"] = len(self.dictionary)
+            if self.appended_tokens():  # (recorded only when on: older checkpoints stay valid)
+                record["append_eos"] = True
         else:
             record["image_shape"] = list(meta["image_shape"])
         return record
@@ -344,7 +372,7 @@ def check_batches_cover(batches, n: int, what: str) -> None:
                            f"below the longest example)")
 
 
-@register_task("lra_text", dataclass=LraConfig)
+@register_task("lra_text", dataclass=LraTextConfig)
 class LraTextTask(_LraTask):
     """ListOps, Text (IMDB bytes) and Retrieval (AAN pairs): token ids padded per batch."""
 
@@ -352,7 +380,8 @@ class LraTextTask(_LraTask):
     INPUT = "tokens"
 
     def _dataset(self, split, data):
-        return LraTokenDataset(data, self.dictionary.pad(), shuffle=split == "train", name=split)
+        eos = self.dictionary.eos() if self.cfg.append_eos else None
+        return LraTokenDataset(data, self.dictionary.pad(), shuffle=split == "train", name=split, eos=eos)
 
 
 @register_task("lra_image", dataclass=LraImageConfig)

@@ -129,11 +129,13 @@ def test_results_table_keeps_the_recipe_seed_and_lists_other_seeds(tmp_path):
     results = load_script(os.path.join(REPO, "scripts", "lra_results.py"))
     # run folders sort so that the other seed comes last: it must not replace the recipe's run in the table
     for folder, seed, acc in (("listops_hgrn1", 2222, 41.5), ("listops_hgrn1_s2", 2, 47.25), ("old", None, 12.0),
-                              ("listops_hgrn1_s2222_unmasked", 2222, 44.0)):
+                              ("listops_hgrn1_s2222_unmasked", 2222, 44.0), ("listops_hgrn1_s2222_eos", 2222, 52.5)):
         record = {"arch": "hgrn1_lra_listops", "accuracy": acc, "num_updates": 37500, "planned_updates": 50000,
                   "data_comparable": False, "data_source": "generator", "precision": "fp32", "device": "NVIDIA H200",
                   "date": "2026-11-26T00:00:00Z", "examples": 2000, "seed": seed,
                   "unmasked_padding": folder.endswith("_unmasked")}
+        if folder.endswith("_eos"):
+            record["append_eos"] = True
         if seed is None:  # a result from before the seed was recorded: the recipe's, of another task
             record.pop("seed")
             record["arch"] = "hgrn1_lra_text"
@@ -144,9 +146,10 @@ def test_results_table_keeps_the_recipe_seed_and_lists_other_seeds(tmp_path):
     md = (tmp_path / "results.md").read_text()
     assert "| HGRN1 | listops | 41.50 | 59.95 | -18.45 |" in md
     assert "| HGRN1 | text | 12.00 |" in md
-    assert "Other runs (the table has the recipe's: seed 2222, padding masked):" in md
+    assert "Other runs (the table has the recipe's: seed 2222, padding masked, no token appended):" in md
     assert "- HGRN1 listops, seed 2: 47.25 after 37,500 updates (planned 50,000), NVIDIA H200" in md
     assert "- HGRN1 listops, seed 2222, unmasked padding: 44.00 after 37,500 updates" in md
+    assert "- HGRN1 listops, seed 2222, <eos> appended: 52.50 after 37,500 updates" in md
     with open(tmp_path / "results.csv") as f:
         listops = [r for r in csv.DictReader(f) if r["task"] == "listops" and r["model"] == "hgrn1"]
     assert [r["ours"] for r in listops] == ["41.5"]
@@ -166,6 +169,25 @@ def gpu_lra_slice_plan(minutes, now, call_s=None, end_s=None):
                        text=True, env=env, timeout=30)
     assert r.returncode == 0, r.stderr
     return r.stdout.split()
+
+
+def gpu_lra_spec(spec, task="listops"):
+    """bench/gpu_lra.sh's run_id and spec_args for one LRA_MODELS entry, cut out of the script."""
+    text = open(os.path.join(REPO, "bench", "gpu_lra.sh")).read()
+    funcs = "\n".join(re.search(rf"^{name}\(\) \{{.*?^\}}$", text, re.M | re.S).group(0)
+                      for name in ("run_id", "spec_args"))
+    r = subprocess.run(["bash", "-c", f'{funcs}\nrun_id "$1" "$2"; spec_args "$2"', "x", task, spec],
+                       capture_output=True, text=True, timeout=30)
+    return r.returncode, r.stdout.split("\n")[0], " ".join(r.stdout.split("\n")[1:]).strip(), r.stderr.strip()
+
+
+def test_gpu_lra_model_specs_name_their_runs_and_flags():
+    assert gpu_lra_spec("hgrn1") == (0, "listops_hgrn1", "", "")
+    assert gpu_lra_spec("hgrn1:2") == (0, "listops_hgrn1_s2", "--seed 2", "")
+    assert gpu_lra_spec("hgrn1:2222:unmasked") == (0, "listops_hgrn1_s2222_unmasked", "--unmasked-padding --seed 2222", "")
+    assert gpu_lra_spec("hgrn2:2222:eos") == (0, "listops_hgrn2_s2222_eos", "--append-eos --max-positions 2048 --seed 2222", "")
+    rc, _, _, err = gpu_lra_spec("hgrn1:2:pads")
+    assert rc == 1 and "'hgrn1:2:pads' in LRA_MODELS: the third field can only be 'unmasked' or 'eos'" in err
 
 
 def test_gpu_lra_slices_end_before_the_call_does():
@@ -211,7 +233,7 @@ def test_cpu_run_end_to_end_and_resume(tmp_path):
     assert result["examples"] == 20 and result["split"] == "test" and result["num_updates"] == 12
     assert result["planned_updates"] == 12 and result["paper_accuracy"] == 59.95
     assert result["data_comparable"] is False  # the tiny data say so in meta.json
-    assert result["seed"] == 2222 and result["unmasked_padding"] is False  # the recipe's (lra_results.py
+    assert result["seed"] == 2222 and result["unmasked_padding"] is False and result["append_eos"] is False  # the recipe's (lra_results.py
     # keeps other seeds and the ablation out of the table)
     assert "lra_eval: listops hgrn1_lra_listops: test accuracy" in p.stdout
     assert (tmp_path / "runs" / "results.md").is_file() and (tmp_path / "runs" / "results.csv").is_file()

@@ -18,7 +18,7 @@ from hgrn_fairseq.tasks.lra import (
     NORMALISATION,
     LraImageConfig,
     LraImageTask,
-    LraConfig,
+    LraTextConfig,
     LraTextTask,
     check_batches_cover,
     crop_and_flip,
@@ -30,7 +30,7 @@ PLUGIN = os.path.dirname(os.path.abspath(hgrn_fairseq.__file__))
 
 
 def text_task(dest, **kw):
-    return LraTextTask.setup_task(LraConfig(data=dest, seed=1, **kw))
+    return LraTextTask.setup_task(LraTextConfig(data=dest, seed=1, **kw))
 
 
 def test_token_batches_pad_to_the_longest_and_pairs_to_a_common_length(tmp_path):
@@ -59,6 +59,39 @@ def test_token_batches_pad_to_the_longest_and_pairs_to_a_common_length(tmp_path)
     empty = dict(items[1], source1=items[1]["source1"][:0])
     with pytest.raises(ValueError, match=rf"example {items[1]['id']} has no tokens: every example needs at least one"):
         ds.collater([items[0], empty])
+
+
+def test_append_eos_ends_every_sequence_with_the_end_token(tmp_path):
+    """--append-eos: each document (both of a pair) is the stored tokens followed by the dictionary's
+    </s>, counted in the sizes and the task's maximum length; off, the stored tokens unchanged."""
+    dest = str(tmp_path / "retrieval")
+    write_tiny(dest, "retrieval", sizes=(8, 4, 4), max_len=10)
+    raw = lf.load_split(dest, "valid")
+    plain, eos = text_task(dest), text_task(dest, append_eos=True)
+    for t in (plain, eos):
+        t.load_dataset("valid")
+    d0, d1 = plain.dataset("valid"), eos.dataset("valid")
+    end = eos.source_dictionary.index("</s>")
+    assert end == eos.source_dictionary.eos() and end != eos.source_dictionary.pad()
+    for i in range(4):
+        for key, stream in (("source", raw.input0), ("source1", raw.input1)):
+            stored = stream[i].tolist()
+            assert d0[i][key].tolist() == stored
+            assert d1[i][key].tolist() == stored + [end]
+    assert (d1.sizes == d0.sizes + 1).all()
+    assert plain.max_positions() == 10 and eos.max_positions() == 11
+    assert plain.lra_model_inputs()["max_len"] == 10 and eos.lra_model_inputs()["max_len"] == 11
+    batch = d1.collater([d1[i] for i in range(4)])
+    row = batch["net_input"]["src_tokens"][0]
+    n = len(d1[0]["source"])
+    assert row[n - 1] == end and (row[n:] == eos.source_dictionary.pad()).all()
+    assert batch["net_input"]["src_lengths"].tolist() == [len(d1[i]["source"]) for i in range(4)]
+    # an eos task's checkpoint is refused on the same data without the option, and the other way round
+    with pytest.raises(ValueError, match="differs in append_eos"):
+        text_task(dest).load_state_dict(eos.state_dict())
+    with pytest.raises(ValueError, match="differs in append_eos"):
+        text_task(dest, append_eos=True).load_state_dict(plain.state_dict())
+    text_task(dest, append_eos=True).load_state_dict(eos.state_dict())
 
 
 def test_every_example_of_an_evaluated_split_is_batched(tmp_path):
@@ -146,6 +179,7 @@ RUNS = {  # name: (task data, arch, extra flags, updates)
     "lines_hgrn1_learns": ("lines", "hgrn1_lra_pathfinder", ["--encoder-embed-dim", "16", "--encoder-layers", "2"], 150),
     "lines_hgrn2_learns": ("lines", "hgrn2_lra_pathfinder", ["--encoder-embed-dim", "16", "--encoder-layers", "2"], 150),
     "listops_hgrn2": ("listops", "hgrn2_lra_listops", TINY + ["--expand-ratio", "4"], 20),
+    "listops_hgrn1_eos": ("listops", "hgrn1_lra_listops", TINY + ["--append-eos"], 20),
     "text_hgrn2": ("text", "hgrn2_lra_text", TINY + ["--expand-ratio", "4"], 20),
     "retrieval_hgrn1": ("retrieval", "hgrn1_lra_retrieval", TINY, 20),
     "retrieval_hgrn2": ("retrieval", "hgrn2_lra_retrieval", TINY + ["--expand-ratio", "4"], 20),
@@ -155,6 +189,7 @@ RUNS = {  # name: (task data, arch, extra flags, updates)
     "pathx_hgrn2_series": ("pathx", "hgrn2_lra_pathx", TINY, 20),
     # bad input
     "too_long": ("listops", "hgrn1_lra_listops", TINY + ["--max-positions", "10"], 2),
+    "too_long_eos": ("listops", "hgrn1_lra_listops", TINY + ["--append-eos", "--max-positions", "24"], 2),
     "bad_labels": ("bad_labels", "hgrn1_lra_listops", TINY, 2),
     "missing_file": ("missing_file", "hgrn1_lra_listops", TINY, 2),
     "wrong_task": ("pathfinder", "hgrn1_lra_listops", TINY + ["--task", "lra_text"], 2),
@@ -247,7 +282,7 @@ def valid_stats(body):
     return [json.loads(m) for m in re.findall(r"valid(?: \| |:)(\{.*\})", body)]
 
 
-BAD = ("too_long", "bad_labels", "missing_file", "wrong_task", "cut_validation")
+BAD = ("too_long", "too_long_eos", "bad_labels", "missing_file", "wrong_task", "cut_validation")
 
 
 @pytest.mark.parametrize("name", [n for n in RUNS if n not in BAD])
@@ -270,6 +305,19 @@ def test_listops_like_data_is_learned_above_chance(runs):
     assert max(accs) > 40, accs  # chance is 10% (the label is the first of ~15 symbols' digit)
 
 
+def test_append_eos_reaches_the_checkpoint(runs):
+    """A run with --append-eos keeps the option in its checkpoint (config and data record), so that
+    evaluation (scripts/lra_eval.py loads the task from it) appends the same token."""
+    rc, out, save_dir = runs["listops_hgrn1_eos"]
+    assert rc == 0, out[-3000:]
+    state = torch.load(os.path.join(save_dir, "checkpoint_best.pt"), map_location="cpu", weights_only=False)
+    assert state["cfg"]["task"]["append_eos"] is True
+    assert state["task_state"]["hgrn_lra_data"]["append_eos"] is True
+    _, _, plain_dir = runs["listops_hgrn2"]
+    plain = torch.load(os.path.join(plain_dir, "checkpoint_best.pt"), map_location="cpu", weights_only=False)
+    assert plain["cfg"]["task"]["append_eos"] is False and "append_eos" not in plain["task_state"]["hgrn_lra_data"]
+
+
 @pytest.mark.parametrize("name", ["lines_hgrn1_learns", "lines_hgrn2_learns"])
 def test_pixels_need_and_get_the_2d_structure(name, runs):
     """Whether a row's or column's worth of bright pixels forms a line is learned far above chance (50%)
@@ -284,6 +332,7 @@ def test_pixels_need_and_get_the_2d_structure(name, runs):
 
 @pytest.mark.parametrize("name, message", [
     ("too_long", "sequences of up to 24 positions but --max-positions is 10: use the arch made for this task"),
+    ("too_long_eos", "sequences of up to 25 positions (with the token --append-eos adds) but --max-positions is 24"),
     ("bad_labels", "valid.label.npy: labels 0..12 outside 0..9 (num_classes 10)"),
     ("missing_file", "train.input0.idx: missing; fix: rerun data_prep/prepare_lra.py"),
     ("wrong_task", "this directory holds pixels inputs (task 'pathfinder') but the task reads tokens; "
