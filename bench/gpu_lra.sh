@@ -16,7 +16,8 @@
 # (e.g. LRA_MODELS="hgrn2 hgrn1:2" LRA_CONCURRENT=1: HGRN2 continues while a second HGRN1 seed starts);
 # MODEL:SEED:unmasked is the unmasked-padding ablation (--unmasked-padding, docs/lra.md) in TASK_MODEL_sSEED_unmasked;
 # MODEL:SEED:eos ends every sequence with <eos> (--append-eos, token tasks; --max-positions 2048, LRA's own cap)
-# in TASK_MODEL_sSEED_eos.
+# in TASK_MODEL_sSEED_eos: the runs of 2026-11-26 that made it the recipe (since then plain MODEL appends it
+# too, the same run under another name); MODEL:SEED:noeos is the recipe without it (NO_EOS=1), TASK_MODEL_sSEED_noeos.
 #   listops     ListOps from the offline generator at LRA's full size (96k/2k/2k, data_prep/lra_listops.py),
 #               data_prep/prepare_lra.py, then `scripts/train_lra.sh listops hgrn1` and `... hgrn2` with
 #               the papers' recipes shortened to LRA_LISTOPS_UPDATES updates (default 2500; warm-up scaled,
@@ -102,7 +103,7 @@ data_ready() {  # TASK: a warm machine keeps the prepared data of an earlier cal
 
 run_id() {  # TASK SPEC: the run's folder name. SPEC: MODEL (the recipe's seed) -> TASK_MODEL, MODEL:SEED ->
     # TASK_MODEL_sSEED, MODEL:SEED:unmasked (the unmasked-padding ablation) -> TASK_MODEL_sSEED_unmasked,
-    # MODEL:SEED:eos (--append-eos) -> TASK_MODEL_sSEED_eos
+    # MODEL:SEED:eos (--append-eos) -> TASK_MODEL_sSEED_eos, MODEL:SEED:noeos (NO_EOS=1) -> TASK_MODEL_sSEED_noeos
     local model seed flag
     IFS=: read -r model seed flag <<< "$2"
     echo "$1_${model}${seed:+_s$seed}${flag:+_$flag}"
@@ -114,7 +115,8 @@ spec_args() {  # SPEC: the fairseq-train arguments it adds (--seed N, --unmasked
     case $flag in
         "") ;; unmasked) echo "--unmasked-padding" ;;
         eos) echo "--append-eos --max-positions 2048" ;;
-        *) echo "gpu_lra.sh: '$1' in LRA_MODELS: the third field can only be 'unmasked' or 'eos'" >&2; return 1 ;;
+        noeos) ;;  # (train_one sets NO_EOS=1: the recipe's --append-eos cannot be undone by a later flag)
+        *) echo "gpu_lra.sh: '$1' in LRA_MODELS: the third field can only be 'unmasked', 'eos' or 'noeos'" >&2; return 1 ;;
     esac
     [ -n "$seed" ] && echo "--seed $seed"
     return 0
@@ -148,6 +150,7 @@ train_one() {  # TASK UPDATES SPEC: one model (SPEC: see run_id), shortened reci
     echo "== train $id: MAX_UPDATE=$updates, this slice at most $minutes min (cumulative cap $cap min; killed after ${kill}s) (at $(el)s)"
     SAVE_DIR=$run LOG_DIR=$OUT/runs/$id RESULTS_DIR=$WORK/runs \
         MAX_UPDATE=$updates TRAIN_MINUTES=$cap NUM_GPUS=${LRA_NUM_GPUS:-1} SAVE_INTERVAL_UPDATES=500 \
+        NO_EOS=$(case $3 in *:noeos) echo 1 ;; *) echo 0 ;; esac) \
         timeout "$kill" \
         bash scripts/train_lra.sh "$task" "$model" "$WORK/data-bin/$task" ${LRA_TRAIN_EXTRA:-} $seed \
         > "$OUT/runs/train_$id.log" 2>&1

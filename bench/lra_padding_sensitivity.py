@@ -74,6 +74,7 @@ def measure(checkpoint: str, data: str | None, split: str, n: int, pad_to: int |
         "pad_to": pad_to,
         "example_lengths": [min(len(it["source"]) for it in items), longest],
         "unmasked_padding": bool(getattr(cfg.model, "unmasked_padding", False)),
+        "append_eos": bool(getattr(cfg.task, "append_eos", False)),  # (the example lengths include its token)
         "accuracy_alone": round(100.0 * float(pa.eq(target).float().mean()), 2) if alone else None,
         "accuracy_padded": round(100.0 * float(pp.eq(target).float().mean()), 2),
         "predictions_changed": int(pa.ne(pp).sum()) if alone else None,

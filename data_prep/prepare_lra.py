@@ -10,9 +10,9 @@ up to four levels down, e.g. ``lra_release/lra_release/listops-1000``):
                   ``listops-1000/basic_{train,val,test}.tsv``. Tokens: ``]`` -> ``X``, ``(`` and ``)``
                   dropped, split on whitespace; max 2000 tokens.
 * ``text``        IMDB (``aclImdb_v1.tar.gz`` or ``aclImdb/``): characters, symbols seen fewer than
-                  15 times in train -> ``<unk>``, max 4096; the test split doubles as validation.
+                  15 times in train -> ``<unk>``, max 4095 (+ the recipe's ``<eos>``: 4096); the test split doubles as validation.
 * ``retrieval``   LRA release: ``tsv_data/new_aan_pairs.{train,eval,test}.tsv`` (label, id1, id2,
-                  text1, text2); characters, max 4000 per document.
+                  text1, text2); characters, max 3999 per document (+ ``<eos>``: 4000).
 * ``image``       CIFAR-10 (``cifar-10-python.tar.gz`` or ``cifar-10-batches-py/``): RGB uint8
                   [N, 32, 32, 3]; train split 45k/5k with ``torch.randperm(50000)`` seeded 42 (the
                   S4-based LRA code's ``random_split``) + the 10k test images.
@@ -56,7 +56,9 @@ CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 PREP_VERSION = 1  # part of the fingerprint: bump when the output of a task changes
 SPLIT_SEED = 42
 
-DEFAULT_MAX_LEN = {"listops": 2000, "text": 4096, "retrieval": 4000}
+# Text and Retrieval: the official harness's 4,096 / 4,000 positions less the <eos> the recipe appends
+# (lra_text --append-eos); ListOps: LRA's 2,000 (its examples are shorter), 2,048 with <eos> in the arch.
+DEFAULT_MAX_LEN = {"listops": 2000, "text": 4095, "retrieval": 3999}
 PIXEL_SHAPE = {"image": (32, 32, 3), "pathfinder": (32, 32, 1), "pathx": (128, 128, 1)}
 PATHFINDER_DIR = {"pathfinder": "pathfinder32/curv_contour_length_14",
                   "pathx": "pathfinder128/curv_contour_length_14"}
@@ -598,7 +600,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--source", required=True, help="archive or folder with the task's files")
     p.add_argument("--dest", required=True, help="output folder, e.g. data-bin/lra/TASK")
     p.add_argument("--max-len", type=int, default=None,
-                   help="token tasks: truncate longer sequences (default listops 2000, text 4096, retrieval 4000)")
+                   help="token tasks: truncate longer sequences (default listops 2000, text 4095, retrieval 3999: the "
+                        "official 4,096 / 4,000 less the <eos> the recipe appends)")
     p.add_argument("--min-freq", type=int, default=15, help="text: characters seen fewer times in train -> <unk>")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes reading images")
     a = p.parse_args(argv)

@@ -14,6 +14,10 @@ run capped at the papers' epochs as well. HGRN1 trains in fp32, HGRN2 in bf16. "
 over all GPUs; per-GPU batch = batch / GPUs (must divide). A shortened run (``--max-update N``
 smaller than the total: the GPU evidence's budget) compresses the schedule: warm-up
 ``round(warmup * N / total)``, cosine to 0 at N, no epoch cap.
+
+Token tasks (ListOps, Text, Retrieval) end every sequence with ``<eos>`` (``--append-eos``), as the
+official harness's data do (its ListOps / IMDB / AAN configs: ``append_eos: True`` within lengths 2,048 /
+4,096 / 4,000; docs/lra.md, difference 2); ``--no-eos`` (``NO_EOS=1`` for train_lra.sh) leaves it out.
 """
 from __future__ import annotations
 
@@ -91,8 +95,9 @@ def schedule(r: Recipe, max_update: Optional[int]) -> Tuple[int, int, Optional[i
 
 
 def fairseq_args(task: str, model: str, nproc: int = 1, max_update: Optional[int] = None,
-                 batch_per_gpu: Optional[int] = None) -> List[str]:
-    """fairseq-train flags of the recipe (everything except data, save and log locations)."""
+                 batch_per_gpu: Optional[int] = None, eos: bool = True) -> List[str]:
+    """fairseq-train flags of the recipe (everything except data, save and log locations); ``eos=False``:
+    no ``--append-eos`` on a token task (the recipe before 2026-11-26, an ablation now)."""
     r = recipe(task, model)
     if nproc < 1:
         raise ValueError(f"nproc={nproc} must be >= 1")
@@ -120,6 +125,8 @@ def fairseq_args(task: str, model: str, nproc: int = 1, max_update: Optional[int
         "--best-checkpoint-metric", "accuracy", "--maximize-best-checkpoint-metric",
         "--seed", str(SEED),
     ]
+    if task not in PIXEL_TASKS and eos:
+        args += ["--append-eos"]
     if epochs is not None:
         args += ["--max-epoch", str(epochs)]
     if r.augment:
@@ -179,6 +186,8 @@ def write_configs(directory: str) -> List[str]:
             ]
             if task in PIXEL_TASKS:
                 lines.append(f"  augment: {'true' if r.augment else 'false'}")
+            else:
+                lines.append("  append_eos: true")
             lines += [
                 "",
                 "dataset:",
@@ -233,6 +242,7 @@ def main(argv=None) -> int:
     a.add_argument("--nproc", type=int, default=1)
     a.add_argument("--max-update", type=int, default=None)
     a.add_argument("--batch-per-gpu", type=int, default=None)
+    a.add_argument("--no-eos", action="store_true", help="token tasks: no <eos> after each sequence (an ablation)")
     s = sub.add_parser("show", help="the recipe as JSON")
     s.add_argument("task")
     s.add_argument("model")
@@ -243,7 +253,7 @@ def main(argv=None) -> int:
     try:
         if args.cmd == "args":
             print(" ".join(shlex.quote(x) for x in fairseq_args(args.task, args.model, args.nproc, args.max_update,
-                                                                 args.batch_per_gpu)))
+                                                                 args.batch_per_gpu, eos=not args.no_eos)))
         elif args.cmd == "show":
             print(json.dumps(asdict(recipe(args.task, args.model))))
         else:

@@ -19,27 +19,33 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from lra_recipes import MODELS, SEED, TASKS, recipe  # noqa: E402
+from lra_recipes import MODELS, PIXEL_TASKS, SEED, TASKS, recipe  # noqa: E402
 
 COLUMNS = ["task", "model", "ours", "paper", "diff", "updates", "planned_updates", "recipe_updates", "data",
            "precision", "device", "date", "examples"]
 
 
 def collect(root: str, others: list = None) -> dict:
-    """(task, model) -> the test result of the run with the recipe's seed (results from before the seed
-    was recorded count as such). Runs with other seeds, the unmasked-padding ablation or --append-eos go
-    to ``others`` (a list, when given) instead."""
+    """(task, model) -> the test result of the recipe's run: its seed (results from before the seed was
+    recorded count as such), padding masked, and on token tasks <eos> appended (--append-eos, the recipe
+    since 2026-11-26). Other runs (other seeds, the unmasked-padding ablation, token tasks without <eos>)
+    go to ``others`` (a list, when given) instead."""
     results = {}
     for path in sorted(glob.glob(os.path.join(root, "*", "test_result.json"))):
         with open(path) as f:
             r = json.load(f)
         model, _, task = r.get("arch", "").partition("_lra_")
         if task in TASKS and model in MODELS:
-            if r.get("seed", SEED) == SEED and not r.get("unmasked_padding") and not r.get("append_eos"):
+            if is_recipe_run(r, task):
                 results[(task, model)] = r
             elif others is not None:
                 others.append(r)
     return results
+
+
+def is_recipe_run(r: dict, task: str) -> bool:
+    eos = bool(r.get("append_eos")) == (task not in PIXEL_TASKS)
+    return r.get("seed", SEED) == SEED and not r.get("unmasked_padding") and eos
 
 
 def rows(results: dict) -> list:
@@ -63,16 +69,16 @@ def rows(results: dict) -> list:
 
 
 def other_runs(others: list) -> str:
-    """Lines for the runs with seeds other than the recipe's, the unmasked-padding ablation or --append-eos
-    (not in the table: one run per cell there, the recipe's)."""
+    """Lines for the runs that are not the recipe's (other seeds, the unmasked-padding ablation, token tasks
+    without <eos>): not in the table, which has one run per cell, the recipe's."""
     if not others:
         return ""
-    lines = [f"\nOther runs (the table has the recipe's: seed {SEED}, padding masked, no token appended):"]
+    lines = [f"\nOther runs (the table has the recipe's: seed {SEED}, padding masked, <eos> appended on token tasks):"]
     for r in sorted(others, key=lambda r: (r["arch"], r["seed"], bool(r.get("unmasked_padding")),
                                            bool(r.get("append_eos")))):
         model, _, task = r["arch"].partition("_lra_")
-        ablation = (", unmasked padding" if r.get("unmasked_padding") else "") + (
-            ", <eos> appended" if r.get("append_eos") else "")
+        no_eos = task not in PIXEL_TASKS and not r.get("append_eos")
+        ablation = (", unmasked padding" if r.get("unmasked_padding") else "") + (", no <eos>" if no_eos else "")
         lines.append(f"- {model.upper()} {task}, seed {r['seed']}{ablation}: {r['accuracy']:.2f} after "
                      f"{r.get('num_updates') or 0:,} updates (planned {r.get('planned_updates') or 0:,}), "
                      f"{r.get('device', '-')}")

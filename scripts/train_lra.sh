@@ -29,6 +29,8 @@
 #                   train.log, command.txt, tensorboard/
 #   RESULTS_DIR     where results.md / results.csv are written (default: the parent of SAVE_DIR)
 #   NUM_WORKERS     data-loading workers per process (default 2; 0 on CPU)
+#   NO_EOS=1        token tasks: no <eos> after each sequence (the recipe appends one, as the official data
+#                   do; docs/lra.md). An ablation: its checkpoints record it, evaluation follows them.
 #   SKIP_TEST=1     train only.  PYTHON: interpreter (default python3).
 # Resume: rerun the same command; fairseq continues from SAVE_DIR/checkpoint_last.pt. A run that reached
 # its --max-update leaves SAVE_DIR/finished_max_update_N, and a rerun only redoes the test evaluation.
@@ -101,6 +103,7 @@ fi
 RECIPE_OPTS=(--nproc "$NPROC")
 if [ -n "${MAX_UPDATE:-}" ]; then positive MAX_UPDATE "$MAX_UPDATE"; RECIPE_OPTS+=(--max-update "$MAX_UPDATE"); fi
 if [ -n "${BATCH_PER_GPU:-}" ]; then positive BATCH_PER_GPU "$BATCH_PER_GPU"; RECIPE_OPTS+=(--batch-per-gpu "$BATCH_PER_GPU"); fi
+case "${NO_EOS:-0}" in 0) ;; 1) RECIPE_OPTS+=(--no-eos) ;; *) die "NO_EOS='$NO_EOS' must be 0 or 1" ;; esac
 RECIPE_LINE=$(PYTHONPATH="$REPO/scripts" "$PYTHON" "$REPO/scripts/lra_recipes.py" args "$TASK" "$MODEL" "${RECIPE_OPTS[@]}" 2>&1) ||
     die "${RECIPE_LINE#lra_recipes.py: error: }"
 eval "RECIPE_ARGS=($RECIPE_LINE)"

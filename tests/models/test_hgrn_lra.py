@@ -59,7 +59,9 @@ def test_archs_set_the_papers_settings(task):
     assert (b.token_mixer, b.encoder_layers, b.encoder_embed_dim, b.norm, b.dropout, b.glu_multiple, b.positions,
             b.expand_ratio) == ("hgru2", L, d, norm, drop, mult, pos, e)
     assert b.scan_2d == {"pathx": "series", "image": "parallel", "pathfinder": "parallel"}.get(task, "none")
-    max_len = {"listops": 2000, "text": 4096, "retrieval": 4000, "image": 1024, "pathfinder": 1024, "pathx": 16384}
+    # token tasks: the official harness's lengths with its <eos> (ListOps 2,048; Text / Retrieval prepared to
+    # 4,095 / 3,999 tokens, + <eos>)
+    max_len = {"listops": 2048, "text": 4096, "retrieval": 4000, "image": 1024, "pathfinder": 1024, "pathx": 16384}
     assert a.max_positions == b.max_positions == max_len[task]
     # the command line wins over the arch
     assert arch_args(f"hgrn1_lra_{task}", encoder_embed_dim=8).encoder_embed_dim == 8
@@ -166,7 +168,7 @@ def test_forward_shapes_and_pair_and_pixels():
 
 
 def test_data_longer_than_the_arch_and_bad_options():
-    with pytest.raises(ValueError, match=r"sequences of up to 5000 positions but --max-positions is 2000: use the "
+    with pytest.raises(ValueError, match=r"sequences of up to 5000 positions but --max-positions is 2048: use the "
                                          r"arch made for this task"):
         build("hgrn1_lra_listops", FakeTask("tokens", 19, 10, max_len=5000))
     with pytest.raises(ValueError, match=r"--expand-ratio=3 does not divide --encoder-embed-dim=64"):

@@ -64,6 +64,9 @@ def test_recipes_are_the_papers(key):
     assert flag(args, "--arch") == f"{model}_lra_{task}" and flag(args, "--lr-scheduler") == "cosine"
     assert ("--bf16" in args) == (model == "hgrn2") and ("--augment" in args) == (task == "image")
     assert flag(args, "--best-checkpoint-metric") == "accuracy" and "--maximize-best-checkpoint-metric" in args
+    # token tasks end every sequence with <eos> as the official harness's data do; --no-eos is the ablation
+    assert ("--append-eos" in args) == (task in ("listops", "text", "retrieval"))
+    assert "--append-eos" not in recipes.fairseq_args(task, model, eos=False)
 
 
 def test_dry_run_prints_the_commands(tmp_path):
@@ -72,6 +75,7 @@ def test_dry_run_prints_the_commands(tmp_path):
     train, evaluate, results = p.stdout.strip().splitlines()
     assert "scripts/fairseq_train.py" in train and str(tmp_path) in train and "--task lra_text" in train
     assert "--arch hgrn1_lra_listops" in train and "--cpu" in train and "--tensorboard-logdir" in train
+    assert "--append-eos" in train
     assert "lra_eval.py" in evaluate and "checkpoints/lra/listops_hgrn1/checkpoint_best.pt" in evaluate
     assert "--split test" in evaluate and "test_result.json" in evaluate
     assert "lra_results.py" in results
@@ -81,7 +85,10 @@ def test_dry_run_prints_the_commands(tmp_path):
     line = p.stdout.splitlines()[0]
     assert "torch.distributed.run --standalone --nproc_per_node 4" in line
     assert "--batch-size 32 --update-freq 1" in line and "--distributed-world-size 4" in line and "--bf16" in line
-    assert "data-bin/lra/pathfinder" in line and "--task lra_image" in line
+    assert "data-bin/lra/pathfinder" in line and "--task lra_image" in line and "--append-eos" not in line
+    p = run(["--dry-run", "text", "hgrn1"], env={"NUM_GPUS": "0", "NO_EOS": "1"})
+    assert p.returncode == 0, p.stderr
+    assert "--task lra_text" in p.stdout and "--append-eos" not in p.stdout
 
 
 def test_shortened_runs_compress_the_schedule():
@@ -99,6 +106,7 @@ def test_shortened_runs_compress_the_schedule():
     (["listops"], {}, "usage: bash scripts/train_lra.sh TASK MODEL"),
     (["listops", "hgrn1"], {"NUM_GPUS": "3"}, "batch of 128 cannot be split evenly over 3 processes"),
     (["listops", "hgrn1"], {"MAX_UPDATE": "many"}, "MAX_UPDATE='many' must be a positive whole number"),
+    (["listops", "hgrn1"], {"NO_EOS": "yes"}, "NO_EOS='yes' must be 0 or 1"),
     (["listops", "hgrn1"], {"BATCH_PER_GPU": "48", "NUM_GPUS": "1"}, "BATCH_PER_GPU=48 does not divide the 128"),
     (["listops", "hgrn1", "/nonexistent/lra"], {"NUM_GPUS": "0"},
      "DATA_DIR /nonexistent/lra does not exist: prepare it with data_prep/prepare_lra.py listops"),
@@ -123,36 +131,41 @@ def test_configs_match_the_recipes(tmp_path):
     assert cfg.optimization.lr == [lr] and cfg.optimization.clip_norm == clip and cfg.common.bf16 is True
     assert cfg.lr_scheduler.warmup_updates == warm and cfg.dataset.batch_size == batch and cfg.common.seed == 2222
     assert cfg.model.encoder_embed_dim == 256 and cfg.model.norm == "syncbatch" and cfg.model.expand_ratio == 2
+    assert cfg.task.append_eos is True and cfg.model.max_positions == 4000
+    assert OmegaConf.load(os.path.join(REPO, "configs", "lra", "image_hgrn1.yaml")).task.get("append_eos") is None
 
 
 def test_results_table_keeps_the_recipe_seed_and_lists_other_seeds(tmp_path):
     results = load_script(os.path.join(REPO, "scripts", "lra_results.py"))
     # run folders sort so that the other seed comes last: it must not replace the recipe's run in the table
     for folder, seed, acc in (("listops_hgrn1", 2222, 41.5), ("listops_hgrn1_s2", 2, 47.25), ("old", None, 12.0),
-                              ("listops_hgrn1_s2222_unmasked", 2222, 44.0), ("listops_hgrn1_s2222_eos", 2222, 52.5)):
+                              ("listops_hgrn1_s2222_unmasked", 2222, 44.0), ("listops_hgrn1_s2222_eos", 2222, 52.5),
+                              ("listops_hgrn1_s2222_noeos", 2222, 40.0)):
         record = {"arch": "hgrn1_lra_listops", "accuracy": acc, "num_updates": 37500, "planned_updates": 50000,
                   "data_comparable": False, "data_source": "generator", "precision": "fp32", "device": "NVIDIA H200",
                   "date": "2026-11-26T00:00:00Z", "examples": 2000, "seed": seed,
                   "unmasked_padding": folder.endswith("_unmasked")}
-        if folder.endswith("_eos"):
-            record["append_eos"] = True
-        if seed is None:  # a result from before the seed was recorded: the recipe's, of another task
-            record.pop("seed")
-            record["arch"] = "hgrn1_lra_text"
+        record["append_eos"] = not folder.endswith("_noeos")  # (the recipe's since 2026-11-26)
+        if folder == "listops_hgrn1":  # a result from before the recipe appended <eos> (no such key)
+            record.pop("append_eos")
+        if seed is None:  # a result from before the seed was recorded: the recipe's, of a pixel task
+            record.pop("seed"), record.pop("append_eos")
+            record["arch"] = "hgrn1_lra_image"
         os.makedirs(tmp_path / folder)
         with open(tmp_path / folder / "test_result.json", "w") as f:
             json.dump(record, f)
     assert results.main([str(tmp_path)]) == 0
     md = (tmp_path / "results.md").read_text()
-    assert "| HGRN1 | listops | 41.50 | 59.95 | -18.45 |" in md
-    assert "| HGRN1 | text | 12.00 |" in md
-    assert "Other runs (the table has the recipe's: seed 2222, padding masked, no token appended):" in md
+    assert "| HGRN1 | listops | 52.50 | 59.95 | -7.45 |" in md  # the run with <eos>, seed 2222, masked
+    assert "| HGRN1 | image | 12.00 |" in md
+    assert "Other runs (the table has the recipe's: seed 2222, padding masked, <eos> appended on token tasks):" in md
     assert "- HGRN1 listops, seed 2: 47.25 after 37,500 updates (planned 50,000), NVIDIA H200" in md
     assert "- HGRN1 listops, seed 2222, unmasked padding: 44.00 after 37,500 updates" in md
-    assert "- HGRN1 listops, seed 2222, <eos> appended: 52.50 after 37,500 updates" in md
+    assert "- HGRN1 listops, seed 2222, no <eos>: 41.50 after 37,500 updates" in md
+    assert "- HGRN1 listops, seed 2222, no <eos>: 40.00 after 37,500 updates" in md
     with open(tmp_path / "results.csv") as f:
         listops = [r for r in csv.DictReader(f) if r["task"] == "listops" and r["model"] == "hgrn1"]
-    assert [r["ours"] for r in listops] == ["41.5"]
+    assert [r["ours"] for r in listops] == ["52.5"]
 
 
 def gpu_lra_slice_plan(minutes, now, call_s=None, end_s=None):
@@ -186,8 +199,9 @@ def test_gpu_lra_model_specs_name_their_runs_and_flags():
     assert gpu_lra_spec("hgrn1:2") == (0, "listops_hgrn1_s2", "--seed 2", "")
     assert gpu_lra_spec("hgrn1:2222:unmasked") == (0, "listops_hgrn1_s2222_unmasked", "--unmasked-padding --seed 2222", "")
     assert gpu_lra_spec("hgrn2:2222:eos") == (0, "listops_hgrn2_s2222_eos", "--append-eos --max-positions 2048 --seed 2222", "")
+    assert gpu_lra_spec("hgrn1:2222:noeos") == (0, "listops_hgrn1_s2222_noeos", "--seed 2222", "")
     rc, _, _, err = gpu_lra_spec("hgrn1:2:pads")
-    assert rc == 1 and "'hgrn1:2:pads' in LRA_MODELS: the third field can only be 'unmasked' or 'eos'" in err
+    assert rc == 1 and "'hgrn1:2:pads' in LRA_MODELS: the third field can only be 'unmasked', 'eos' or 'noeos'" in err
 
 
 def test_gpu_lra_slices_end_before_the_call_does():
@@ -209,6 +223,7 @@ def test_results_table(tmp_path):
         os.makedirs(tmp_path / f"{task}_{model}")
         with open(tmp_path / f"{task}_{model}" / "test_result.json", "w") as f:
             json.dump({"arch": f"{model}_lra_{task}", "accuracy": acc, "num_updates": 3000, "planned_updates": 3000,
+                       "append_eos": task == "listops",
                        "data_comparable": task == "listops", "data_source": None if task == "listops" else "generator",
                        "precision": "fp32", "device": "NVIDIA H100", "date": "2026-11-24T00:00:00Z",
                        "examples": 2000}, f)
@@ -233,8 +248,8 @@ def test_cpu_run_end_to_end_and_resume(tmp_path):
     assert result["examples"] == 20 and result["split"] == "test" and result["num_updates"] == 12
     assert result["planned_updates"] == 12 and result["paper_accuracy"] == 59.95
     assert result["data_comparable"] is False  # the tiny data say so in meta.json
-    assert result["seed"] == 2222 and result["unmasked_padding"] is False and result["append_eos"] is False  # the recipe's (lra_results.py
-    # keeps other seeds and the ablation out of the table)
+    # the recipe's run (lra_results.py keeps other seeds and the ablations out of the table): <eos> appended
+    assert result["seed"] == 2222 and result["unmasked_padding"] is False and result["append_eos"] is True
     assert "lra_eval: listops hgrn1_lra_listops: test accuracy" in p.stdout
     assert (tmp_path / "runs" / "results.md").is_file() and (tmp_path / "runs" / "results.csv").is_file()
     assert (tmp_path / "runs" / "listops_hgrn1" / "logs" / "train.log").is_file()
@@ -259,7 +274,7 @@ def test_cpu_run_end_to_end_and_resume(tmp_path):
     sens = load_script(os.path.join(REPO, "bench", "lra_padding_sensitivity.py"))
     r = sens.measure(str(tmp_path / "runs" / "listops_hgrn1" / "checkpoint_last.pt"), data, "test", 6, None, True,
                      pad_by=(1,))
-    assert r["examples"] == 6 and r["unmasked_padding"] is False
+    assert r["examples"] == 6 and r["unmasked_padding"] is False and r["append_eos"] is True
     assert r["pad_to"] > r["example_lengths"][1]  # the padding is real
     assert r["predictions_changed"] == 0 and r["max_abs_logit_diff"] < 1e-5
     assert r["accuracy_alone"] == r["accuracy_padded"] == r["accuracy_padded_by"]["1"]
