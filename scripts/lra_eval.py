@@ -123,7 +123,7 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
         "planned_updates": int(cfg.optimization.max_update),
         "seed": int(cfg.common.seed),
         "unmasked_padding": bool(getattr(cfg.model, "unmasked_padding", False)),  # the ablation, not the recipe
-        "append_eos": bool(getattr(cfg.task, "append_eos", False)),  # an experiment, not the recipe
+        "append_eos": bool(getattr(cfg.task, "append_eos", False)),  # the recipe's on token tasks since 2026-11-26
         "epoch": int(extra.get("train_iterator", {}).get("epoch", 0)),
         "best_valid_accuracy": extra.get("best"),
         "precision": "bf16" if bf16 else "fp32",

@@ -8,10 +8,11 @@
   line per problem, naming the file and the fix); ``build_model`` refuses an arch whose maximum
   length is shorter than the data's (the data prep truncates explicitly and counts it).
 * Token batches are padded with the dictionary's pad to the longest sequence of the batch; for
-  Retrieval both documents are padded to their common maximum. ``--append-eos`` (``lra_text``, off by
-  default) ends every sequence (both documents of a pair) with the dictionary's end-of-sequence token,
-  as LRA's released data do: one learned, unmasked token after each example (docs/lra.md, difference 2);
-  the task's maximum length grows by one, and checkpoints record the option (evaluation uses it). Pixel batches are ``[B, H*W, C]``
+  Retrieval both documents are padded to their common maximum. ``--append-eos`` (``lra_text``; off in
+  the task, on in the LRA recipe: scripts/lra_recipes.py) ends every sequence (both documents of a pair)
+  with the dictionary's end-of-sequence token, as the official HGRN LRA harness does: one learned,
+  unmasked token after each example (docs/lra.md, "The end token"); the task's maximum length grows by
+  one, and checkpoints record the option (evaluation follows them). Pixel batches are ``[B, H*W, C]``
   floats, normalised per task: CIFAR-10 RGB with the usual per-channel mean/std, grayscale CIFAR
   with LRA's (122.6/255, 61.0/255), Pathfinder / Path-X with mean 0.5, std 0.5. ``--augment``
   (Image, as the HGRN runs did): random crop after zero-padding 4 pixels and a horizontal flip with
@@ -234,8 +235,8 @@ class LraTextConfig(LraConfig):
     append_eos: bool = field(
         default=False,
         metadata={"help": "end every sequence (both documents of a Retrieval pair) with the dictionary's "
-                          "end-of-sequence token, as LRA's released data do (one more position: the arch's "
-                          "--max-positions must allow it)"},
+                          "end-of-sequence token, as the official LRA harness does (the LRA recipe sets it; one "
+                          "more position: the arch's --max-positions must allow it)"},
     )
 
 
