@@ -183,6 +183,7 @@ RUNS = {  # name: (task data, arch, extra flags, updates)
     "text_hgrn2": ("text", "hgrn2_lra_text", TINY + ["--expand-ratio", "4"], 20),
     "retrieval_hgrn1": ("retrieval", "hgrn1_lra_retrieval", TINY, 20),
     "retrieval_hgrn2": ("retrieval", "hgrn2_lra_retrieval", TINY + ["--expand-ratio", "4"], 20),
+    "retrieval_hgrn2_eos": ("retrieval", "hgrn2_lra_retrieval", TINY + ["--expand-ratio", "4", "--append-eos"], 20),
     "image_hgrn1": ("image", "hgrn1_lra_image", TINY + ["--augment"], 20),
     "pathfinder_hgrn2": ("pathfinder", "hgrn2_lra_pathfinder", TINY + ["--expand-ratio", "4"], 20),
     "pathx_hgrn1": ("pathx", "hgrn1_lra_pathx", TINY, 20),
@@ -316,6 +317,21 @@ def test_append_eos_reaches_the_checkpoint(runs):
     _, _, plain_dir = runs["listops_hgrn2"]
     plain = torch.load(os.path.join(plain_dir, "checkpoint_best.pt"), map_location="cpu", weights_only=False)
     assert plain["cfg"]["task"]["append_eos"] is False and "append_eos" not in plain["task_state"]["hgrn_lra_data"]
+    # scripts/lra_eval.py scores both the way they trained: with the token, and (a checkpoint from before
+    # the option existed, its config without the key) without it
+    from tests.script_module import load_script
+
+    lra_eval = load_script(os.path.join(os.path.dirname(PLUGIN), "scripts", "lra_eval.py"))
+    del plain["cfg"]["task"]["append_eos"]
+    old = os.path.join(os.path.dirname(save_dir), "old_checkpoint_best.pt")
+    torch.save(plain, old)
+    for path, eos in ((os.path.join(save_dir, "checkpoint_best.pt"), True), (old, False)):
+        model, cfg, task, _, _ = lra_eval.load(path, cpu=True)
+        task.load_dataset("test")
+        item = task.dataset("test")[0]
+        assert (item["source"][-1].item() == task.source_dictionary.eos()) is eos
+        r = lra_eval.evaluate(path, cpu=True)
+        assert r["append_eos"] is eos and r["examples"] == SPLITS["listops"][2]
 
 
 @pytest.mark.parametrize("name", ["lines_hgrn1_learns", "lines_hgrn2_learns"])
