@@ -21,6 +21,7 @@ from lra_eval import load  # noqa: E402
 
 def main(argv=None) -> int:
     import torch
+    from fairseq import utils
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("checkpoint")
@@ -46,9 +47,10 @@ def main(argv=None) -> int:
         out = []
         for i in range(0, len(batch_items), a.batch_size):
             sample = ds.collater(batch_items[i:i + a.batch_size])
-            net = {k: (v.cuda() if use_cuda and torch.is_tensor(v) else v) for k, v in sample["net_input"].items()}
+            if use_cuda:
+                sample = utils.move_to_cuda(sample)
             with torch.no_grad():
-                out.append(model(**net).float().argmax(-1).cpu())
+                out.append(model(**sample["net_input"]).float().argmax(-1).cpu())
         return torch.cat(out)
 
     with_eos, without = predict(items), predict(stripped)

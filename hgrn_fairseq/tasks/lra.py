@@ -273,13 +273,13 @@ class _LraTask(RecordsDataInCheckpoints, FairseqTask):
         """What ``hgrn_lra`` needs to build itself for this data."""
         meta = self.meta
         info = {"input": meta["input"], "num_classes": meta["num_classes"], "pair": bool(meta.get("pair")),
-                "max_len": meta["max_len"]}
+                "max_len": self.max_positions()}
         if meta["input"] == "tokens":
-            info.update(vocab_size=len(self.dictionary), padding_idx=self.dictionary.pad(), max_len=self.max_positions(),
+            info.update(vocab_size=len(self.dictionary), padding_idx=self.dictionary.pad(),
                         appended=self.appended_tokens())
         else:
             H, W, C = meta["image_shape"]
-            info.update(channels=C, grid=(H, W), max_len=H * W)
+            info.update(channels=C, grid=(H, W))
         return info
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
