@@ -74,12 +74,15 @@ def other_runs(others: list) -> str:
     if not others:
         return ""
     lines = [f"\nOther runs (the table has the recipe's: seed {SEED}, padding masked, <eos> appended on token tasks):"]
-    for r in sorted(others, key=lambda r: (r["arch"], r["seed"], bool(r.get("unmasked_padding")),
+    def seed(r):  # results from before the seed was recorded ran with the recipe's
+        return r.get("seed", SEED)
+
+    for r in sorted(others, key=lambda r: (r["arch"], seed(r), bool(r.get("unmasked_padding")),
                                            bool(r.get("append_eos")))):
         model, _, task = r["arch"].partition("_lra_")
         no_eos = task not in PIXEL_TASKS and not r.get("append_eos")
         ablation = (", unmasked padding" if r.get("unmasked_padding") else "") + (", no <eos>" if no_eos else "")
-        lines.append(f"- {model.upper()} {task}, seed {r['seed']}{ablation}: {r['accuracy']:.2f} after "
+        lines.append(f"- {model.upper()} {task}, seed {seed(r)}{ablation}: {r['accuracy']:.2f} after "
                      f"{r.get('num_updates') or 0:,} updates (planned {r.get('planned_updates') or 0:,}), "
                      f"{r.get('device', '-')}")
     return "\n".join(lines) + "\n"

@@ -163,6 +163,12 @@ def test_results_table_keeps_the_recipe_seed_and_lists_other_seeds(tmp_path):
     assert "- HGRN1 listops, seed 2222, unmasked padding: 44.00 after 37,500 updates" in md
     assert "- HGRN1 listops, seed 2222, no <eos>: 41.50 after 37,500 updates" in md
     assert "- HGRN1 listops, seed 2222, no <eos>: 40.00 after 37,500 updates" in md
+    # a token-task result from before both the seed and <eos> were recorded is listed, not a crash
+    os.makedirs(tmp_path / "older")
+    with open(tmp_path / "older" / "test_result.json", "w") as f:
+        json.dump({"arch": "hgrn2_lra_text", "accuracy": 60.0, "num_updates": 100}, f)
+    assert results.main([str(tmp_path)]) == 0
+    assert "- HGRN2 text, seed 2222, no <eos>: 60.00 after 100 updates" in (tmp_path / "results.md").read_text()
     with open(tmp_path / "results.csv") as f:
         listops = [r for r in csv.DictReader(f) if r["task"] == "listops" and r["model"] == "hgrn1"]
     assert [r["ours"] for r in listops] == ["52.5"]
