@@ -39,6 +39,9 @@
 #   bench       bench/bench_lra.py: training sequences/s of every LRA model and of a Transformer encoder
 #               of the same width, depth and precision (LRA_BENCH_S seconds, default 300; LRA_BENCH_ARGS
 #               more options, e.g. "--tasks image,pathfinder --models hgrn2,transformer@hgrn2").
+#   small_heads the HGRN2 kernel tests on the GPU (test_hgrn2_triton.py: the packed kernels of small heads
+#               among them) and bench/bench_hgrn2_small_heads.py (packed / recurrent / chunk / HGRU-scan
+#               paths at the LRA 2-D shapes), before bench when both are given.
 # Smoke test on CPU (tiny): LRA_LISTOPS_ARGS="--train 300 --valid 50 --test 50" LRA_PF_NUM=200 LRA_NUM_GPUS=0
 #   LRA_LISTOPS_UPDATES=20 LRA_PF_UPDATES=10 LRA_TRAIN_EXTRA="--encoder-embed-dim 8 --encoder-layers 1"
 # Everything lands in $OUT: logs, test_result.json files, results.md / results.csv, tensorboard
@@ -254,6 +257,15 @@ if [[ ",$PARTS," == *",tests,"* ]]; then
     timeout 300 python3 -m pytest -q -p no:cacheprovider tests/modules/test_lra_encoder.py -k "gpu or triton" \
         > "$OUT/gpu_tests.log" 2>&1
     echo "   tests rc=$? at $(el)s"; tail -3 "$OUT/gpu_tests.log"
+fi
+
+if [[ ",$PARTS," == *",small_heads,"* ]]; then
+    echo "== HGRN2 kernel tests on the GPU at $(el)s"
+    timeout 400 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_hgrn2_triton.py > "$OUT/gpu_tests_hgrn2.log" 2>&1
+    echo "   tests rc=$? at $(el)s"; tail -3 "$OUT/gpu_tests_hgrn2.log"
+    echo "== bench_hgrn2_small_heads at $(el)s"
+    timeout 300 python3 bench/bench_hgrn2_small_heads.py --out "$OUT/bench" > "$OUT/bench_hgrn2_small_heads.log" 2>&1
+    echo "   bench rc=$? at $(el)s"; cat "$OUT/bench/bench_hgrn2_small_heads.md" 2>/dev/null || tail -5 "$OUT/bench_hgrn2_small_heads.log"
 fi
 
 if [[ ",$PARTS," == *",bench,"* ]]; then

@@ -15,7 +15,9 @@ Pathfinder, Retrieval, expand ratio 2) ran 1.6-3.4x *slower* (image 58 -> 36, pa
 retrieval 184 -> 55 seq/s): the state's four entries per head are materialised in fp32 ([B, T, 4d]) and
 contracted by PyTorch operators, forward and backward, which costs more than the chunk kernels'
 waste on tiny tiles. So ``hgrn2_scan`` routes only K x V <= ``SMALL_HEAD_STATE`` = 1 here; the function
-itself is exact for any K, V (tested).
+itself is exact for any K, V (tested). (The 2-D models' rows and columns of at most 32 steps with heads of
+2 x 2 now take ``hgrn2_triton``'s packed kernels, many heads per program, instead of the one-head
+recurrent kernel those rows were measured with above.)
 """
 from __future__ import annotations
 

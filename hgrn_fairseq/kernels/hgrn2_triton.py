@@ -9,7 +9,10 @@ materialised) and the scale is 1. Two implementations behind one signature:
   chunk-parallel products and a light sequential scan, then chunk-parallel passes for the outputs and
   gradients; used for training and long sequences;
 * recurrent (``hgrn2_recurrent_kernels``): one step at a time with the state in registers; used for
-  short sequences (``T <= RECURRENT_MAX_T``) and for single-step decoding.
+  short sequences (``T <= RECURRENT_MAX_T``) and for single-step decoding;
+* packed (``hgrn2_packed_kernels``): the recurrent walk with many small heads per program (a block of
+  heads' states in registers); used instead of the recurrent one for short sequences whose heads have at
+  most ``PACKED_MAX_STATE`` numbers of state (the LRA 2-D models' heads of 2 x 2).
 
 Both accumulate in fp32, read and write the input dtype (bf16, fp16 or fp32), keep states in fp32 at
 the API boundary, support an initial state, return the final state, run forwards or in reverse, and
@@ -33,6 +36,7 @@ from .hgrn2_chunk_kernels import (
     hgrn2_fwd_output_kernel,
     hgrn2_fwd_states_kernel,
 )
+from .hgrn2_packed_kernels import hgrn2_packed_bwd_kernel, hgrn2_packed_dq_kernel, hgrn2_packed_fwd_kernel
 from .hgrn2_recurrent_kernels import hgrn2_rec_bwd_kernel, hgrn2_rec_dq_kernel, hgrn2_rec_fwd_kernel
 from .hgrn2_state_kernels import (
     hgrn2_chunk_decay_kernel,
@@ -47,7 +51,10 @@ CHUNK = 64  # steps per chunk (BT)
 BLOCK = 16  # rows per intra-chunk block (BC)
 MAX_HEAD_DIM = 128  # K and V: whole [CHUNK, K] tiles live in registers in the chunk kernels
 RECURRENT_MAX_T = 32  # at or below this length the recurrent kernel is used
+_IMPLS = ("auto", "chunk", "recurrent", "packed")
 MAX_GRID_ROWS = 65535  # CUDA's limit on grid dimensions y and z, where the kernels put B * H
+PACKED_MAX_STATE = 16  # K * V at or below which short sequences take the packed kernels (many heads a program)
+PACKED_TILE = 256  # state numbers per program of the packed kernels: BH = PACKED_TILE // (BK * BV) heads
 # Intra-chunk products exp(b_i - b_j) are factorised as exp(b_i - r) * exp(r - b_j) with a reference r.
 # CHUNK_SAFE_LOG_DECAY: one reference in the middle of the chunk, used when the decay of each half chunk
 # stays within it (natural log units, every channel), so that every factor lies in exp(+-60). Otherwise
@@ -504,6 +511,66 @@ class _RecurrentFunction(torch.autograd.Function):
 
 
 # ----------------------------------------------------------------------------------------------
+# packed implementation (small heads, many per program)
+
+
+def _packed_blocks(H: int, K: int, V: int) -> dict:
+    BK, BV = max(2, triton.next_power_of_2(K)), max(2, triton.next_power_of_2(V))
+    BH = max(2, min(triton.next_power_of_2(H), PACKED_TILE // (BK * BV)))
+    return dict(K=K, V=V, BH=BH, BK=BK, BV=BV, num_warps=2 if BH * BK * BV <= 256 else 4)
+
+
+def _packed_fwd(q, v, g, h0, reverse):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    o = torch.empty_like(v)
+    ht = q.new_empty(B, H, K, V, dtype=torch.float32)
+    blocks = _packed_blocks(H, K, V)
+    hgrn2_packed_fwd_kernel[(B, triton.cdiv(H, blocks["BH"]))](
+        q, v, g, o, h0, ht, T, H, REVERSE=reverse, HAS_H0=h0 is not None, **blocks,
+    )
+    return o, ht
+
+
+def _packed_bwd(q, v, g, h0, ht, do, dht, reverse, need_dh0):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    blocks = _packed_blocks(H, K, V)
+    grid = (B, triton.cdiv(H, blocks["BH"]))
+    dq = q.new_empty(B, T, H, K, dtype=torch.float32)
+    hgrn2_packed_dq_kernel[grid](v, g, do, h0, dq, T, H, REVERSE=reverse, HAS_H0=h0 is not None, **blocks)
+    dv = torch.empty_like(v)
+    dg = torch.empty_like(g)
+    dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if need_dh0 else None
+    hgrn2_packed_bwd_kernel[grid](
+        q, v, g, do, dq, ht, dht, dv, dg, dh0, T, H,
+        REVERSE=reverse, HAS_DHT=dht is not None, STORE_DH0=need_dh0, **blocks,
+    )
+    return dq.to(q.dtype), dv, dg, dh0
+
+
+class _PackedFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, v, g, h0, reverse):
+        o, ht = _packed_fwd(q, v, g, h0, reverse)
+        ctx.save_for_backward(q, v, g, h0, ht)
+        ctx.reverse = reverse
+        ctx.set_materialize_grads(False)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, v, g, h0, ht = ctx.saved_tensors
+        if do is None:
+            do = torch.zeros_like(v)
+        do = do.contiguous()
+        dht = None if dht is None else dht.contiguous()
+        need_dh0 = h0 is not None and ctx.needs_input_grad[3]
+        dq, dv, dg, dh0 = _packed_bwd(q, v, g, h0, ht, do, dht, ctx.reverse, need_dh0)
+        return dq, dv, dg, dh0, None
+
+
+# ----------------------------------------------------------------------------------------------
 # public API
 
 def hgrn2_fused(
@@ -522,16 +589,21 @@ def hgrn2_fused(
         v: ``[B, T, H, V]``, the dtype of q. ``1 <= K, V <= 128``.
         initial_state: ``[B, H, K, V]`` or None (zeros); any float dtype, used in fp32.
         reverse: run from ``t = T-1`` down to 0.
-        impl: ``"auto"`` (recurrent for ``T <= RECURRENT_MAX_T``, chunked otherwise), ``"chunk"`` or
-            ``"recurrent"``.
+        impl: ``"auto"`` (for ``T <= RECURRENT_MAX_T`` packed when ``K * V <= PACKED_MAX_STATE``, else
+            recurrent; chunked for longer sequences), ``"chunk"``, ``"recurrent"`` or ``"packed"``.
     Returns:
         ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in q's dtype, ``final_state`` ``[B, H, K, V]`` fp32.
     """
     _check_inputs(q, v, log_decay, initial_state)
-    if impl not in ("auto", "chunk", "recurrent"):
-        raise ValueError(f"impl={impl!r} is not one of ('auto', 'chunk', 'recurrent')")
-    B, H = q.shape[0], q.shape[2]
-    if B * H > MAX_GRID_ROWS:
+    if impl not in _IMPLS:
+        raise ValueError(f"impl={impl!r} is not one of {_IMPLS}")
+    B, T, H, K = q.shape
+    if impl == "auto":
+        if T > RECURRENT_MAX_T:
+            impl = "chunk"
+        else:
+            impl = "packed" if K * v.shape[-1] <= PACKED_MAX_STATE else "recurrent"
+    if impl != "packed" and B * H > MAX_GRID_ROWS:
         # the kernels put B * H on a grid dimension that CUDA caps at 65,535 (the LRA 2-D models' rows
         # and columns as batch rows: 64 images x 32 rows x 256 heads gave "invalid argument" on an H100)
         step = max(1, MAX_GRID_ROWS // H)
@@ -541,9 +613,6 @@ def hgrn2_fused(
                              None if initial_state is None else initial_state[i:i + step], reverse, impl=impl)
                  for i in range(0, B, step)]
         return torch.cat([o for o, _ in parts]), torch.cat([s for _, s in parts])
-    T = q.shape[1]
-    if impl == "auto":
-        impl = "recurrent" if T <= RECURRENT_MAX_T else "chunk"
     q, v, log_decay = q.contiguous(), v.contiguous(), log_decay.contiguous()
     h0 = None if initial_state is None else initial_state.contiguous()
     reverse = bool(reverse)
@@ -552,6 +621,10 @@ def hgrn2_fused(
     )
     # the kernels read the initial state as fp32 (autograd casts its gradient back)
     h0 = None if h0 is None else h0.float()
+    if impl == "packed":
+        if needs_grad:
+            return _PackedFunction.apply(q, v, log_decay, h0, reverse)
+        return _packed_fwd(q, v, log_decay, h0, reverse)
     if impl == "recurrent":
         if needs_grad:
             return _RecurrentFunction.apply(q, v, log_decay, h0, reverse)

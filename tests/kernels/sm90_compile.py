@@ -45,6 +45,7 @@ def specialisations():
     """(label, kernel, constexprs, num_warps) for every kernel (A and dA are bf16 pointers with LOWP, else fp32): its flags both ways, in a few
     combinations each (not the full product), at block sizes the GPU configurations use."""
     from hgrn_fairseq.kernels import hgrn2_chunk_kernels as c2
+    from hgrn_fairseq.kernels import hgrn2_packed_kernels as p2
     from hgrn_fairseq.kernels import hgrn2_recurrent_kernels as r2
     from hgrn_fairseq.kernels import hgrn2_state_kernels as s2
     from hgrn_fairseq.kernels import hgru_triton as h1
@@ -102,6 +103,13 @@ def specialisations():
         out.append((f"hgrn2 rec_fwd {tag}", r2.hgrn2_rec_fwd_kernel, rec, 4))
         out.append((f"hgrn2 rec_dq {tag}", r2.hgrn2_rec_dq_kernel, dict(rec, BK=32, BV=128), 4))
         out.append((f"hgrn2 rec_bwd {tag}", r2.hgrn2_rec_bwd_kernel, dict(rec, BV=128), 8))
+        # packed: heads of 2 x 2 (the LRA 2-D models, 64 per program) and of 3 x 5 (masked, 16 per program)
+        for K, V, BH, BK, BV, warps in ((2, 2, 64, 2, 2, 2), (3, 5, 16, 4, 8, 4)):
+            pk = dict(K=K, V=V, BH=BH, BK=BK, BV=BV, REVERSE=rev, HAS_H0=flags, HAS_DHT=flags, STORE_DH0=flags)
+            t = f"{tag} K={K} V={V}"
+            out.append((f"hgrn2 packed_fwd {t}", p2.hgrn2_packed_fwd_kernel, pk, warps))
+            out.append((f"hgrn2 packed_dq {t}", p2.hgrn2_packed_dq_kernel, pk, warps))
+            out.append((f"hgrn2 packed_bwd {t}", p2.hgrn2_packed_bwd_kernel, pk, warps))
     return out
 
 

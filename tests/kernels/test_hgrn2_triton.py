@@ -108,6 +108,13 @@ CASES = [
     (1, 130, 1, 5, 12, False, True, "chunk", torch.float32),
     (1, 130, 1, 32, 32, False, True, "chunk", torch.bfloat16),
     (1, 37, 2, 16, 16, True, True, "recurrent", torch.bfloat16),
+    # packed: heads not a multiple of the block (5 of 8; 70 = 64 + 6), K / V not powers of two, heads of
+    # one number, and heads as large as a whole tile (BH 2)
+    (3, 7, 5, 2, 2, False, True, "packed", torch.float32),
+    (2, 32, 70, 2, 2, True, True, "packed", torch.bfloat16),
+    (1, 9, 3, 3, 5, True, False, "packed", torch.float32),
+    (2, 33, 4, 1, 1, False, True, "packed", torch.float32),
+    (1, 5, 3, 16, 16, False, True, "packed", torch.float32),
 ]
 
 
@@ -216,7 +223,7 @@ def test_gradient_from_final_state_only():
         assert rel(x.grad, r.grad) < FP32_TOL
 
 
-@pytest.mark.parametrize("impl", ["chunk", "recurrent"])
+@pytest.mark.parametrize("impl", ["chunk", "recurrent", "packed"])
 def test_no_grad_path_matches(impl):
     q, v, g, s0 = make_inputs(2, 40, 2, 16, 16, torch.float32, seed=6)
     with torch.no_grad():
@@ -234,6 +241,27 @@ def test_dispatch_and_auto_choice():
         o, st = hgrn2_scan(q, v, g, s0, False, backend="triton")
         ro, rst = hgrn2_scan_reference(q.double().cpu(), v.double().cpu(), g.double().cpu(), s0.double().cpu())
         assert rel(o, ro) < FP32_TOL and rel(st, rst) < FP32_TOL
+
+
+@pytest.mark.parametrize("K,V,T,expected", [
+    (2, 2, hgrn2_triton.RECURRENT_MAX_T, "packed"),  # the LRA 2-D models' heads, rows of 32
+    (4, 4, 9, "packed"),
+    (8, 8, 9, "recurrent"),  # more than PACKED_MAX_STATE numbers of state
+    (2, 2, hgrn2_triton.RECURRENT_MAX_T + 1, "chunk"),
+])
+def test_auto_choice_by_head_size(monkeypatch, K, V, T, expected):
+    """'auto' takes the packed kernels for short sequences of small heads, the one-head recurrent kernel
+    for larger heads and the chunked kernels for long sequences; whichever it takes matches the reference."""
+    taken = []
+    for name, impl in (("_packed_fwd", "packed"), ("_rec_fwd", "recurrent"), ("_chunk_fwd", "chunk")):
+        real = getattr(hgrn2_triton, name)
+        monkeypatch.setattr(hgrn2_triton, name, lambda *a, _real=real, _impl=impl, **k: (taken.append(_impl), _real(*a, **k))[1])
+    q, v, g, s0 = make_inputs(2, T, 3, K, V, torch.float32, seed=K + T)
+    with torch.no_grad():
+        o, st = hgrn2_triton.hgrn2_fused(q, v, g, s0, True)
+    assert taken == [expected]
+    ro, rst = hgrn2_scan_reference(q.double().cpu(), v.double().cpu(), g.double().cpu(), s0.double().cpu(), True)
+    assert rel(o, ro) < FP32_TOL and rel(st, rst) < FP32_TOL
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -510,7 +538,7 @@ def test_dqdg_configs_keep_bk16_only_for_small_heads():
         assert [c.kwargs["BK"] for c in hgrn2_triton._prune_dqdg(space, {"K": K})] == expected, K
 
 
-@pytest.mark.parametrize("impl", ["chunk", "recurrent"])
+@pytest.mark.parametrize("impl", ["chunk", "recurrent", "packed"])
 def test_batch_split_beyond_the_grid_limit(monkeypatch, impl):
     """More batch x heads than a grid dimension takes: the op runs in batch slices, with the same
     outputs, final states and gradients as one launch."""

@@ -362,11 +362,11 @@ TRITON_CASES = [("hgru", "1d_padded"), ("hgru", "2d_parallel"), ("hgru2", "1d_pa
                 ("hgru2", "2d_series")]  # series: HGRN2's Path-X variant
 
 
-def triton_vs_reference(mixer, case, device, dim, layers, T, lengths, grid, tol):
+def triton_vs_reference(mixer, case, device, dim, layers, T, lengths, grid, tol, expand_ratio=8):
     outs = {}
     for backend in ("reference", "triton"):
         torch.manual_seed(0)
-        kw = dict(mixer=mixer, dim=dim, num_layers=layers, norm="batch", expand_ratio=8, backend=backend,
+        kw = dict(mixer=mixer, dim=dim, num_layers=layers, norm="batch", expand_ratio=expand_ratio, backend=backend,
                   position_dropout=0.0, max_len=4096)
         if case == "1d_padded":
             enc = LraEncoder(input="tokens", vocab_size=20, padding_idx=1, **kw)
@@ -400,6 +400,19 @@ def test_triton_encoder_matches_reference_interpreted(mixer, case):
 @pytest.mark.parametrize("mixer, case", TRITON_CASES)
 def test_triton_encoder_matches_reference_on_gpu(mixer, case):
     triton_vs_reference(mixer, case, "cuda", dim=32, layers=2, T=777, lengths=[777, 500, 13], grid=(37, 29), tol=2e-3)
+
+
+@pytest.mark.parametrize("case", ["2d_parallel", "2d_series"])
+def test_small_heads_2d_matches_reference(case):
+    """HGRN2's LRA 2-D models use expand ratio 2 (heads of 2 x 2): rows and columns of at most 32 steps take
+    the packed kernels (many heads per program), longer ones the chunked kernels; the whole encoder with
+    both against the PyTorch reference, outputs and every parameter's gradient."""
+    if torch.cuda.is_available():
+        triton_vs_reference("hgru2", case, "cuda", dim=32, layers=2, T=0, lengths=[], grid=(37, 29), tol=2e-3,
+                            expand_ratio=2)
+    else:
+        triton_vs_reference("hgru2", case, "cpu", dim=16, layers=1, T=0, lengths=[], grid=(5, 3), tol=2e-4,
+                            expand_ratio=2)
 
 
 @pytest.mark.gpu
