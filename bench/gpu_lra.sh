@@ -35,6 +35,10 @@
 #               ("old=DIR new=$PWD"), LRA_SPEED_UPDATES (600), LRA_SPEED_MODELS ("hgrn1 hgrn2").
 #   profile     bench/profile_lra_step.py on the ListOps data for each of LRA_MODELS: data, whole update,
 #               forward+backward, torch.profiler tables ($OUT/profile_lra_step_listops_MODEL.md).
+#   LRA_JOBS="TASK/SPEC ..." (TASK listops or pathfinder, SPEC as in LRA_MODELS) trains runs of both tasks
+#               in one go, at once with LRA_CONCURRENT=1 (e.g. a ListOps run finishing beside Pathfinder
+#               runs); their data are generated and prepared first (parts listops_data / pathfinder_data).
+#   pathfinder_data  only the Pathfinder data of the pathfinder part.
 #   tests       the LRA tests that need a GPU (Triton scans under the encoder vs the reference, padding).
 #   bench       bench/bench_lra.py: training sequences/s of every LRA model and of a Transformer encoder
 #               of the same width, depth and precision (LRA_BENCH_S seconds, default 300; LRA_BENCH_ARGS
@@ -160,29 +164,37 @@ train_one() {  # TASK UPDATES SPEC: one model (SPEC: see run_id), shortened reci
     echo "   $id rc=$? at $(el)s"
 }
 
-train_both() {  # TASK UPDATES: the models of LRA_MODELS one after the other, or at once (LRA_CONCURRENT=1)
-    local task=$1 updates=$2 models=${LRA_MODELS:-hgrn1 hgrn2} model log id
+task_updates() {  # TASK: the MAX_UPDATE of its runs
+    case $1 in
+        listops) echo "${LRA_LISTOPS_UPDATES:-2500}" ;;
+        pathfinder) echo "${LRA_PF_UPDATES:-2000}" ;;
+    esac
+}
+
+train_jobs() {  # JOB...: TASK/SPEC runs (SPEC: see run_id), one after the other or at once (LRA_CONCURRENT=1)
+    local job task spec log id
     if [ "${LRA_CONCURRENT:-0}" = 1 ]; then
         # The LRA models are small (ListOps HGRN1: 66k parameters) and leave the GPU partly idle (host
-        # time, small kernels): both train at once, each with its own time cap, under CUDA MPS where the
-        # machine has it (kernels of both processes run concurrently), else time-sliced.
+        # time, small kernels): they train at once, each with its own time cap, under CUDA MPS where the
+        # machine has it (kernels of every process run concurrently), else time-sliced.
         MPS_MODE="MPS off (LRA_MPS=0)"
         [ "${LRA_MPS:-1}" = 1 ] && { . bench/gpu_mps.sh; start_mps; }
-        echo "== $task: $models at once on one GPU; $MPS_MODE"
-        for model in $models; do
-            train_one "$task" "$updates" "$model" &
+        echo "== $* at once on one GPU; $MPS_MODE"
+        for job in "$@"; do
+            train_one "${job%%/*}" "$(task_updates "${job%%/*}")" "${job#*/}" &
         done
         wait
         [ "${LRA_MPS:-1}" = 1 ] && stop_mps
         # the table again, now that every run has its test result (each rewrote it as it ended)
         python3 scripts/lra_results.py "$WORK/runs" > /dev/null 2>&1
     else
-        for model in $models; do
-            train_one "$task" "$updates" "$model"
+        for job in "$@"; do
+            train_one "${job%%/*}" "$(task_updates "${job%%/*}")" "${job#*/}"
         done
     fi
-    for model in $models; do
-        id=$(run_id "$task" "$model")
+    for job in "$@"; do
+        task=${job%%/*} spec=${job#*/}
+        id=$(run_id "$task" "$spec")
         log=$OUT/runs/train_$id.log
         echo "-- $id"
         grep "valid on 'valid'" "$log" | tail -3
@@ -195,7 +207,25 @@ train_both() {  # TASK UPDATES: the models of LRA_MODELS one after the other, or
     cat "$OUT/results.md" 2>/dev/null
 }
 
-TRAINED=0  # set by train_both: LRA_SAVE_STATE packs only after a call that trained
+train_both() {  # TASK: the models of LRA_MODELS on TASK
+    local model jobs=()
+    for model in ${LRA_MODELS:-hgrn1 hgrn2}; do
+        jobs+=("$1/$model")
+    done
+    train_jobs "${jobs[@]}"
+}
+
+# LRA_JOBS="listops/hgrn2:2222:eos pathfinder/hgrn2 ...": runs of several tasks in one go (at once with
+# LRA_CONCURRENT=1) instead of the listops / pathfinder parts' LRA_MODELS; their data are prepared first.
+for job in ${LRA_JOBS:-}; do
+    case ${job%%/*} in
+        listops|pathfinder) [[ $job == */* ]] && PARTS="$PARTS,${job%%/*}_data" && continue ;;
+    esac
+    echo "gpu_lra.sh: LRA_JOBS entry '$job' is not TASK/SPEC with TASK listops or pathfinder (e.g. pathfinder/hgrn2)" >&2
+    exit 2
+done
+
+TRAINED=0  # set by train_jobs: LRA_SAVE_STATE packs only after a call that trained
 if [[ ",$PARTS," == *",listops,"* || ",$PARTS," == *",listops_data,"* ]] && ! data_ready listops; then
     echo "== listops data (generator, 96k/2k/2k, $NPROC_CPU workers) at $(el)s"
     python3 data_prep/lra_listops.py --dest "$WORK/generated" --workers "$NPROC_CPU" --no-progress ${LRA_LISTOPS_ARGS:-} \
@@ -206,10 +236,10 @@ if [[ ",$PARTS," == *",listops,"* || ",$PARTS," == *",listops_data,"* ]] && ! da
     cp "$WORK/data-bin/listops/meta.json" "$OUT/listops_meta.json" 2>/dev/null
 fi
 if [[ ",$PARTS," == *",listops,"* ]]; then
-    train_both listops "${LRA_LISTOPS_UPDATES:-2500}"
+    train_both listops
 fi
 
-if [[ ",$PARTS," == *",pathfinder,"* ]] && ! data_ready pathfinder; then
+if [[ ",$PARTS," == *",pathfinder,"* || ",$PARTS," == *",pathfinder_data,"* ]] && ! data_ready pathfinder; then
     echo "== pathfinder data (generator, ${LRA_PF_NUM:-40000} images of 32x32, $NPROC_CPU workers) at $(el)s"
     python3 data_prep/lra_pathfinder.py --dest "$WORK/generated" --num "${LRA_PF_NUM:-40000}" --size 32 \
         --workers "$NPROC_CPU" --no-progress > "$OUT/pathfinder_generate.log" 2>&1
@@ -220,7 +250,11 @@ if [[ ",$PARTS," == *",pathfinder,"* ]] && ! data_ready pathfinder; then
     cp "$WORK/data-bin/pathfinder/meta.json" "$OUT/pathfinder_meta.json" 2>/dev/null
 fi
 if [[ ",$PARTS," == *",pathfinder,"* ]]; then
-    train_both pathfinder "${LRA_PF_UPDATES:-2000}"
+    train_both pathfinder
+fi
+if [ -n "${LRA_JOBS:-}" ]; then
+    # shellcheck disable=SC2086
+    train_jobs $LRA_JOBS
 fi
 
 if [ "${LRA_SAVE_STATE:-0}" = 1 ] && [ "$TRAINED" = 1 ]; then

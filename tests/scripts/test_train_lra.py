@@ -210,6 +210,20 @@ def test_gpu_lra_model_specs_name_their_runs_and_flags():
     assert rc == 1 and "'hgrn1:2:pads' in LRA_MODELS: the third field can only be 'unmasked', 'eos' or 'noeos'" in err
 
 
+@pytest.mark.parametrize("jobs", ["text/hgrn1", "pathfinder", "listops/hgrn2:2222:eos imdb/hgrn1"])
+def test_gpu_lra_jobs_must_name_task_and_spec(tmp_path, jobs):
+    """LRA_JOBS entries are TASK/SPEC with a task the script prepares data for; anything else stops the
+    script at once (exit 2) with the entry named, before any data or training."""
+    env = dict(os.environ, OUT=str(tmp_path / "out"), LRA_WORK=str(tmp_path / "work"), LRA_PARTS="none", LRA_JOBS=jobs)
+    env.pop("LRA_CARRY", None)
+    r = subprocess.run(["bash", os.path.join(REPO, "bench", "gpu_lra.sh")], capture_output=True, text=True,
+                       env=env, timeout=120)
+    bad = [j for j in jobs.split() if not j.startswith(("listops/", "pathfinder/"))][0]
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"LRA_JOBS entry '{bad}' is not TASK/SPEC with TASK listops or pathfinder" in r.stderr
+    assert not (tmp_path / "work" / "data-bin").exists() and "train" not in r.stdout
+
+
 def test_gpu_lra_slices_end_before_the_call_does():
     # no call length: the slice is the minutes asked for, killed 150 s after them
     assert gpu_lra_slice_plan(7.2, now=90) == ["7.200", "582"]
