@@ -18,6 +18,10 @@
 # MODEL:SEED:eos ends every sequence with <eos> (--append-eos, token tasks; --max-positions 2048, LRA's own cap)
 # in TASK_MODEL_sSEED_eos: the runs of 2026-11-26 that made it the recipe (since then plain MODEL appends it
 # too, the same run under another name); MODEL:SEED:noeos is the recipe without it (NO_EOS=1), TASK_MODEL_sSEED_noeos.
+# Flags combine with '+': MODEL:SEED:unmasked+eos (the official harness's padding and token) in
+# TASK_MODEL_sSEED_unmasked_eos. (Since the recipe appends <eos>, a new MODEL:SEED:unmasked run has it too, but
+# its name is that of the finished no-<eos> ablation: restored from LRA_CARRY, that run's checkpoint is refused
+# by the data fingerprint, which records append_eos. Name such runs with the flags they have.)
 #   listops     ListOps from the offline generator at LRA's full size (96k/2k/2k, data_prep/lra_listops.py),
 #               data_prep/prepare_lra.py, then `scripts/train_lra.sh listops hgrn1` and `... hgrn2` with
 #               the papers' recipes shortened to LRA_LISTOPS_UPDATES updates (default 2500; warm-up scaled,
@@ -110,21 +114,27 @@ data_ready() {  # TASK: a warm machine keeps the prepared data of an earlier cal
 
 run_id() {  # TASK SPEC: the run's folder name. SPEC: MODEL (the recipe's seed) -> TASK_MODEL, MODEL:SEED ->
     # TASK_MODEL_sSEED, MODEL:SEED:unmasked (the unmasked-padding ablation) -> TASK_MODEL_sSEED_unmasked,
-    # MODEL:SEED:eos (--append-eos) -> TASK_MODEL_sSEED_eos, MODEL:SEED:noeos (NO_EOS=1) -> TASK_MODEL_sSEED_noeos
+    # MODEL:SEED:eos (--append-eos) -> TASK_MODEL_sSEED_eos, MODEL:SEED:noeos (NO_EOS=1) -> TASK_MODEL_sSEED_noeos;
+    # flags joined by '+' (MODEL:SEED:unmasked+eos, the official harness's setting) -> TASK_MODEL_sSEED_unmasked_eos
     local model seed flag
     IFS=: read -r model seed flag <<< "$2"
-    echo "$1_${model}${seed:+_s$seed}${flag:+_$flag}"
+    echo "$1_${model}${seed:+_s$seed}${flag:+_${flag//+/_}}"
 }
 
 spec_args() {  # SPEC: the fairseq-train arguments it adds (--seed N, --unmasked-padding, --append-eos)
-    local model seed flag
-    IFS=: read -r model seed flag <<< "$1"
-    case $flag in
-        "") ;; unmasked) echo "--unmasked-padding" ;;
-        eos) echo "--append-eos --max-positions 2048" ;;
-        noeos) ;;  # (train_one sets NO_EOS=1: the recipe's --append-eos cannot be undone by a later flag)
-        *) echo "gpu_lra.sh: '$1' in LRA_MODELS: the third field can only be 'unmasked', 'eos' or 'noeos'" >&2; return 1 ;;
-    esac
+    local model seed flags flag
+    IFS=: read -r model seed flags <<< "$1"
+    if [[ "+$flags+" == *"+eos+"* && "+$flags+" == *"+noeos+"* ]]; then
+        echo "gpu_lra.sh: '$1' in LRA_MODELS asks for both 'eos' and 'noeos'; keep one" >&2; return 1
+    fi
+    for flag in ${flags//+/ }; do
+        case $flag in
+            unmasked) echo "--unmasked-padding" ;;
+            eos) echo "--append-eos --max-positions 2048" ;;
+            noeos) ;;  # (train_one sets NO_EOS=1: the recipe's --append-eos cannot be undone by a later flag)
+            *) echo "gpu_lra.sh: '$1' in LRA_MODELS: the third field can only be 'unmasked', 'eos' or 'noeos' (or several joined by '+')" >&2; return 1 ;;
+        esac
+    done
     [ -n "$seed" ] && echo "--seed $seed"
     return 0
 }
@@ -157,7 +167,7 @@ train_one() {  # TASK UPDATES SPEC: one model (SPEC: see run_id), shortened reci
     echo "== train $id: MAX_UPDATE=$updates, this slice at most $minutes min (cumulative cap $cap min; killed after ${kill}s) (at $(el)s)"
     SAVE_DIR=$run LOG_DIR=$OUT/runs/$id RESULTS_DIR=$WORK/runs \
         MAX_UPDATE=$updates TRAIN_MINUTES=$cap NUM_GPUS=${LRA_NUM_GPUS:-1} SAVE_INTERVAL_UPDATES=500 \
-        NO_EOS=$(case $3 in *:noeos) echo 1 ;; *) echo 0 ;; esac) \
+        NO_EOS=$(case "+${3##*:}+" in *+noeos+*) echo 1 ;; *) echo 0 ;; esac) \
         timeout "$kill" \
         bash scripts/train_lra.sh "$task" "$model" "$WORK/data-bin/$task" ${LRA_TRAIN_EXTRA:-} $seed \
         > "$OUT/runs/train_$id.log" 2>&1

@@ -206,8 +206,26 @@ def test_gpu_lra_model_specs_name_their_runs_and_flags():
     assert gpu_lra_spec("hgrn1:2222:unmasked") == (0, "listops_hgrn1_s2222_unmasked", "--unmasked-padding --seed 2222", "")
     assert gpu_lra_spec("hgrn2:2222:eos") == (0, "listops_hgrn2_s2222_eos", "--append-eos --max-positions 2048 --seed 2222", "")
     assert gpu_lra_spec("hgrn1:2222:noeos") == (0, "listops_hgrn1_s2222_noeos", "--seed 2222", "")
+    # the official harness's setting: both flags, joined by '+'
+    assert gpu_lra_spec("hgrn1:2222:unmasked+eos") == (
+        0, "listops_hgrn1_s2222_unmasked_eos", "--unmasked-padding --append-eos --max-positions 2048 --seed 2222", "")
+    assert gpu_lra_spec("hgrn1:2222:unmasked+noeos") == (0, "listops_hgrn1_s2222_unmasked_noeos", "--unmasked-padding --seed 2222", "")
     rc, _, _, err = gpu_lra_spec("hgrn1:2:pads")
     assert rc == 1 and "'hgrn1:2:pads' in LRA_MODELS: the third field can only be 'unmasked', 'eos' or 'noeos'" in err
+    rc, _, _, err = gpu_lra_spec("hgrn1:2:unmasked+pads")
+    assert rc == 1 and "'hgrn1:2:unmasked+pads' in LRA_MODELS: the third field" in err
+    rc, _, _, err = gpu_lra_spec("hgrn1:2:eos+noeos")
+    assert rc == 1 and "asks for both 'eos' and 'noeos'" in err
+
+
+@pytest.mark.parametrize("spec, expected", [("hgrn1:2:noeos", "1"), ("hgrn1:2:unmasked+noeos", "1"),
+                                            ("hgrn1:2:eos", "0"), ("hgrn1", "0"), ("hgrn1:2:unmasked", "0")])
+def test_gpu_lra_noeos_spec_sets_no_eos(spec, expected):
+    """train_one's NO_EOS for the spec: 1 exactly when 'noeos' is one of its flags."""
+    text = open(os.path.join(REPO, "bench", "gpu_lra.sh")).read()
+    expr = re.search(r'NO_EOS=(\$\(case .*?esac\))', text).group(1)
+    r = subprocess.run(["bash", "-c", f'set -- a b "$1"; echo {expr}', "x", spec], capture_output=True, text=True, timeout=30)
+    assert r.stdout.strip() == expected, (spec, r.stdout, r.stderr)
 
 
 @pytest.mark.parametrize("jobs", ["text/hgrn1", "pathfinder", "listops/hgrn2:2222:eos imdb/hgrn1"])
