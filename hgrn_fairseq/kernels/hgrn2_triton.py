@@ -489,27 +489,6 @@ def _rec_bwd(q, v, g, h0, ht, do, dht, reverse, need_dh0):
     return dq.to(q.dtype), dv, dg, dh0
 
 
-class _RecurrentFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, v, g, h0, reverse):
-        o, ht = _rec_fwd(q, v, g, h0, reverse)
-        ctx.save_for_backward(q, v, g, h0, ht)
-        ctx.reverse = reverse
-        ctx.set_materialize_grads(False)
-        return o, ht
-
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, v, g, h0, ht = ctx.saved_tensors
-        if do is None:
-            do = torch.zeros_like(v)
-        do = do.contiguous()
-        dht = None if dht is None else dht.contiguous()
-        need_dh0 = h0 is not None and ctx.needs_input_grad[3]
-        dq, dv, dg, dh0 = _rec_bwd(q, v, g, h0, ht, do, dht, ctx.reverse, need_dh0)
-        return dq, dv, dg, dh0, None
-
-
 # ----------------------------------------------------------------------------------------------
 # packed implementation (small heads, many per program)
 
@@ -549,12 +528,20 @@ def _packed_bwd(q, v, g, h0, ht, do, dht, reverse, need_dh0):
     return dq.to(q.dtype), dv, dg, dh0
 
 
-class _PackedFunction(torch.autograd.Function):
+def _step_impl(impl: str):
+    """(forward, backward) of a step-by-step implementation: "recurrent" (one head a program) or "packed"."""
+    return (_packed_fwd, _packed_bwd) if impl == "packed" else (_rec_fwd, _rec_bwd)
+
+
+class _StepFunction(torch.autograd.Function):
+    """Autograd of the step-by-step implementations, which save the same tensors (the final state among
+    them) and recompute the states in their backward."""
+
     @staticmethod
-    def forward(ctx, q, v, g, h0, reverse):
-        o, ht = _packed_fwd(q, v, g, h0, reverse)
+    def forward(ctx, q, v, g, h0, reverse, impl):
+        o, ht = _step_impl(impl)[0](q, v, g, h0, reverse)
         ctx.save_for_backward(q, v, g, h0, ht)
-        ctx.reverse = reverse
+        ctx.reverse, ctx.impl = reverse, impl
         ctx.set_materialize_grads(False)
         return o, ht
 
@@ -566,8 +553,8 @@ class _PackedFunction(torch.autograd.Function):
         do = do.contiguous()
         dht = None if dht is None else dht.contiguous()
         need_dh0 = h0 is not None and ctx.needs_input_grad[3]
-        dq, dv, dg, dh0 = _packed_bwd(q, v, g, h0, ht, do, dht, ctx.reverse, need_dh0)
-        return dq, dv, dg, dh0, None
+        dq, dv, dg, dh0 = _step_impl(ctx.impl)[1](q, v, g, h0, ht, do, dht, ctx.reverse, need_dh0)
+        return dq, dv, dg, dh0, None, None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -621,14 +608,10 @@ def hgrn2_fused(
     )
     # the kernels read the initial state as fp32 (autograd casts its gradient back)
     h0 = None if h0 is None else h0.float()
-    if impl == "packed":
+    if impl in ("recurrent", "packed"):
         if needs_grad:
-            return _PackedFunction.apply(q, v, log_decay, h0, reverse)
-        return _packed_fwd(q, v, log_decay, h0, reverse)
-    if impl == "recurrent":
-        if needs_grad:
-            return _RecurrentFunction.apply(q, v, log_decay, h0, reverse)
-        return _rec_fwd(q, v, log_decay, h0, reverse)
+            return _StepFunction.apply(q, v, log_decay, h0, reverse, impl)
+        return _step_impl(impl)[0](q, v, log_decay, h0, reverse)
     if needs_grad:
         return _ChunkFunction.apply(q, v, log_decay, h0, reverse)
     o, ht, _, _, _ = _chunk_fwd(q, v, log_decay, h0, reverse, store_a=False, lowp=_intra_lowp())
