@@ -58,6 +58,21 @@ def _packed_state(s0, i_b, H, o_s, m_s, K: tl.constexpr, V: tl.constexpr, BH: tl
     return b_s
 
 
+@triton.jit
+def _packed_walk(i_b, T, H, K: tl.constexpr, V: tl.constexpr, DOWN: tl.constexpr):
+    """Where a walk over one sequence starts (its first row of heads, from the last step when DOWN) and
+    the pointer steps per iteration for the key-sized and value-sized tensors."""
+    if DOWN:
+        row = (i_b * T + T - 1) * H
+        s_k = -H * K
+        s_v = -H * V
+    else:
+        row = i_b * T * H
+        s_k = H * K
+        s_v = H * V
+    return row, s_k, s_v
+
+
 @triton.jit(do_not_specialize=["T"])
 def hgrn2_packed_fwd_kernel(
     q, v, g, o, h0, ht,
@@ -69,11 +84,7 @@ def hgrn2_packed_fwd_kernel(
     i_hb = tl.program_id(1)
     o_hk, m_hk, o_hv, m_hv, o_s, m_s = _packed_offsets(i_hb, H, K, V, BH, BK, BV)
     b_s = _packed_state(h0, i_b, H, o_s, m_s, K, V, BH, BK, BV, HAS_H0)
-    if REVERSE:
-        t0 = T - 1
-    else:
-        t0 = 0
-    row = (i_b * T + t0) * H
+    row, s_k, s_v = _packed_walk(i_b, T, H, K, V, REVERSE)
     p_q = q + row * K + o_hk
     p_g = g + row * K + o_hk
     p_v = v + row * V + o_hv
@@ -87,16 +98,10 @@ def hgrn2_packed_fwd_kernel(
         b_s = b_s * b_lam[:, :, None] + b_k[:, :, None] * b_v[:, None, :]
         b_o = tl.sum(b_q[:, :, None] * b_s, axis=1)
         tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_hv)
-        if REVERSE:
-            p_q -= H * K
-            p_g -= H * K
-            p_v -= H * V
-            p_o -= H * V
-        else:
-            p_q += H * K
-            p_g += H * K
-            p_v += H * V
-            p_o += H * V
+        p_q += s_k
+        p_g += s_k
+        p_v += s_v
+        p_o += s_v
     tl.store(ht + i_b * H * K * V + o_s, b_s, mask=m_s)
 
 
@@ -111,11 +116,7 @@ def hgrn2_packed_dq_kernel(
     i_hb = tl.program_id(1)
     o_hk, m_hk, o_hv, m_hv, o_s, m_s = _packed_offsets(i_hb, H, K, V, BH, BK, BV)
     b_s = _packed_state(h0, i_b, H, o_s, m_s, K, V, BH, BK, BV, HAS_H0)
-    if REVERSE:
-        t0 = T - 1
-    else:
-        t0 = 0
-    row = (i_b * T + t0) * H
+    row, s_k, s_v = _packed_walk(i_b, T, H, K, V, REVERSE)
     p_g = g + row * K + o_hk
     p_dq = dq + row * K + o_hk
     p_v = v + row * V + o_hv
@@ -127,16 +128,10 @@ def hgrn2_packed_dq_kernel(
         b_lam = tl.exp(b_g)
         b_s = b_s * b_lam[:, :, None] + _one_minus(b_g, b_lam)[:, :, None] * b_v[:, None, :]
         tl.store(p_dq, tl.sum(b_s * b_do[:, None, :], axis=2), mask=m_hk)
-        if REVERSE:
-            p_g -= H * K
-            p_dq -= H * K
-            p_v -= H * V
-            p_do -= H * V
-        else:
-            p_g += H * K
-            p_dq += H * K
-            p_v += H * V
-            p_do += H * V
+        p_g += s_k
+        p_dq += s_k
+        p_v += s_v
+        p_do += s_v
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -151,11 +146,7 @@ def hgrn2_packed_bwd_kernel(
     o_hk, m_hk, o_hv, m_hv, o_s, m_s = _packed_offsets(i_hb, H, K, V, BH, BK, BV)
     b_ds = _packed_state(dht, i_b, H, o_s, m_s, K, V, BH, BK, BV, HAS_DHT)
     # walk the scan order backwards: start where the forward scan ended
-    if REVERSE:
-        t0 = 0
-    else:
-        t0 = T - 1
-    row = (i_b * T + t0) * H
+    row, s_k, s_v = _packed_walk(i_b, T, H, K, V, not REVERSE)
     p_q = q + row * K + o_hk
     p_g = g + row * K + o_hk
     p_dq = dq + row * K + o_hk
@@ -186,21 +177,12 @@ def hgrn2_packed_bwd_kernel(
         tl.store(p_dv, b_dv.to(dv.dtype.element_ty), mask=m_hv)
         tl.store(p_dg, b_dg.to(dg.dtype.element_ty), mask=m_hk)
         b_ds = b_ds * b_lam[:, :, None]
-        if REVERSE:
-            p_q += H * K
-            p_g += H * K
-            p_dq += H * K
-            p_dg += H * K
-            p_v += H * V
-            p_do += H * V
-            p_dv += H * V
-        else:
-            p_q -= H * K
-            p_g -= H * K
-            p_dq -= H * K
-            p_dg -= H * K
-            p_v -= H * V
-            p_do -= H * V
-            p_dv -= H * V
+        p_q += s_k
+        p_g += s_k
+        p_dq += s_k
+        p_dg += s_k
+        p_v += s_v
+        p_do += s_v
+        p_dv += s_v
     if STORE_DH0:
         tl.store(dh0 + i_b * H * K * V + o_s, b_ds, mask=m_s)
