@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""File what one GPU call of ``bench/gpu_lra.sh`` brought back, the way bench/results keeps LRA runs.
+
+    python bench/lra_collect.py FILES_AT --tag concurrent3_h200 [--gpu-log NAME] [--dry-run]
+
+FILES_AT is the folder the run tool put the call's files in (``lra_state.tar.part*``,
+``session.tgz.part*``). For every run the call trained (``lra/runs/train_<TASK>_<ID>.log`` inside the
+session archive):
+
+* its log becomes the run's next slice, ``<dest>/<prefix>train_slice<K>_updates_<A>-<B>_<tag>.log`` in
+  ``<dest-root>/lra_<TASK>_full/``: K one more than the run's last slice there, A where that slice ended
+  (0 for a first slice), B the last update the log validated at. A log that does not go past A (a run
+  that did not train in this call) is reported and not filed.
+* its test JSON becomes ``<prefix>test_result_after_<num_updates>.json`` (an existing one is kept).
+
+``<prefix>`` is the run id without the task (``hgrn2_s2222_eos_``); the first runs of 2026-11-24 keep
+their names (ListOps HGRN1: no prefix, HGRN2: ``hgrn2_``). The checkpoint parts replace those in
+``--state`` (the next call's ``LRA_CARRY``), and ``--gpu-log NAME`` appends the call's ``lra.log`` to
+``<dest>/NAME`` under a header. Prints what it did; nothing is overwritten.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import io
+import json
+import os
+import re
+import shutil
+import sys
+import tarfile
+from typing import Dict, List, Optional, Tuple
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VALID = re.compile(r"valid on 'valid' subset \|.*?\| num_updates (\d+)")
+SLICE = re.compile(r"train_slice(\d+)_updates_(\d+)-(\d+)")
+LEGACY_PREFIX = {"listops_hgrn1": "", "listops_hgrn2": "hgrn2_"}  # the first runs' file names
+
+
+class CollectError(Exception):
+    pass
+
+
+def prefix_of(run_id: str, task: str) -> str:
+    if run_id in LEGACY_PREFIX:
+        return LEGACY_PREFIX[run_id]
+    return run_id[len(task) + 1:] + "_"
+
+
+def last_slice(dest: str, prefix: str) -> Tuple[int, int]:
+    """(K, B) of the run's last filed slice in dest, (0, 0) when there is none."""
+    best = (0, 0)
+    for path in glob.glob(os.path.join(dest, f"{prefix}train_slice*_updates_*.log")):
+        name = os.path.basename(path)
+        m = SLICE.match(name[len(prefix):])
+        if m and int(m.group(1)) > best[0]:
+            best = (int(m.group(1)), int(m.group(3)))
+    return best
+
+
+def last_update(text: str) -> Optional[int]:
+    found = [int(n) for n in VALID.findall(text)]
+    return max(found) if found else None
+
+
+def read_session(files_at: str) -> Dict[str, bytes]:
+    """The members of the call's session archive (its parts joined), by name."""
+    parts = sorted(glob.glob(os.path.join(files_at, "session.tgz.part*")))
+    if not parts:
+        raise CollectError(f"no session.tgz.part* in {files_at}: give the folder the run tool returned (files_at)")
+    data = b"".join(open(p, "rb").read() for p in parts)
+    out = {}
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        for member in tar.getmembers():
+            if member.isfile():
+                out[member.name.lstrip("./")] = tar.extractfile(member).read()
+    return out
+
+
+def collect(files_at: str, tag: str, dest_root: str, state: str, gpu_log: Optional[str], dry_run: bool) -> List[str]:
+    done: List[str] = []
+    members = read_session(files_at)
+    runs = sorted(m for m in members if re.fullmatch(r"lra/runs/train_[a-z]+_[^/]+\.log", m))
+    if not runs:
+        raise CollectError(f"the session archive in {files_at} has no lra/runs/train_*.log: was it a gpu_lra.sh call?")
+    dests = set()
+    for member in runs:
+        run_id = os.path.basename(member)[len("train_"):-len(".log")]
+        task = run_id.split("_", 1)[0]
+        dest = os.path.join(dest_root, f"lra_{task}_full")
+        dests.add(dest)
+        prefix = prefix_of(run_id, task)
+        k, start = last_slice(dest, prefix)
+        text = members[member].decode("utf-8", "replace")
+        end = last_update(text)
+        if end is None or end <= start:
+            done.append(f"skipped {run_id}: its log validated up to {end}, not past the last filed slice's {start}")
+            continue
+        target = os.path.join(dest, f"{prefix}train_slice{k + 1}_updates_{start}-{end}_{tag}.log")
+        done.append(f"{run_id}: slice {k + 1} ({start}-{end}) -> {os.path.relpath(target, REPO)}")
+        if not dry_run:
+            os.makedirs(dest, exist_ok=True)
+            with open(target, "wb") as f:
+                f.write(members[member])
+        result = members.get(f"lra/runs/{run_id}.test_result.json")
+        if result is not None:
+            n = json.loads(result)["num_updates"]
+            target = os.path.join(dest, f"{prefix}test_result_after_{n}.json")
+            if os.path.exists(target):
+                done.append(f"{run_id}: kept the existing {os.path.relpath(target, REPO)}")
+            else:
+                done.append(f"{run_id}: test {json.loads(result)['accuracy']} -> {os.path.relpath(target, REPO)}")
+                if not dry_run:
+                    with open(target, "wb") as f:
+                        f.write(result)
+    parts = sorted(glob.glob(os.path.join(files_at, "lra_state.tar.part*")))
+    if parts:
+        done.append(f"state: {len(parts)} part(s) replace {os.path.relpath(state, REPO)}/lra_state.tar.part*")
+        if not dry_run:
+            os.makedirs(state, exist_ok=True)
+            for old in glob.glob(os.path.join(state, "lra_state.tar.part*")):
+                os.remove(old)
+            for p in parts:
+                shutil.copy(p, state)
+    if gpu_log:
+        log = members.get("lra.log")
+        if log is None:
+            raise CollectError("the session archive has no lra.log to append")
+        if len(dests) != 1:
+            raise CollectError(f"--gpu-log: the call trained runs of several tasks ({sorted(dests)}); append by hand")
+        target = os.path.join(dests.pop(), gpu_log)
+        done.append(f"lra.log appended to {os.path.relpath(target, REPO)}")
+        if not dry_run:
+            with open(target, "ab") as f:
+                f.write(f"===== call {tag} ({os.path.basename(os.path.normpath(files_at))})\n".encode() + log)
+    return done
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("files_at")
+    ap.add_argument("--tag", required=True, help="how the slice ran, for its file name (e.g. concurrent3_h200)")
+    ap.add_argument("--dest-root", default=os.path.join(REPO, "bench", "results"))
+    ap.add_argument("--state", default=os.path.join(REPO, "bench", "results", "lra_state"))
+    ap.add_argument("--gpu-log", default=None, help="append the call's lra.log to this file in the task's folder")
+    ap.add_argument("--dry-run", action="store_true", help="say what would be filed, file nothing")
+    args = ap.parse_args(argv)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.tag):
+        print(f"lra_collect: --tag {args.tag!r} goes into file names: letters, digits, '_', '.', '-' only", file=sys.stderr)
+        return 2
+    try:
+        for line in collect(args.files_at, args.tag, args.dest_root, args.state, args.gpu_log, args.dry_run):
+            print(line)
+    except CollectError as e:
+        print(f"lra_collect: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
