@@ -48,7 +48,7 @@
 #               of the same width, depth and precision (LRA_BENCH_S seconds, default 300; LRA_BENCH_ARGS
 #               more options, e.g. "--tasks image,pathfinder --models hgrn2,transformer@hgrn2").
 #   small_heads the HGRN2 kernel tests on the GPU (test_hgrn2_triton.py: the packed kernels of small heads
-#               among them) and bench/bench_hgrn2_small_heads.py (packed / recurrent / chunk / HGRU-scan
+#               among them; the HGRN2 2-D encoder with heads of 2 x 2 against the reference) and bench/bench_hgrn2_small_heads.py (packed / recurrent / chunk / HGRU-scan
 #               paths at the LRA 2-D shapes), before bench when both are given.
 # Smoke test on CPU (tiny): LRA_LISTOPS_ARGS="--train 300 --valid 50 --test 50" LRA_PF_NUM=200 LRA_NUM_GPUS=0
 #   LRA_LISTOPS_UPDATES=20 LRA_PF_UPDATES=10 LRA_TRAIN_EXTRA="--encoder-embed-dim 8 --encoder-layers 1"
@@ -305,7 +305,8 @@ fi
 
 if [[ ",$PARTS," == *",small_heads,"* ]]; then
     echo "== HGRN2 kernel tests on the GPU at $(el)s"
-    timeout 400 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_hgrn2_triton.py > "$OUT/gpu_tests_hgrn2.log" 2>&1
+    timeout 400 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_hgrn2_triton.py \
+        "tests/modules/test_lra_encoder.py::test_small_heads_2d_matches_reference" > "$OUT/gpu_tests_hgrn2.log" 2>&1
     echo "   tests rc=$? at $(el)s"; tail -3 "$OUT/gpu_tests_hgrn2.log"
     echo "== bench_hgrn2_small_heads at $(el)s"
     timeout 300 python3 bench/bench_hgrn2_small_heads.py --out "$OUT/bench" > "$OUT/bench_hgrn2_small_heads.log" 2>&1
