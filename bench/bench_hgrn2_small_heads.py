@@ -38,6 +38,7 @@ SHAPES = [
     ("T 256 (256 seq, d 128)", 256, 256, 64, 2, 2),
     ("T 1024 (128 seq, d 128)", 128, 1024, 64, 2, 2),
     ("retrieval docs (64 x 2, T 4000, d 256)", 128, 4000, 128, 2, 2),
+    ("listops (128 seq, T 2048, d 64: heads of 4 x 4)", 128, 2048, 16, 4, 4),
 ]
 QUICK = [("quick rows", 64, 32, 8, 2, 2), ("quick long", 4, 128, 8, 2, 2)]
 IMPLS = ("packed", "recurrent", "chunk", "hgru")
