@@ -57,7 +57,7 @@ def _rel(x, ref):
     return ((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
 
 
-def run(shapes, impls, device, out):
+def run(shapes, impls, device):
     import triton.testing
 
     rows = []
@@ -96,7 +96,8 @@ def run(shapes, impls, device, out):
                 row["impls"][impl] = {"fwd_ms": t_f, "fwd_bwd_ms": t_fb, "rel_err_vs_chunk": err}
             except Exception as e:  # noqa: BLE001 - one failing implementation must not lose the row
                 row["impls"][impl] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
-            torch.cuda.empty_cache() if device == "cuda" else None
+            if device == "cuda":
+                torch.cuda.empty_cache()
         rows.append(row)
         print(_md_row(row, impls), flush=True)
     return rows
@@ -135,7 +136,7 @@ def main(argv=None) -> int:
     header = ("| shape | ratio against | " + " | ".join(f"{i} fwd / fwd+bwd ms" for i in impls)
               + " | output error against chunk |\n|---|---|" + "---:|" * len(impls) + "---|")
     print(header, flush=True)
-    rows = run(QUICK if args.quick else SHAPES, impls, "cuda", args.out)
+    rows = run(QUICK if args.quick else SHAPES, impls, "cuda")
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": "bf16",
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
             "commit": os.environ.get("HGRN_GIT_COMMIT", "")}
