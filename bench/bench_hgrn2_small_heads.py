@@ -39,6 +39,8 @@ SHAPES = [
     ("T 1024 (128 seq, d 128)", 128, 1024, 64, 2, 2),
     ("retrieval docs (64 x 2, T 4000, d 256)", 128, 4000, 128, 2, 2),
     ("listops (128 seq, T 2048, d 64: heads of 4 x 4)", 128, 2048, 16, 4, 4),
+    ("text (32 seq, T 4096, d 128: heads of 8 x 8)", 32, 4096, 16, 8, 8),
+    ("path-x series (16 seq, T 16384, d 32: heads of 1 x 1)", 16, 16384, 32, 1, 1),
 ]
 QUICK = [("quick rows", 64, 32, 8, 2, 2), ("quick long", 4, 128, 8, 2, 2)]
 IMPLS = ("packed", "recurrent", "chunk", "hgru")

@@ -11,8 +11,10 @@ materialised) and the scale is 1. Two implementations behind one signature:
 * recurrent (``hgrn2_recurrent_kernels``): one step at a time with the state in registers; used for
   short sequences (``T <= RECURRENT_MAX_T``) and for single-step decoding;
 * packed (``hgrn2_packed_kernels``): the recurrent walk with many small heads per program (a block of
-  heads' states in registers); used instead of the recurrent one for short sequences whose heads have at
-  most ``PACKED_MAX_STATE`` numbers of state (the LRA 2-D models' heads of 2 x 2).
+  heads' states in registers); used at any length for heads of at most ``PACKED_MAX_STATE`` numbers of
+  state (the LRA models' heads of 2 x 2 and 4 x 4), where the chunked kernels' 16 x 16 minimum tiles are
+  mostly padding: on an H200 (2026-11-26, bf16, heads of 2 x 2, forward + backward) 31x the recurrent
+  kernel on the Pathfinder rows (T 32) and 2.2-4.2x the chunked kernels at T 256-4000.
 
 Both accumulate in fp32, read and write the input dtype (bf16, fp16 or fp32), keep states in fp32 at
 the API boundary, support an initial state, return the final state, run forwards or in reverse, and
@@ -53,7 +55,7 @@ MAX_HEAD_DIM = 128  # K and V: whole [CHUNK, K] tiles live in registers in the c
 RECURRENT_MAX_T = 32  # at or below this length the recurrent kernel is used
 _IMPLS = ("auto", "chunk", "recurrent", "packed")
 MAX_GRID_ROWS = 65535  # CUDA's limit on grid dimensions y and z, where the kernels put B * H
-PACKED_MAX_STATE = 16  # K * V at or below which short sequences take the packed kernels (many heads a program)
+PACKED_MAX_STATE = 16  # K * V at or below which "auto" takes the packed kernels (many heads a program)
 PACKED_TILE = 256  # state numbers per program of the packed kernels: BH = PACKED_TILE // (BK * BV) heads
 # Intra-chunk products exp(b_i - b_j) are factorised as exp(b_i - r) * exp(r - b_j) with a reference r.
 # CHUNK_SAFE_LOG_DECAY: one reference in the middle of the chunk, used when the decay of each half chunk
@@ -576,8 +578,9 @@ def hgrn2_fused(
         v: ``[B, T, H, V]``, the dtype of q. ``1 <= K, V <= 128``.
         initial_state: ``[B, H, K, V]`` or None (zeros); any float dtype, used in fp32.
         reverse: run from ``t = T-1`` down to 0.
-        impl: ``"auto"`` (for ``T <= RECURRENT_MAX_T`` packed when ``K * V <= PACKED_MAX_STATE``, else
-            recurrent; chunked for longer sequences), ``"chunk"``, ``"recurrent"`` or ``"packed"``.
+        impl: ``"auto"`` (packed when ``K * V <= PACKED_MAX_STATE``, at any length; else recurrent for
+            ``T <= RECURRENT_MAX_T`` and chunked for longer sequences), ``"chunk"``, ``"recurrent"`` or
+            ``"packed"``.
     Returns:
         ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in q's dtype, ``final_state`` ``[B, H, K, V]`` fp32.
     """
@@ -586,10 +589,10 @@ def hgrn2_fused(
         raise ValueError(f"impl={impl!r} is not one of {_IMPLS}")
     B, T, H, K = q.shape
     if impl == "auto":
-        if T > RECURRENT_MAX_T:
-            impl = "chunk"
+        if K * v.shape[-1] <= PACKED_MAX_STATE:
+            impl = "packed"  # small heads at any length (H200, 2026-11-26: bench_hgrn2_small_heads.py)
         else:
-            impl = "packed" if K * v.shape[-1] <= PACKED_MAX_STATE else "recurrent"
+            impl = "recurrent" if T <= RECURRENT_MAX_T else "chunk"
     if impl != "packed" and B * H > MAX_GRID_ROWS:
         # the kernels put B * H on a grid dimension that CUDA caps at 65,535 (the LRA 2-D models' rows
         # and columns as batch rows: 64 images x 32 rows x 256 heads gave "invalid argument" on an H100)

@@ -247,11 +247,13 @@ def test_dispatch_and_auto_choice():
     (2, 2, hgrn2_triton.RECURRENT_MAX_T, "packed"),  # the LRA 2-D models' heads, rows of 32
     (4, 4, 9, "packed"),
     (8, 8, 9, "recurrent"),  # more than PACKED_MAX_STATE numbers of state
-    (2, 2, hgrn2_triton.RECURRENT_MAX_T + 1, "chunk"),
+    (2, 2, hgrn2_triton.RECURRENT_MAX_T + 1, "packed"),  # small heads at any length
+    (8, 8, hgrn2_triton.RECURRENT_MAX_T + 1, "chunk"),
 ])
 def test_auto_choice_by_head_size(monkeypatch, K, V, T, expected):
-    """'auto' takes the packed kernels for short sequences of small heads, the one-head recurrent kernel
-    for larger heads and the chunked kernels for long sequences; whichever it takes matches the reference."""
+    """'auto' takes the packed kernels for small heads at any length, the one-head recurrent kernel for
+    short sequences of larger heads and the chunked kernels for their long sequences; whichever it takes
+    matches the reference."""
     taken = []
     for name, impl in (("_packed_fwd", "packed"), ("_rec_fwd", "recurrent"), ("_chunk_fwd", "chunk")):
         real = getattr(hgrn2_triton, name)
