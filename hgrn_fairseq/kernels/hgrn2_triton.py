@@ -11,10 +11,11 @@ materialised) and the scale is 1. Two implementations behind one signature:
 * recurrent (``hgrn2_recurrent_kernels``): one step at a time with the state in registers; used for
   short sequences (``T <= RECURRENT_MAX_T``) and for single-step decoding;
 * packed (``hgrn2_packed_kernels``): the recurrent walk with many small heads per program (a block of
-  heads' states in registers); used at any length for heads of at most ``PACKED_MAX_STATE`` numbers of
-  state (the LRA models' heads of 2 x 2 and 4 x 4), where the chunked kernels' 16 x 16 minimum tiles are
-  mostly padding: on an H200 (2026-11-26, bf16, heads of 2 x 2, forward + backward) 31x the recurrent
-  kernel on the Pathfinder rows (T 32) and 2.2-4.2x the chunked kernels at T 256-4000.
+  heads' states in registers); used for heads of at most ``PACKED_MAX_STATE`` numbers of state (the LRA
+  models' heads of 2 x 2 and 4 x 4), where the other kernels' 16 x 16 minimum tiles are mostly padding,
+  for short sequences and, past ``RECURRENT_MAX_T``, when ``B * H >= PACKED_MIN_ROWS``: on an H200
+  (2026-11-26, bf16, forward + backward) 31-76x the recurrent kernel on the 2-D models' rows (T 32) and
+  2.2-4.4x the chunked kernels at T 256-4000 for heads of 2 x 2 with B * H >= 8,192.
 
 Both accumulate in fp32, read and write the input dtype (bf16, fp16 or fp32), keep states in fp32 at
 the API boundary, support an initial state, return the final state, run forwards or in reverse, and
@@ -56,6 +57,11 @@ RECURRENT_MAX_T = 32  # at or below this length the recurrent kernel is used
 _IMPLS = ("auto", "chunk", "recurrent", "packed")
 MAX_GRID_ROWS = 65535  # CUDA's limit on grid dimensions y and z, where the kernels put B * H
 PACKED_MAX_STATE = 16  # K * V at or below which "auto" takes the packed kernels (many heads a program)
+# Past RECURRENT_MAX_T steps the packed walk (one step at a time, a few hundred programs) beats the chunked
+# kernels only when there are many (sequence, head) rows to spread: H200, 2026-11-26, bf16, fwd + bwd
+# (bench_hgrn2_small_heads.py): B * H = 16,384 -> 4.2-4.4x, 8,192 -> 2.2x, 2,048 (ListOps, heads of 4 x 4,
+# T 2048) -> 0.52x, 512 (heads of 1 x 1, T 16,384) -> 0.15x.
+PACKED_MIN_ROWS = 4096
 PACKED_TILE = 256  # state numbers per program of the packed kernels: BH = PACKED_TILE // (BK * BV) heads
 # Intra-chunk products exp(b_i - b_j) are factorised as exp(b_i - r) * exp(r - b_j) with a reference r.
 # CHUNK_SAFE_LOG_DECAY: one reference in the middle of the chunk, used when the decay of each half chunk
@@ -578,9 +584,9 @@ def hgrn2_fused(
         v: ``[B, T, H, V]``, the dtype of q. ``1 <= K, V <= 128``.
         initial_state: ``[B, H, K, V]`` or None (zeros); any float dtype, used in fp32.
         reverse: run from ``t = T-1`` down to 0.
-        impl: ``"auto"`` (packed when ``K * V <= PACKED_MAX_STATE``, at any length; else recurrent for
-            ``T <= RECURRENT_MAX_T`` and chunked for longer sequences), ``"chunk"``, ``"recurrent"`` or
-            ``"packed"``.
+        impl: ``"auto"`` (packed when ``K * V <= PACKED_MAX_STATE`` and either ``T <= RECURRENT_MAX_T``
+            or ``B * H >= PACKED_MIN_ROWS``; else recurrent for ``T <= RECURRENT_MAX_T`` and chunked for
+            longer sequences), ``"chunk"``, ``"recurrent"`` or ``"packed"``.
     Returns:
         ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in q's dtype, ``final_state`` ``[B, H, K, V]`` fp32.
     """
@@ -589,8 +595,8 @@ def hgrn2_fused(
         raise ValueError(f"impl={impl!r} is not one of {_IMPLS}")
     B, T, H, K = q.shape
     if impl == "auto":
-        if K * v.shape[-1] <= PACKED_MAX_STATE:
-            impl = "packed"  # small heads at any length (H200, 2026-11-26: bench_hgrn2_small_heads.py)
+        if K * v.shape[-1] <= PACKED_MAX_STATE and (T <= RECURRENT_MAX_T or B * H >= PACKED_MIN_ROWS):
+            impl = "packed"
         else:
             impl = "recurrent" if T <= RECURRENT_MAX_T else "chunk"
     if impl != "packed" and B * H > MAX_GRID_ROWS:

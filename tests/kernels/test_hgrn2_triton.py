@@ -243,17 +243,21 @@ def test_dispatch_and_auto_choice():
         assert rel(o, ro) < FP32_TOL and rel(st, rst) < FP32_TOL
 
 
-@pytest.mark.parametrize("K,V,T,expected", [
-    (2, 2, hgrn2_triton.RECURRENT_MAX_T, "packed"),  # the LRA 2-D models' heads, rows of 32
-    (4, 4, 9, "packed"),
-    (8, 8, 9, "recurrent"),  # more than PACKED_MAX_STATE numbers of state
-    (2, 2, hgrn2_triton.RECURRENT_MAX_T + 1, "packed"),  # small heads at any length
-    (8, 8, hgrn2_triton.RECURRENT_MAX_T + 1, "chunk"),
+@pytest.mark.parametrize("K,V,T,min_rows,expected", [
+    (2, 2, hgrn2_triton.RECURRENT_MAX_T, None, "packed"),  # the LRA 2-D models' heads, rows of 32
+    (4, 4, 9, None, "packed"),
+    (8, 8, 9, None, "recurrent"),  # more than PACKED_MAX_STATE numbers of state
+    (2, 2, hgrn2_triton.RECURRENT_MAX_T + 1, None, "chunk"),  # long, and B * H = 6 rows: too few
+    (2, 2, hgrn2_triton.RECURRENT_MAX_T + 1, 6, "packed"),  # long, B * H = 6 >= PACKED_MIN_ROWS
+    (2, 2, hgrn2_triton.RECURRENT_MAX_T + 1, 7, "chunk"),
+    (8, 8, hgrn2_triton.RECURRENT_MAX_T + 1, 6, "chunk"),  # rows enough, heads too large
 ])
-def test_auto_choice_by_head_size(monkeypatch, K, V, T, expected):
-    """'auto' takes the packed kernels for small heads at any length, the one-head recurrent kernel for
-    short sequences of larger heads and the chunked kernels for their long sequences; whichever it takes
-    matches the reference."""
+def test_auto_choice_by_head_size(monkeypatch, K, V, T, min_rows, expected):
+    """'auto' takes the packed kernels for small heads (short sequences, or long ones with at least
+    PACKED_MIN_ROWS (sequence, head) rows), the one-head recurrent kernel for short sequences of larger
+    heads and the chunked kernels otherwise; whichever it takes matches the reference."""
+    if min_rows is not None:
+        monkeypatch.setattr(hgrn2_triton, "PACKED_MIN_ROWS", min_rows)
     taken = []
     for name, impl in (("_packed_fwd", "packed"), ("_rec_fwd", "recurrent"), ("_chunk_fwd", "chunk")):
         real = getattr(hgrn2_triton, name)
