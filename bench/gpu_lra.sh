@@ -57,6 +57,9 @@
 #
 # Runs longer than one call (the full recipes): LRA_TRAIN_MINUTES is then the length of *this* call's
 # slice (the run's cumulative --stop-time-hours is what its checkpoint has trained plus that), and
+#   LRA_SAVE_STATE=trained  as 1 (below), but only the runs this call trained: what a call that goes on
+#                      with some runs should hand on when the older ones are finished (the tree limit);
+#                      either way a finished run keeps only checkpoint_best.pt and its finished mark;
 #   LRA_SAVE_STATE=1   after training, packs every run's checkpoint_last.pt / checkpoint_best.pt (and the
 #                      mark of a finished run) on this machine, restored ones included, into
 #                      $OUT/lra_state.tar.part* (gpu_session.sh returns them; they replace the old parts);
@@ -205,6 +208,7 @@ train_jobs() {  # JOB...: TASK/SPEC runs (SPEC: see run_id), one after the other
     for job in "$@"; do
         task=${job%%/*} spec=${job#*/}
         id=$(run_id "$task" "$spec")
+        TRAINED_RUNS+=("$id")
         log=$OUT/runs/train_$id.log
         echo "-- $id"
         grep "valid on 'valid'" "$log" | tail -3
@@ -236,6 +240,25 @@ for job in ${LRA_JOBS:-}; do
 done
 
 TRAINED=0  # set by train_jobs: LRA_SAVE_STATE packs only after a call that trained
+TRAINED_RUNS=()  # the runs train_jobs trained (LRA_SAVE_STATE=trained packs only these)
+
+state_files() {  # RUNS_DIR RUN...: the files of each run that its state needs, relative to RUNS_DIR.
+    # A finished run (train_lra.sh's finished_max_update_N mark: a rerun only redoes the test of the best
+    # checkpoint) needs checkpoint_best.pt and the mark, not checkpoint_last.pt; a run in progress both
+    # checkpoints. (The run tool copies at most 64 MiB of tree to the GPU machine, state included.)
+    local dir=$1 r f want
+    shift
+    for r in "$@"; do
+        if compgen -G "$dir/$r/finished_max_update_*" > /dev/null; then
+            want=("$dir/$r"/checkpoint_best.pt "$dir/$r"/finished_max_update_*)
+        else
+            want=("$dir/$r"/checkpoint_last.pt "$dir/$r"/checkpoint_best.pt)
+        fi
+        for f in "${want[@]}"; do
+            if [ -f "$f" ]; then echo "${f#"$dir/"}"; fi
+        done
+    done
+}
 if [[ ",$PARTS," == *",listops,"* || ",$PARTS," == *",listops_data,"* ]] && ! data_ready listops; then
     echo "== listops data (generator, 96k/2k/2k, $NPROC_CPU workers) at $(el)s"
     python3 data_prep/lra_listops.py --dest "$WORK/generated" --workers "$NPROC_CPU" --no-progress ${LRA_LISTOPS_ARGS:-} \
@@ -267,14 +290,13 @@ if [ -n "${LRA_JOBS:-}" ]; then
     train_jobs $LRA_JOBS
 fi
 
-if [ "${LRA_SAVE_STATE:-0}" = 1 ] && [ "$TRAINED" = 1 ]; then
-    files=()  # every run on this machine (restored ones too), so that one tar always holds the whole state
-    for d in "$WORK"/runs/*/; do
-        r=$(basename "$d")
-        for f in "$WORK/runs/$r"/checkpoint_last.pt "$WORK/runs/$r"/checkpoint_best.pt "$WORK/runs/$r"/finished_max_update_*; do
-            [ -f "$f" ] && files+=("${f#"$WORK/runs/"}")
-        done
-    done
+if [ "${LRA_SAVE_STATE:-0}" != 0 ] && [ "$TRAINED" = 1 ]; then
+    case $LRA_SAVE_STATE in
+        1) runs=(); for d in "$WORK"/runs/*/; do runs+=("$(basename "$d")"); done ;;  # restored ones too
+        trained) runs=("${TRAINED_RUNS[@]}") ;;
+        *) echo "gpu_lra.sh: LRA_SAVE_STATE=$LRA_SAVE_STATE is not 0, 1 or trained"; runs=() ;;
+    esac
+    mapfile -t files < <(state_files "$WORK/runs" "${runs[@]}")
     tar -cf - -C "$WORK/runs" "${files[@]}" | split -b 15M -d - "$OUT/lra_state.tar.part"
     echo "== state saved: ${files[*]} -> $(ls "$OUT"/lra_state.tar.part* | wc -l) part(s) of lra_state.tar (they replace bench/results/lra_state/*: commit them)"
 fi

@@ -345,3 +345,28 @@ def test_hydra_config_trains(tmp_path):
     assert p.returncode == 0, out[-3000:]
     assert "examples 16" in out and re.search(r"'_name': '?hgrn_lra", out) and re.search(r"'token_mixer': '?hgru2", out)
     assert (save / "checkpoint_best.pt").is_file()
+
+
+def gpu_lra_state_files(runs_dir, *runs):
+    """bench/gpu_lra.sh's state_files function, cut out of the script."""
+    text = open(os.path.join(REPO, "bench", "gpu_lra.sh")).read()
+    func = re.search(r"^state_files\(\) \{.*?^\}$", text, re.M | re.S).group(0)
+    r = subprocess.run(["bash", "-c", f'{func}\nstate_files "$@"', "x", str(runs_dir), *runs],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
+def test_gpu_lra_state_keeps_what_each_run_needs(tmp_path):
+    """A run in progress hands on both checkpoints; a finished one (train_lra.sh's mark) only its best
+    checkpoint and the mark; a run without files gives none; only the runs asked for are listed."""
+    for run, names in {"going": ["checkpoint_last.pt", "checkpoint_best.pt"],
+                       "done": ["checkpoint_last.pt", "checkpoint_best.pt", "finished_max_update_10000"],
+                       "other": ["checkpoint_last.pt", "checkpoint_best.pt"], "empty": []}.items():
+        (tmp_path / run).mkdir()
+        for name in names:
+            (tmp_path / run / name).write_text("x")
+    assert gpu_lra_state_files(tmp_path, "going", "done", "empty") == [
+        "going/checkpoint_last.pt", "going/checkpoint_best.pt",
+        "done/checkpoint_best.pt", "done/finished_max_update_10000"]
+    assert gpu_lra_state_files(tmp_path) == []
