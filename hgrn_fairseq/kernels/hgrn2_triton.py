@@ -14,7 +14,7 @@ materialised) and the scale is 1. Two implementations behind one signature:
   heads' states in registers); used for heads of at most ``PACKED_MAX_STATE`` numbers of state (the LRA
   models' heads of 2 x 2 and 4 x 4), where the other kernels' 16 x 16 minimum tiles are mostly padding,
   for short sequences and, past ``RECURRENT_MAX_T``, when ``B * H >= PACKED_MIN_ROWS``: on an H200
-  (2026-11-26, bf16, forward + backward) 31-76x the recurrent kernel on the 2-D models' rows (T 32) and
+  (2026-11-26, bf16, forward + backward) 24-76x the recurrent kernel on the 2-D models' rows (T 32) and
   2.2-4.4x the chunked kernels at T 256-4000 for heads of 2 x 2 with B * H >= 8,192.
 
 Both accumulate in fp32, read and write the input dtype (bf16, fp16 or fp32), keep states in fp32 at
