@@ -295,8 +295,9 @@ class _LraTask(RecordsDataInCheckpoints, FairseqTask):
                            shard_id=0, num_workers=0, epoch=1, data_buffer_size=0, disable_iterator_cache=False,
                            skip_remainder_batch=False, grouped_shuffling=False, update_epoch_batch_itr=False):
         scored = getattr(dataset, "name", "train") != "train"
-        if scored:
-            self._scored_dataset = dataset  # fairseq validates one subset at a time: post_validate checks it
+        # fairseq validates one subset at a time: post_validate checks the one asked for last. (None for
+        # the train split, which --valid-subset train,... also validates: never a stale other subset.)
+        self._scored_dataset = dataset if scored else None
         itr = super().get_batch_iterator(
             dataset, max_tokens=max_tokens, max_sentences=max_sentences, max_positions=max_positions,
             ignore_invalid_inputs=False if scored else ignore_invalid_inputs,
@@ -312,7 +313,7 @@ class _LraTask(RecordsDataInCheckpoints, FairseqTask):
     def post_validate(self, model, stats, agg):
         """After each validation subset (fairseq-train): the examples scored, summed over all GPUs by the
         criterion's ``examples``, must be the split's size (else e.g. --max-valid-steps cut it short)."""
-        dataset = getattr(self, "_scored_dataset", None)
+        dataset, self._scored_dataset = getattr(self, "_scored_dataset", None), None
         if dataset is None or "examples" not in stats:
             return
         if int(stats["examples"]) != len(dataset):

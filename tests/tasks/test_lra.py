@@ -195,6 +195,8 @@ RUNS = {  # name: (task data, arch, extra flags, updates)
     "missing_file": ("missing_file", "hgrn1_lra_listops", TINY, 2),
     "wrong_task": ("pathfinder", "hgrn1_lra_listops", TINY + ["--task", "lra_text"], 2),
     "cut_validation": ("text", "hgrn1_lra_text", TINY + ["--max-valid-steps", "0"], 2),
+    # validating on the training split as well (a fit check): each subset's count against its own split
+    "valid_on_train_too": ("pathfinder", "hgrn1_lra_pathfinder", TINY + ["--valid-subset", "train,valid"], 2),
 }
 SPLITS = {"listops": (600, 100, 100), "lines": (240, 60, 60)}
 
