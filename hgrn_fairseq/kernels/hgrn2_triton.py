@@ -3,13 +3,14 @@
     S_t = Diag(lambda_t) S_{t-1} + (1 - lambda_t)^T v_t,   o_t = q_t S_t,   lambda_t = exp(log_decay_t)
 
 ``k = 1 - lambda`` is derived inside the kernels from ``log_decay`` (it is never passed in nor
-materialised) and the scale is 1. Two implementations behind one signature:
+materialised) and the scale is 1. Three implementations behind one signature:
 
 * chunked (``hgrn2_chunk_kernels``, ``hgrn2_state_kernels``): chunks of 64 steps; chunk states from
   chunk-parallel products and a light sequential scan, then chunk-parallel passes for the outputs and
   gradients; used for training and long sequences;
 * recurrent (``hgrn2_recurrent_kernels``): one step at a time with the state in registers; used for
-  short sequences (``T <= RECURRENT_MAX_T``) and for single-step decoding;
+  short sequences (``T <= RECURRENT_MAX_T``) of heads larger than ``PACKED_MAX_STATE`` and for
+  single-step decoding;
 * packed (``hgrn2_packed_kernels``): the recurrent walk with many small heads per program (a block of
   heads' states in registers); used for heads of at most ``PACKED_MAX_STATE`` numbers of state (the LRA
   models' heads of 2 x 2 and 4 x 4), where the other kernels' 16 x 16 minimum tiles are mostly padding,
