@@ -13,7 +13,10 @@ It prints which paused runs' checkpoints were left out: where the sweep is resto
 files, those runs start over (``mqar_sweep.py`` records a restart and says so).
 
 ``restore CARRY STATE``: unpacks ``CARRY/mqar_results.tgz`` and the joined parts into STATE (which
-must not hold a sweep already: a warm machine continues its own).
+must not hold a sweep already: a warm machine continues its own). The archive names the sweep folder it
+was packed from; STATE must have the same folder name (``--any-name`` lifts that), so that a carried
+sweep is never unpacked into another sweep's folder (bench/gpu_mqar.sh restores whatever lies in its
+carry folder into MQAR_STATE).
 """
 import argparse
 import glob
@@ -27,6 +30,11 @@ from typing import List, Tuple
 RESULTS = "mqar_results.tgz"
 PARTS = "mqar_ckpt.tar.part"
 RECORDS = ("runs", "logs", "runs.csv", "table.md", "plot.png")
+NAME = "sweep_name.txt"  # in mqar_results.tgz: the folder name of the sweep it was packed from
+
+
+def sweep_name(state: str) -> str:
+    return os.path.basename(os.path.normpath(os.path.abspath(state)))
 
 
 def paused_checkpoints(state: str) -> List[Tuple[int, str, str]]:
@@ -52,6 +60,10 @@ def pack(state: str, dest: str, ckpt_mb: float = 26.0, part_mb: float = 15.0) ->
         for name in RECORDS:
             if os.path.exists(os.path.join(state, name)):
                 tar.add(os.path.join(state, name), arcname=name)
+        data = sweep_name(state).encode()
+        info = tarfile.TarInfo(NAME)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
     for old in glob.glob(os.path.join(dest, PARTS + "*")):
         os.remove(old)
     limit = ckpt_mb * 2**20
@@ -78,15 +90,21 @@ def pack(state: str, dest: str, ckpt_mb: float = 26.0, part_mb: float = 15.0) ->
     return note
 
 
-def restore(carry: str, state: str) -> str:
+def restore(carry: str, state: str, any_name: bool = False) -> str:
     results = os.path.join(carry, RESULTS)
     if not os.path.isfile(results):
         raise SystemExit(f"mqar_state restore: no {results}: copy the files a GPU call returned into {carry}")
     if glob.glob(os.path.join(state, "runs", "*.json")):
         raise SystemExit(f"mqar_state restore: {state} holds a sweep already; continue it, or remove it first")
-    os.makedirs(state, exist_ok=True)
     with tarfile.open(results) as tar:
-        tar.extractall(state, filter="data")
+        members = [m for m in tar.getmembers() if m.name != NAME]
+        packed = tar.extractfile(NAME).read().decode() if NAME in tar.getnames() else None  # None: packed before
+        if packed is not None and packed != sweep_name(state) and not any_name:
+            raise SystemExit(f"mqar_state restore: {carry} holds the sweep packed from a folder named '{packed}', "
+                             f"not '{sweep_name(state)}': restore it into .../{packed} (bench/gpu_mqar.sh: "
+                             f"MQAR_STATE=results/{packed}), or empty {carry} to start a new sweep")
+        os.makedirs(state, exist_ok=True)
+        tar.extractall(state, members=members, filter="data")
     parts = sorted(glob.glob(os.path.join(carry, PARTS + "*")))
     if parts:
         data = b"".join(open(p, "rb").read() for p in parts)
@@ -112,11 +130,12 @@ def main(argv=None) -> None:
     b = sub.add_parser("restore")
     b.add_argument("carry")
     b.add_argument("state")
+    b.add_argument("--any-name", action="store_true", help="restore into a folder of another name")
     args = p.parse_args(argv)
     if args.cmd == "pack":
         print(pack(args.state, args.dest, args.ckpt_mb, args.part_mb))
     else:
-        print(restore(args.carry, args.state))
+        print(restore(args.carry, args.state, args.any_name))
 
 
 if __name__ == "__main__":

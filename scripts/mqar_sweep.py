@@ -49,6 +49,7 @@ GPU machine.
 """
 import argparse
 import csv
+import glob
 import json
 import math
 import os
@@ -109,6 +110,34 @@ def run_name(seq_len: int, kv: int, model: str, d: int, lr: float, expand: int =
     """Seed 1 has no suffix, so the records of sweeps from before --seeds keep their names."""
     variant = f"{model}_e{expand}" if expand else model
     return f"seq{seq_len}_kv{kv}_{variant}_d{d}_lr{lr:g}" + (f"_s{seed}" if seed != 1 else "")
+
+
+def other_names(run: "Run") -> List[str]:
+    """Names the same run may have been recorded under. HGRN2's arch default expand ratio, min(d, 128),
+    is unnamed where no listed ratio fits d (``hgrn2_expands`` gives 0) and named where one does (e.g.
+    d 64 with ratios 128, against 64,128): both are the same model, trained the same way."""
+    if run.model != "hgrn2" or run.expand not in (0, min(run.d, 128)):
+        return []
+    other = min(run.d, 128) if run.expand == 0 else 0
+    return [run_name(run.setting.seq_len, run.setting.num_kv_pairs, run.model, run.d, run.lr, other, run.seed)]
+
+
+def adopt_record(args, old: str, run: "Run") -> str:
+    """Rename the record, logs and checkpoints of ``old`` (a name from ``other_names``) to ``run.name``,
+    so that a sweep continues or reports it under the name its grid gives; return a one-line account."""
+    with open(os.path.join(args.out, "runs", old + ".json")) as f:
+        data = json.load(f)
+    data.update(name=run.name, expand=run.expand)
+    new = os.path.join(args.out, "runs", run.name + ".json")
+    with open(new + ".tmp", "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(new + ".tmp", new)
+    os.remove(os.path.join(args.out, "runs", old + ".json"))
+    for path in glob.glob(os.path.join(args.out, "logs", old + ".log*")):
+        os.replace(path, os.path.join(args.out, "logs", run.name + path[len(os.path.join(args.out, "logs", old)):]))
+    if os.path.isdir(checkpoint_dir(args, old)):
+        os.replace(checkpoint_dir(args, old), checkpoint_dir(args, run.name))
+    return f"record {old} renamed {run.name} (the same model: HGRN2's default expand ratio at d {run.d})"
 
 
 def variant_label(model: str, expand: int) -> str:
@@ -866,8 +895,17 @@ def main(argv=None) -> None:
     todo, paused = [], []  # paused runs go first: they hold checkpoints to continue
     for run in runs:
         path = os.path.join(args.out, "runs", run.name + ".json")
+        if not os.path.exists(path) and not args.force:
+            for old in other_names(run):
+                if os.path.exists(os.path.join(args.out, "runs", old + ".json")):
+                    if args.report_only:  # reports leave the folder as it is
+                        path = os.path.join(args.out, "runs", old + ".json")
+                    else:
+                        print(adopt_record(args, old, run), flush=True)
+                    break
         if os.path.exists(path) and not args.force:
             results[run.name] = RunResult.from_json(json.load(open(path)))
+            results[run.name].name, results[run.name].expand = run.name, run.expand
             if results[run.name].status == "paused" and not args.report_only:
                 paused.append(run)
         else:

@@ -432,8 +432,13 @@ def test_run_cut_by_updates_and_by_time_and_continued_ends_where_the_uncut_run_e
     assert note.startswith("1 of 1 paused runs' checkpoints packed")
     parts = sorted(p.name for p in (tmp_path / "returned").iterdir() if ".part" in p.name)
     assert len(parts) >= 2 and parts[0] == "mqar_ckpt.tar.part00"
-    out = tmp_path / "elsewhere"
+    # never into another sweep's folder (a carry folder left on a warm machine restored into a new sweep)
+    with pytest.raises(SystemExit, match="packed from a folder named 'cut', not 'other'"):
+        state.restore(str(tmp_path / "returned"), str(tmp_path / "other"))
+    assert not (tmp_path / "other").exists()
+    out = tmp_path / "elsewhere" / "cut"
     assert "1 checkpoints" in state.restore(str(tmp_path / "returned"), str(out))
+    assert not (out / "sweep_name.txt").exists()
     with pytest.raises(SystemExit, match="holds a sweep already"):
         state.restore(str(tmp_path / "returned"), str(out))
     # a slice that leaves 0.01 s of training: fairseq's --stop-time-hours stops it after one update, with a checkpoint
@@ -466,13 +471,43 @@ def test_paused_run_without_its_checkpoint_restarts_and_says_so(sweep, tmp_path)
     note = state.pack(str(out), str(tmp_path / "returned"), ckpt_mb=0.01)  # too small for the checkpoint
     assert note.startswith("0 of 1 paused runs' checkpoints packed") and TINY_RUN in note
     out = tmp_path / "elsewhere"
-    state.restore(str(tmp_path / "returned"), str(out))
+    state.restore(str(tmp_path / "returned"), str(out), any_name=True)
     assert not (out / "checkpoints").exists()
     sweep.main(["--out", str(out), "--slice-updates", "4"] + TINY)
     run = tiny_run(out)
     assert run["status"] == "paused" and run["updates"] == 4  # from scratch: 4, not 6 + 4
     assert run["restarts"] == 1 and run["segments"] == 1 and "restarted from scratch" in run["error"]
     assert (out / "logs" / f"{TINY_RUN}.log.lost1").read_text().startswith("# segment 1: the first 6")
+
+
+def test_hgrn2_default_expand_run_is_found_under_either_name(sweep, tmp_path):
+    """HGRN2 at d 64 runs with expand 64 (the arch default, min(d, 128)) whether the grid lists 128 only
+    (named hgrn2_d64) or 64,128 (named hgrn2_e64_d64): a sweep or report of either grid finds the other's
+    record instead of leaving the cell empty or training the same model twice."""
+    runs = sweep.order_runs([sweep.Setting(64, 4)], ["hgrn2"], [64], [1e-3], {"seq64_kv4": 1000}, [64, 128])
+    assert [r.name for r in runs] == ["seq64_kv4_hgrn2_e64_d64_lr0.001"]
+    assert sweep.other_names(runs[0]) == ["seq64_kv4_hgrn2_d64_lr0.001"]
+    legacy = sweep.order_runs([sweep.Setting(64, 4)], ["hgrn2"], [64], [1e-3], {"seq64_kv4": 1000}, [128])
+    assert sweep.other_names(legacy[0]) == ["seq64_kv4_hgrn2_e64_d64_lr0.001"]
+    wide = sweep.order_runs([sweep.Setting(64, 4)], ["hgrn2"], [128], [1e-3], {"seq64_kv4": 1000}, [64])
+    assert sweep.other_names(wide[0]) == []  # expand 64 at d 128 is not the default (128)
+    out = tmp_path / "sweep"
+    (out / "runs").mkdir(parents=True)
+    (out / "logs").mkdir()
+    old = result(sweep, "hgrn2", 64, 1e-3, final=92.5)  # named seq64_kv4_hgrn2_d64_lr0.001, expand 0
+    (out / "runs" / f"{old.name}.json").write_text(json.dumps(sweep.asdict(old)))
+    (out / "logs" / f"{old.name}.log").write_text("the run's log\n")
+    grid = ["--out", str(out), "--cpu", "--settings", "64:4", "--models", "hgrn2", "--dims", "64", "--lrs", "1e-3",
+            "--hgrn2-expand", "64,128", "--max-update", "1000", "--no-plot", "--no-preflight"]
+    sweep.main(grid + ["--report-only"])
+    assert "| 64 | 92.5 (lr 0.001, e 64) |" in (out / "table.md").read_text()
+    assert (out / "runs" / f"{old.name}.json").exists()  # a report leaves the records as they are
+    sweep.main(grid)  # a sweep adopts the record under its grid's name: nothing to train
+    new = "seq64_kv4_hgrn2_e64_d64_lr0.001"
+    assert sorted(p.name for p in (out / "runs").iterdir()) == [f"{new}.json"]
+    record = json.loads((out / "runs" / f"{new}.json").read_text())
+    assert record["name"] == new and record["expand"] == 64 and record["final_acc"] == 92.5
+    assert (out / "logs" / f"{new}.log").read_text() == "the run's log\n"
 
 
 def test_issue_25_grid_has_44_runs_per_setting_with_expand_ratios_that_d_allows(sweep):
@@ -522,12 +557,13 @@ def test_run_mqar_passes_the_issue_25_variables():
 
 
 # The commands docs/mqar.md gives for the committed GPU results (section 3) rewrite their tables as committed.
-GPU_RESULTS = os.path.join(REPO, "bench", "results", "mqar_gpu_2026-11-25")
+GPU_RESULTS = os.path.join(REPO, "bench", "results")
 
 
 @pytest.mark.parametrize("folder, grid", [
-    ("seq256", dict(SETTINGS="256:16", LRS="1e-4,5e-4,1e-3,5e-3", EPOCHS="8")),
-    ("seq512", dict(SETTINGS="512:64", LRS="1e-3", EPOCHS="4")),
+    ("mqar_gpu_2026-11-25/seq256", dict(SETTINGS="256:16", LRS="1e-4,5e-4,1e-3,5e-3", EPOCHS="8", EXPAND="64,128")),
+    ("mqar_gpu_2026-11-25/seq512", dict(SETTINGS="512:64", LRS="1e-3", EPOCHS="4", EXPAND="128")),
+    ("mqar_gpu_2026-11-26/seq512", dict(SETTINGS="512:64", LRS="1e-4,5e-4,1e-3,5e-3", EPOCHS="8", EXPAND="128")),
 ])
 def test_committed_gpu_tables_come_back_from_their_run_records(tmp_path, folder, grid):
     import shutil
@@ -535,7 +571,7 @@ def test_committed_gpu_tables_come_back_from_their_run_records(tmp_path, folder,
     src = os.path.join(GPU_RESULTS, folder)
     shutil.copytree(os.path.join(src, "runs"), tmp_path / "runs")
     env = subprocess_env()
-    env.update(OUT=str(tmp_path), EXPAND="128", BATCH_SIZE="64", VALIDATE_EVERY="1000", TRAIN_SIZE="100000",
+    env.update(OUT=str(tmp_path), BATCH_SIZE="64", VALIDATE_EVERY="1000", TRAIN_SIZE="100000",
                PYTHON=sys.executable, **grid)
     r = run_mqar_sh(env, "--report-only", "--no-plot")
     assert r.returncode == 0, r.stderr[-2000:]
