@@ -8,7 +8,9 @@
 # Where the sweep lives: results/mqar_gpu (MQAR_STATE) on the GPU machine, an ignored folder that a warm
 # machine keeps between calls. A call continues it there if it exists (paused runs first, from their
 # checkpoints, then new runs); otherwise it restores it from results/mqar_carry (MQAR_CARRY: the files
-# an earlier call returned, copied there on the CPU machine), otherwise it starts a new sweep.
+# an earlier call returned, copied there on the CPU machine), otherwise it starts a new sweep. The carried
+# files restore only into a folder of the name they were packed from (scripts/mqar_state.py): a warm machine
+# keeps results/mqar_carry from an earlier call, so start a new sweep there with MQAR_CARRY=/nonexistent.
 # Runs still going at the end of the slice stop with a checkpoint (fairseq --stop-time-hours) and are
 # 'paused'; a run killed anyway loses only the updates since its last checkpoint.
 #
