@@ -70,6 +70,11 @@
 # same dictionary, so the checkpoints' data fingerprints match).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+case ${LRA_SAVE_STATE:-0} in  # checked before the set-up, data and training, not after the GPU time is spent
+    0|1|trained) ;;
+    *) echo "gpu_lra.sh: LRA_SAVE_STATE='$LRA_SAVE_STATE' is not 0, 1 or trained" >&2; exit 2 ;;
+esac
+
 : "${OUT:?set OUT}"
 mkdir -p "$OUT"
 R=$PWD
@@ -294,7 +299,6 @@ if [ "${LRA_SAVE_STATE:-0}" != 0 ] && [ "$TRAINED" = 1 ]; then
     case $LRA_SAVE_STATE in
         1) runs=(); for d in "$WORK"/runs/*/; do runs+=("$(basename "$d")"); done ;;  # restored ones too
         trained) runs=("${TRAINED_RUNS[@]}") ;;
-        *) echo "gpu_lra.sh: LRA_SAVE_STATE=$LRA_SAVE_STATE is not 0, 1 or trained"; runs=() ;;
     esac
     mapfile -t files < <(state_files "$WORK/runs" "${runs[@]}")
     tar -cf - -C "$WORK/runs" "${files[@]}" | split -b 15M -d - "$OUT/lra_state.tar.part"

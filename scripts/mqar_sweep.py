@@ -126,12 +126,9 @@ def adopt_record(args, old: str, run: "Run") -> str:
     """Rename the record, logs and checkpoints of ``old`` (a name from ``other_names``) to ``run.name``,
     so that a sweep continues or reports it under the name its grid gives; return a one-line account."""
     with open(os.path.join(args.out, "runs", old + ".json")) as f:
-        data = json.load(f)
-    data.update(name=run.name, expand=run.expand)
-    new = os.path.join(args.out, "runs", run.name + ".json")
-    with open(new + ".tmp", "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(new + ".tmp", new)
+        record = RunResult.from_json(json.load(f))
+    record.name, record.expand = run.name, run.expand
+    write_record(args.out, record)
     os.remove(os.path.join(args.out, "runs", old + ".json"))
     for path in glob.glob(os.path.join(args.out, "logs", old + ".log*")):
         os.replace(path, os.path.join(args.out, "logs", run.name + path[len(os.path.join(args.out, "logs", old)):]))
@@ -177,6 +174,14 @@ class RunResult:
         """A run JSON of this or an older sweep (missing fields take their defaults)."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def write_record(out: str, result: RunResult) -> None:
+    """``out/runs/NAME.json``, replaced whole (a kill while writing leaves the previous record)."""
+    path = os.path.join(out, "runs", result.name + ".json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(asdict(result), f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def parse_list(text: str, cast):
@@ -942,8 +947,7 @@ def main(argv=None) -> None:
             finished[0] += 1
             results[result.name] = result
             if result.status != "skipped":  # a rerun with the same --out does the skipped ones (and paused)
-                with open(os.path.join(args.out, "runs", result.name + ".json"), "w") as f:
-                    json.dump(asdict(result), f, indent=1)
+                write_record(args.out, result)
             write_reports(list(results.values()), settings, models, dims, args)
             elapsed = time.time() - start
             eta = elapsed / finished[0] * (len(todo) - finished[0])
