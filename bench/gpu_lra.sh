@@ -19,7 +19,8 @@
 # in TASK_MODEL_sSEED_eos: the runs of 2026-11-26 that made it the recipe (since then plain MODEL appends it
 # too, the same run under another name); MODEL:SEED:noeos is the recipe without it (NO_EOS=1), TASK_MODEL_sSEED_noeos.
 # Flags combine with '+': MODEL:SEED:unmasked+eos (the official harness's padding and token) in
-# TASK_MODEL_sSEED_unmasked_eos. (Since the recipe appends <eos>, a new MODEL:SEED:unmasked run has it too, but
+# TASK_MODEL_sSEED_unmasked_eos. MODEL:SEED:scratchK appends K scratch positions after the <eos>
+# (--scratch-positions K, masked padding: docs/lra.md) in TASK_MODEL_sSEED_scratchK. (Since the recipe appends <eos>, a new MODEL:SEED:unmasked run has it too, but
 # its name is that of the finished no-<eos> ablation: restored from LRA_CARRY, that run's checkpoint is refused
 # by the data fingerprint, which records append_eos. Name such runs with the flags they have.)
 #   listops     ListOps from the offline generator at LRA's full size (96k/2k/2k, data_prep/lra_listops.py),
@@ -140,7 +141,8 @@ spec_args() {  # SPEC: the fairseq-train arguments it adds (--seed N, --unmasked
             unmasked) echo "--unmasked-padding" ;;
             eos) echo "--append-eos --max-positions 2048" ;;
             noeos) ;;  # (train_one sets NO_EOS=1: the recipe's --append-eos cannot be undone by a later flag)
-            *) echo "gpu_lra.sh: '$1' in LRA_MODELS: the third field can only be 'unmasked', 'eos' or 'noeos' (or several joined by '+')" >&2; return 1 ;;
+            scratch[1-9]|scratch[1-9][0-9]) echo "--scratch-positions ${flag#scratch}" ;;
+            *) echo "gpu_lra.sh: '$1' in LRA_MODELS: the third field can only be 'unmasked', 'eos', 'noeos' or 'scratchK' (K 1-99; several joined by '+')" >&2; return 1 ;;
         esac
     done
     [ -n "$seed" ] && echo "--seed $seed"

@@ -124,6 +124,7 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
         "seed": int(cfg.common.seed),
         "unmasked_padding": bool(getattr(cfg.model, "unmasked_padding", False)),  # the ablation, not the recipe
         "append_eos": bool(getattr(cfg.task, "append_eos", False)),  # the recipe's on token tasks since 2026-11-26
+        "scratch_positions": int(getattr(cfg.task, "scratch_positions", 0) or 0),  # an experiment, not the recipe
         "epoch": int(extra.get("train_iterator", {}).get("epoch", 0)),
         "best_valid_accuracy": extra.get("best"),
         "precision": "bf16" if bf16 else "fp32",

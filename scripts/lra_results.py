@@ -45,7 +45,7 @@ def collect(root: str, others: list = None) -> dict:
 
 def is_recipe_run(r: dict, task: str) -> bool:
     eos = bool(r.get("append_eos")) == (task not in PIXEL_TASKS)
-    return r.get("seed", SEED) == SEED and not r.get("unmasked_padding") and eos
+    return r.get("seed", SEED) == SEED and not r.get("unmasked_padding") and not r.get("scratch_positions") and eos
 
 
 def rows(results: dict) -> list:
@@ -70,7 +70,7 @@ def rows(results: dict) -> list:
 
 def other_runs(others: list) -> str:
     """Lines for the runs that are not the recipe's (other seeds, the unmasked-padding ablation, token tasks
-    without <eos>): not in the table, which has one run per cell, the recipe's."""
+    without <eos>, scratch positions): not in the table, which has one run per cell, the recipe's."""
     if not others:
         return ""
     lines = [f"\nOther runs (the table has the recipe's: seed {SEED}, padding masked, <eos> appended on token tasks):"]
@@ -82,6 +82,8 @@ def other_runs(others: list) -> str:
         model, _, task = r["arch"].partition("_lra_")
         no_eos = task not in PIXEL_TASKS and not r.get("append_eos")
         ablation = (", unmasked padding" if r.get("unmasked_padding") else "") + (", no <eos>" if no_eos else "")
+        if r.get("scratch_positions"):
+            ablation += f", {r['scratch_positions']} scratch positions"
         lines.append(f"- {model.upper()} {task}, seed {seed(r)}{ablation}: {r['accuracy']:.2f} after "
                      f"{r.get('num_updates') or 0:,} updates (planned {r.get('planned_updates') or 0:,}), "
                      f"{r.get('device', '-')}")

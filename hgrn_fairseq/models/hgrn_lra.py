@@ -123,13 +123,14 @@ class HgrnLraModel(BaseFairseqModel):
         self.padding_idx = padding_idx
         self.grid = grid
         self.pair = pair
+        self.scratch_idx = None
 
     @classmethod
     def build_model(cls, cfg, task):
         validate_config(cfg)
         info = task.lra_model_inputs()  # kind, vocab / channels, classes, pair, grid, longest sequence
         if info["max_len"] > cfg.max_positions:
-            eos = " (with the token --append-eos adds)" if info.get("appended") else ""
+            eos = " (with the tokens --append-eos / --scratch-positions add)" if info.get("appended") else ""
             raise ValueError(
                 f"hgrn_lra: the data ({task.cfg.data}) hold sequences of up to {info['max_len']} positions{eos} but "
                 f"--max-positions is {cfg.max_positions}: use the arch made for this task, raise --max-positions, "
@@ -161,7 +162,9 @@ class HgrnLraModel(BaseFairseqModel):
         )
         head = LraPairClassifier if info["pair"] else LraClassifier
         grid = tuple(info["grid"]) if cfg.scan_2d != "none" else None
-        return cls(cfg, head(encoder, info["num_classes"]), info.get("padding_idx"), grid, info["pair"])
+        model = cls(cfg, head(encoder, info["num_classes"]), info.get("padding_idx"), grid, info["pair"])
+        model.scratch_idx = info.get("scratch_idx")  # (the task's --scratch-positions token: not pooled)
+        return model
 
     def forward(self, src_tokens=None, src_lengths=None, src_tokens1=None, src_lengths1=None, pixels=None,
                 padded=None, **unused):
@@ -177,8 +180,9 @@ class HgrnLraModel(BaseFairseqModel):
             if src_tokens1 is None:
                 raise ValueError("hgrn_lra: a pair model (retrieval data) got one document per example")
             return self.classifier(src_tokens, mask, src_tokens1, src_tokens1.eq(self.padding_idx) if masked else None,
-                                   pad_value=self.padding_idx)
-        return self.classifier(src_tokens, mask)
+                                   pad_value=self.padding_idx, exclude_value=self.scratch_idx)
+        exclude = None if self.scratch_idx is None else src_tokens.eq(self.scratch_idx)
+        return self.classifier(src_tokens, mask, None, exclude)
 
     def max_positions(self):
         return self.cfg.max_positions

@@ -249,8 +249,13 @@ class LraEncoder(nn.Module):
         return apply_norm(self.final_norm, h, inner)
 
     def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None,
-                grid: Optional[Sequence[int]] = None) -> Tensor:
-        return masked_mean(self.features(x, padding_mask, grid), padding_mask)
+                grid: Optional[Sequence[int]] = None, pool_exclude: Optional[Tensor] = None) -> Tensor:
+        """Mean of the features over the valid positions; ``pool_exclude`` ``[B, T]`` (True: left out of the
+        mean only) marks positions the layers see but the pooling skips (the task's scratch positions)."""
+        h = self.features(x, padding_mask, grid)
+        if pool_exclude is not None:
+            padding_mask = pool_exclude if padding_mask is None else padding_mask | pool_exclude
+        return masked_mean(h, padding_mask)
 
 
 class LraClassifier(nn.Module):
@@ -263,8 +268,9 @@ class LraClassifier(nn.Module):
         self.encoder, self.num_classes = encoder, num_classes
         self.head = nn.Linear(encoder.dim, num_classes)
 
-    def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None, grid=None) -> Tensor:
-        pooled = self.encoder(x, padding_mask, grid)
+    def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None, grid=None,
+                pool_exclude: Optional[Tensor] = None) -> Tensor:
+        pooled = self.encoder(x, padding_mask, grid, pool_exclude)
         return self.head(pooled.to(self.head.weight.dtype))
 
 
@@ -295,7 +301,9 @@ class LraPairClassifier(nn.Module):
         self.head = RetrievalHead(encoder.dim, num_classes)
 
     def forward(self, x0: Tensor, mask0: Optional[Tensor], x1: Tensor, mask1: Optional[Tensor],
-                pad_value: int = 0) -> Tensor:
+                pad_value: int = 0, exclude_value: Optional[int] = None) -> Tensor:
+        """``exclude_value``: a token id whose positions the pooling leaves out (the task's scratch
+        positions; see ``LraEncoder.forward``)."""
         B = x0.shape[0]
         T = max(x0.shape[1], x1.shape[1])
 
@@ -313,6 +321,6 @@ class LraPairClassifier(nn.Module):
         else:
             (x0, mask0), (x1, mask1) = widen(x0, mask0), widen(x1, mask1)
             x, mask = torch.cat([x0, x1]), torch.cat([mask0, mask1])
-        pooled = self.encoder(x, mask)
+        pooled = self.encoder(x, mask, None, None if exclude_value is None else x.eq(exclude_value))
         u, v = pooled[:B], pooled[B:]
         return self.head(u.to(self.head.fc1.weight.dtype), v.to(self.head.fc1.weight.dtype))

@@ -28,7 +28,7 @@
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -56,23 +56,30 @@ class LraTokenDataset(FairseqDataset):
     """Token sequences (one, or two for Retrieval) and labels. Items are not padded; the collater pads
     to the batch's longest sequence (both documents of a pair to their common maximum)."""
 
-    def __init__(self, split: lra_format.LraSplit, pad: int, shuffle: bool, name: str, eos: Optional[int] = None):
-        """``eos``: a token id appended to every sequence (``--append-eos``), or None."""
+    def __init__(self, split: lra_format.LraSplit, pad: int, shuffle: bool, name: str, eos: Optional[int] = None,
+                 scratch: Optional[Tuple[int, int]] = None):
+        """``eos``: a token id appended to every sequence (``--append-eos``), or None. ``scratch``: (token id,
+        count) appended after that (``--scratch-positions``), or None."""
         self.input0, self.input1 = split.input0, split.input1
         self.labels = split.labels
         self.pad, self.shuffle, self.name, self.eos = pad, shuffle, name, eos
+        self.scratch = scratch if scratch and scratch[1] > 0 else None
+        tail = [] if eos is None else [eos]
+        if self.scratch is not None:
+            tail += [self.scratch[0]] * self.scratch[1]
+        self._tail = torch.tensor(tail, dtype=torch.long)
         sizes = np.asarray(self.input0.sizes, dtype=np.int64)
         if self.input1 is not None:
             sizes = np.maximum(sizes, np.asarray(self.input1.sizes, dtype=np.int64))
-        self.sizes = sizes + (0 if eos is None else 1)
+        self.sizes = sizes + len(tail)
 
     def __len__(self):
         return len(self.labels)
 
     def _tokens(self, seq):
-        if self.eos is None:
+        if not len(self._tail) or not len(seq):  # (an empty one is refused later)
             return seq
-        return torch.cat([seq, seq.new_full((1,), self.eos)]) if len(seq) else seq  # (an empty one is refused later)
+        return torch.cat([seq, self._tail.to(seq.dtype)])
 
     def __getitem__(self, index):
         item = {"id": index, "source": self._tokens(self.input0[index]), "label": int(self.labels[index])}
@@ -238,6 +245,13 @@ class LraTextConfig(LraConfig):
                           "end-of-sequence token, as the official LRA harness does (the LRA recipe sets it; one "
                           "more position: the arch's --max-positions must allow it)"},
     )
+    scratch_positions: int = field(
+        default=0,
+        metadata={"help": "K > 0: append K copies of the dictionary's <s> (unused in LRA data) after every sequence "
+                          "(after --append-eos's token): positions that the scans and norms see as part of the "
+                          "example, the same for every batch, left out of hgrn_lra's pooling (docs/lra.md, scratch "
+                          "positions; an experiment, not the papers' model; K more positions for --max-positions)"},
+    )
 
 
 @dataclass
@@ -262,6 +276,9 @@ class _LraTask(RecordsDataInCheckpoints, FairseqTask):
         if not cfg.data:
             raise ValueError(f"{cls.NAME}: no data directory: pass data-bin/lra/TASK (written by "
                              f"data_prep/prepare_lra.py) as the first argument of fairseq-train")
+        scratch = getattr(cfg, "scratch_positions", 0)
+        if scratch is None or scratch < 0:
+            raise ValueError(f"{cls.NAME}: --scratch-positions={scratch} is invalid: give 0 (none) or a positive count")
         meta = lra_format.validate(cfg.data, input_kind=cls.INPUT)
         dictionary = Dictionary.load(lra_format.dict_path(cfg.data)) if cls.INPUT == "tokens" else None
         note = "" if meta.get("comparable", True) else " (NOT comparable with LRA's published numbers: see meta.json)"
@@ -277,6 +294,8 @@ class _LraTask(RecordsDataInCheckpoints, FairseqTask):
         if meta["input"] == "tokens":
             info.update(vocab_size=len(self.dictionary), padding_idx=self.dictionary.pad(),
                         appended=self.appended_tokens())
+            if self.scratch_positions():
+                info["scratch_idx"] = self.dictionary.bos()
         else:
             H, W, C = meta["image_shape"]
             info.update(channels=C, grid=(H, W))
@@ -322,8 +341,11 @@ class _LraTask(RecordsDataInCheckpoints, FairseqTask):
                 f"{len(dataset)}: every example must be scored (drop --max-valid-steps)")
 
     def appended_tokens(self) -> int:
-        """Tokens the task adds after every sequence (1 with --append-eos)."""
-        return 1 if getattr(self.cfg, "append_eos", False) else 0
+        """Tokens the task adds after every sequence (1 with --append-eos, + K with --scratch-positions K)."""
+        return (1 if getattr(self.cfg, "append_eos", False) else 0) + self.scratch_positions()
+
+    def scratch_positions(self) -> int:
+        return int(getattr(self.cfg, "scratch_positions", 0) or 0)
 
     def max_positions(self):
         if self.INPUT == "tokens":
@@ -337,8 +359,10 @@ class _LraTask(RecordsDataInCheckpoints, FairseqTask):
         if self.dictionary is not None:
             record["dictionary_sha256"] = symbols_fingerprint(self.dictionary.symbols)
             record["dictionary_size"] = len(self.dictionary)
-            if self.appended_tokens():  # (recorded only when on: older checkpoints stay valid)
+            if getattr(self.cfg, "append_eos", False):  # (recorded only when on: older checkpoints stay valid)
                 record["append_eos"] = True
+            if self.scratch_positions():
+                record["scratch_positions"] = self.scratch_positions()
         else:
             record["image_shape"] = list(meta["image_shape"])
         return record
@@ -383,7 +407,9 @@ class LraTextTask(_LraTask):
 
     def _dataset(self, split, data):
         eos = self.dictionary.eos() if self.cfg.append_eos else None
-        return LraTokenDataset(data, self.dictionary.pad(), shuffle=split == "train", name=split, eos=eos)
+        scratch = (self.dictionary.bos(), self.scratch_positions()) if self.scratch_positions() else None
+        return LraTokenDataset(data, self.dictionary.pad(), shuffle=split == "train", name=split, eos=eos,
+                               scratch=scratch)
 
 
 @register_task("lra_image", dataclass=LraImageConfig)

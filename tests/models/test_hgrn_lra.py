@@ -178,3 +178,54 @@ def test_data_longer_than_the_arch_and_bad_options():
     with pytest.raises(ValueError, match=r"--scan-2d is for pixel tasks"):
         build("hgrn1_lra_listops", FakeTask("tokens", 19, 10), scan_2d="parallel")
     assert isinstance(build("hgrn1_lra_listops", FakeTask("tokens", 19, 10), encoder_embed_dim=4), HgrnLraModel)
+
+
+@pytest.mark.parametrize("arch", ["hgrn1_lra_listops", "hgrn2_lra_retrieval"])
+def test_scratch_positions_are_seen_by_the_layers_but_left_out_of_the_pooling(arch):
+    """With the task's --scratch-positions (``scratch_idx`` in its model inputs) the model's logits are the
+    head of the mean of the final features over the positions that are neither padding nor scratch
+    (float64, the features computed once and averaged by hand here); the scratch positions still change
+    the features (they are not removed from the input); and an example's logits do not depend on the
+    padding its batch adds (masked padding: batch-independent)."""
+    torch.manual_seed(0)
+    pair = arch.endswith("retrieval")
+    task = FakeTask("tokens", 19, 10 if not pair else 2, pair=pair, max_len=16)
+    task.info["scratch_idx"] = 0  # fairseq's <s>
+    m = build(arch, task, encoder_embed_dim=8, encoder_layers=2, kernel_backend="reference", norm="batch",
+              expand_ratio=2).double().eval()
+    assert m.scratch_idx == 0
+    body = torch.randint(4, 19, (3, 9))
+    lengths = [9, 6, 4]
+    rows = [torch.cat([body[i, :n], torch.tensor([2, 0, 0, 0])]) for i, n in enumerate(lengths)]  # </s> + 3 x <s>
+    T = max(len(r) for r in rows)
+    tokens = torch.full((3, T), 1, dtype=torch.long)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = r
+    pad = tokens.eq(1)
+    enc = m.classifier.encoder
+
+    def by_hand(x, padding):
+        h = enc.features(x, padding)
+        keep = (~padding) & x.ne(0)
+        return torch.stack([h[i][keep[i]].mean(0) for i in range(x.shape[0])])
+
+    with torch.no_grad():
+        if pair:
+            other = tokens.flip(0)
+            got = m(src_tokens=tokens, src_tokens1=other, padded=True)
+            both = torch.cat([tokens, other])
+            pooled = by_hand(both, both.eq(1))
+            want = m.classifier.head(pooled[:3], pooled[3:])
+        else:
+            got = m(src_tokens=tokens, padded=True)
+            want = m.classifier.head(by_hand(tokens, pad))
+            # the pooling with the scratch positions averaged in is another function (so the test can fail)
+            assert not torch.allclose(got, m.classifier.head(enc(tokens, pad)), atol=1e-6)
+            # the layers see the scratch positions: dropping them from the input changes the result
+            no_scratch = tokens.masked_fill(tokens.eq(0), 1)
+            assert not torch.allclose(got, m(src_tokens=no_scratch, padded=True), atol=1e-6)
+            # each example alone (no padding) gives its row of the padded batch
+            for i, r in enumerate(rows):
+                alone = m(src_tokens=r[None], padded=False)
+                assert torch.allclose(alone, got[i : i + 1], atol=1e-10, rtol=0)
+    assert torch.allclose(got, want, atol=1e-10, rtol=0)

@@ -94,6 +94,41 @@ def test_append_eos_ends_every_sequence_with_the_end_token(tmp_path):
     text_task(dest, append_eos=True).load_state_dict(eos.state_dict())
 
 
+def test_scratch_positions_follow_the_end_token_and_are_recorded(tmp_path):
+    """--scratch-positions K: K copies of <s> after the stored tokens (after </s> with --append-eos), in
+    both documents of a pair, counted in the sizes and the maximum length; the data record keeps K, so a
+    checkpoint of one setting is refused with another; a negative K is one line naming the option."""
+    dest = str(tmp_path / "retrieval")
+    write_tiny(dest, "retrieval", sizes=(8, 4, 4), max_len=10)
+    raw = lf.load_split(dest, "valid")
+    plain, scratch = text_task(dest, append_eos=True), text_task(dest, append_eos=True, scratch_positions=3)
+    only = text_task(dest, scratch_positions=2)
+    for t in (plain, scratch, only):
+        t.load_dataset("valid")
+    d = scratch.dataset("valid")
+    end, s = scratch.source_dictionary.eos(), scratch.source_dictionary.bos()
+    assert s == scratch.source_dictionary.index("<s>") and s not in (end, scratch.source_dictionary.pad())
+    for i in range(4):
+        for key, stream in (("source", raw.input0), ("source1", raw.input1)):
+            stored = stream[i].tolist()
+            assert s not in stored  # (prepared LRA data never holds <s>)
+            assert d[i][key].tolist() == stored + [end, s, s, s]
+            assert only.dataset("valid")[i][key].tolist() == stored + [s, s]
+    assert (d.sizes == plain.dataset("valid").sizes + 3).all()
+    assert scratch.max_positions() == 14 and only.max_positions() == 12
+    info = scratch.lra_model_inputs()
+    assert info["max_len"] == 14 and info["scratch_idx"] == s and info["appended"] == 4
+    assert "scratch_idx" not in plain.lra_model_inputs()
+    assert scratch.data_fingerprint()["scratch_positions"] == 3 and "scratch_positions" not in plain.data_fingerprint()
+    with pytest.raises(ValueError, match="differs in scratch_positions"):
+        text_task(dest, append_eos=True).load_state_dict(scratch.state_dict())
+    with pytest.raises(ValueError, match="differs in scratch_positions"):
+        text_task(dest, append_eos=True, scratch_positions=2).load_state_dict(scratch.state_dict())
+    text_task(dest, append_eos=True, scratch_positions=3).load_state_dict(scratch.state_dict())
+    with pytest.raises(ValueError, match=r"--scratch-positions=-1 is invalid: give 0 \(none\) or a positive count"):
+        text_task(dest, scratch_positions=-1)
+
+
 def test_every_example_of_an_evaluated_split_is_batched(tmp_path):
     dest = str(tmp_path / "listops")
     write_tiny(dest, "listops", sizes=(8, 13, 4))
@@ -180,6 +215,7 @@ RUNS = {  # name: (task data, arch, extra flags, updates)
     "lines_hgrn2_learns": ("lines", "hgrn2_lra_pathfinder", ["--encoder-embed-dim", "16", "--encoder-layers", "2"], 150),
     "listops_hgrn2": ("listops", "hgrn2_lra_listops", TINY + ["--expand-ratio", "4"], 20),
     "listops_hgrn1_eos": ("listops", "hgrn1_lra_listops", TINY + ["--append-eos"], 20),
+    "listops_hgrn1_scratch": ("listops", "hgrn1_lra_listops", TINY + ["--append-eos", "--scratch-positions", "3"], 20),
     "text_hgrn2": ("text", "hgrn2_lra_text", TINY + ["--expand-ratio", "4"], 20),
     "retrieval_hgrn1": ("retrieval", "hgrn1_lra_retrieval", TINY, 20),
     "retrieval_hgrn2": ("retrieval", "hgrn2_lra_retrieval", TINY + ["--expand-ratio", "4"], 20),
@@ -336,6 +372,32 @@ def test_append_eos_reaches_the_checkpoint(runs):
         assert r["append_eos"] is eos and r["examples"] == SPLITS["listops"][2]
 
 
+def test_scratch_positions_reach_the_checkpoint_and_the_evaluation(runs):
+    """A run with --scratch-positions keeps K in its checkpoint (config and data record); scripts/lra_eval.py
+    rebuilds the task from it, so the test examples end with </s> and K x <s>, the model leaves them out of
+    its pooling, and the result JSON names K (the results table lists such a run apart from the recipe's)."""
+    rc, out, save_dir = runs["listops_hgrn1_scratch"]
+    assert rc == 0, out[-3000:]
+    path = os.path.join(save_dir, "checkpoint_best.pt")
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    assert state["cfg"]["task"]["scratch_positions"] == 3
+    assert state["task_state"]["hgrn_lra_data"]["scratch_positions"] == 3
+    from tests.script_module import load_script
+
+    scripts = os.path.join(os.path.dirname(PLUGIN), "scripts")
+    lra_eval = load_script(os.path.join(scripts, "lra_eval.py"))
+    model, cfg, task, _, _ = lra_eval.load(path, cpu=True)
+    task.load_dataset("test")
+    d = task.source_dictionary
+    assert task.dataset("test")[0]["source"][-4:].tolist() == [d.eos(), d.bos(), d.bos(), d.bos()]
+    assert model.scratch_idx == d.bos()
+    r = lra_eval.evaluate(path, cpu=True)
+    assert r["scratch_positions"] == 3 and r["append_eos"] is True and r["examples"] == SPLITS["listops"][2]
+    lra_results = load_script(os.path.join(scripts, "lra_results.py"))
+    assert not lra_results.is_recipe_run(r, "listops") and lra_results.is_recipe_run(dict(r, scratch_positions=0, seed=lra_results.SEED), "listops")
+    assert "3 scratch positions" in lra_results.other_runs([r])
+
+
 @pytest.mark.parametrize("name", ["lines_hgrn1_learns", "lines_hgrn2_learns"])
 def test_pixels_need_and_get_the_2d_structure(name, runs):
     """Whether a row's or column's worth of bright pixels forms a line is learned far above chance (50%)
@@ -350,7 +412,7 @@ def test_pixels_need_and_get_the_2d_structure(name, runs):
 
 @pytest.mark.parametrize("name, message", [
     ("too_long", "sequences of up to 24 positions but --max-positions is 10: use the arch made for this task"),
-    ("too_long_eos", "sequences of up to 25 positions (with the token --append-eos adds) but --max-positions is 24"),
+    ("too_long_eos", "sequences of up to 25 positions (with the tokens --append-eos / --scratch-positions add) but --max-positions is 24"),
     ("bad_labels", "valid.label.npy: labels 0..12 outside 0..9 (num_classes 10)"),
     ("missing_file", "train.input0.idx: missing; fix: rerun data_prep/prepare_lra.py"),
     ("wrong_task", "this directory holds pixels inputs (task 'pathfinder') but the task reads tokens; "
