@@ -20,7 +20,8 @@
 # too, the same run under another name); MODEL:SEED:noeos is the recipe without it (NO_EOS=1), TASK_MODEL_sSEED_noeos.
 # Flags combine with '+': MODEL:SEED:unmasked+eos (the official harness's padding and token) in
 # TASK_MODEL_sSEED_unmasked_eos. MODEL:SEED:scratchK appends K scratch positions after the <eos>
-# (--scratch-positions K, masked padding: docs/lra.md) in TASK_MODEL_sSEED_scratchK. (Since the recipe appends <eos>, a new MODEL:SEED:unmasked run has it too, but
+# (--scratch-positions K, masked padding: docs/lra.md) in TASK_MODEL_sSEED_scratchK.
+# (Since the recipe appends <eos>, a new MODEL:SEED:unmasked run has it too, but
 # its name is that of the finished no-<eos> ablation: restored from LRA_CARRY, that run's checkpoint is refused
 # by the data fingerprint, which records append_eos. Name such runs with the flags they have.)
 #   listops     ListOps from the offline generator at LRA's full size (96k/2k/2k, data_prep/lra_listops.py),
