@@ -116,14 +116,14 @@ class HgrnLraModel(BaseFairseqModel):
     with the dictionary's pad; ``pixels [B, H*W, C]`` (normalised floats) for pixel tasks.
     """
 
-    def __init__(self, cfg, classifier, padding_idx, grid, pair):
+    def __init__(self, cfg, classifier, padding_idx, grid, pair, scratch_idx=None):
         super().__init__()
         self.cfg = cfg
         self.classifier = classifier
         self.padding_idx = padding_idx
         self.grid = grid
         self.pair = pair
-        self.scratch_idx = None
+        self.scratch_idx = scratch_idx  # (the task's --scratch-positions token: seen by the layers, not pooled)
 
     @classmethod
     def build_model(cls, cfg, task):
@@ -162,9 +162,8 @@ class HgrnLraModel(BaseFairseqModel):
         )
         head = LraPairClassifier if info["pair"] else LraClassifier
         grid = tuple(info["grid"]) if cfg.scan_2d != "none" else None
-        model = cls(cfg, head(encoder, info["num_classes"]), info.get("padding_idx"), grid, info["pair"])
-        model.scratch_idx = info.get("scratch_idx")  # (the task's --scratch-positions token: not pooled)
-        return model
+        return cls(cfg, head(encoder, info["num_classes"]), info.get("padding_idx"), grid, info["pair"],
+                   info.get("scratch_idx"))
 
     def forward(self, src_tokens=None, src_lengths=None, src_tokens1=None, src_lengths1=None, pixels=None,
                 padded=None, **unused):

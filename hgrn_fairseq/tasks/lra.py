@@ -63,11 +63,8 @@ class LraTokenDataset(FairseqDataset):
         self.input0, self.input1 = split.input0, split.input1
         self.labels = split.labels
         self.pad, self.shuffle, self.name, self.eos = pad, shuffle, name, eos
-        self.scratch = scratch if scratch and scratch[1] > 0 else None
-        tail = [] if eos is None else [eos]
-        if self.scratch is not None:
-            tail += [self.scratch[0]] * self.scratch[1]
-        self._tail = torch.tensor(tail, dtype=torch.long)
+        tail = ([] if eos is None else [eos]) + ([scratch[0]] * scratch[1] if scratch else [])
+        self._tail = torch.tensor(tail, dtype=torch.long)  # what every sequence ends with
         sizes = np.asarray(self.input0.sizes, dtype=np.int64)
         if self.input1 is not None:
             sizes = np.maximum(sizes, np.asarray(self.input1.sizes, dtype=np.int64))
