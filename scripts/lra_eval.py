@@ -2,10 +2,12 @@
 """Test accuracy of an LRA checkpoint, printed and written as JSON.
 
     python scripts/lra_eval.py CHECKPOINT [--data DATA_DIR] [--split test] [--json OUT.json]
-                               [--batch-size 64] [--cpu]
+                               [--batch-size 64] [--cpu] [--pad-to-length N]
 
 Loads the checkpoint with fairseq (model, task and their options from the checkpoint; ``--data``
-replaces the data directory it was trained on), scores every example of the split once, and
+replaces the data directory it was trained on; ``--pad-to-length N`` pads every batch to N positions
+whatever the run trained with: an unmasked-padding model scored that way no longer depends on how the
+split is batched), scores every example of the split once, and
 refuses to report when the number scored differs from the split's size. Precision: bf16 when the
 run trained with --bf16 (as its validation did), else fp32. The JSON holds the accuracy, counts, the
 updates the run made (checkpoint_last.pt beside it), the best checkpoint's update and validation
@@ -35,9 +37,10 @@ def git_commit() -> str:
         return ""
 
 
-def load(checkpoint: str, data: str | None = None, cpu: bool = False):
+def load(checkpoint: str, data: str | None = None, cpu: bool = False, pad_to_length: int | None = None):
     """The checkpoint's model in eval mode, in its training precision, on the GPU unless ``cpu``; its
-    config and task (on ``data`` when given, else the data it trained on). -> (model, cfg, task, use_cuda, bf16)"""
+    config and task (on ``data`` when given, else the data it trained on; batches padded to
+    ``pad_to_length`` when given, else as the run padded them). -> (model, cfg, task, use_cuda, bf16)"""
     import torch
     from fairseq import checkpoint_utils
 
@@ -46,6 +49,8 @@ def load(checkpoint: str, data: str | None = None, cpu: bool = False):
     if not os.path.isfile(checkpoint):
         raise FileNotFoundError(f"checkpoint {checkpoint} not found: train first (bash scripts/train_lra.sh TASK MODEL)")
     overrides = {"data": data} if data else {}
+    if pad_to_length is not None:  # (nested: older checkpoints' task configs have no such key to overwrite)
+        overrides = {"task": dict(overrides, pad_to_length=int(pad_to_length))}
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides=overrides)
     model = models[0]
     use_cuda = torch.cuda.is_available() and not cpu
@@ -58,13 +63,13 @@ def load(checkpoint: str, data: str | None = None, cpu: bool = False):
 
 
 def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batch_size: int = 64,
-             cpu: bool = False) -> dict:
+             cpu: bool = False, pad_to_length: int | None = None) -> dict:
     import torch
     from fairseq import checkpoint_utils, utils
 
     from hgrn_fairseq.tasks import lra_format
 
-    model, cfg, task, use_cuda, bf16 = load(checkpoint, data, cpu)
+    model, cfg, task, use_cuda, bf16 = load(checkpoint, data, cpu, pad_to_length)
     task.load_dataset(split)
     dataset = task.dataset(split)
     itr = task.get_batch_iterator(dataset, max_sentences=batch_size, required_batch_size_multiple=1,
@@ -125,6 +130,7 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
         "unmasked_padding": bool(getattr(cfg.model, "unmasked_padding", False)),  # the ablation, not the recipe
         "append_eos": bool(getattr(cfg.task, "append_eos", False)),  # the recipe's on token tasks since 2026-11-26
         "scratch_positions": int(getattr(cfg.task, "scratch_positions", 0) or 0),  # an experiment, not the recipe
+        "pad_to_length": int(getattr(cfg.task, "pad_to_length", 0) or 0),  # 0: each batch to its longest
         "epoch": int(extra.get("train_iterator", {}).get("epoch", 0)),
         "best_valid_accuracy": extra.get("best"),
         "precision": "bf16" if bf16 else "fp32",
@@ -145,9 +151,11 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="write the result here")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--cpu", action="store_true")
+    p.add_argument("--pad-to-length", type=int, default=None,
+                   help="pad every batch to N positions (default: as the run did; 0 each batch to its longest)")
     args = p.parse_args(argv)
     try:
-        result = evaluate(args.checkpoint, args.data, args.split, args.batch_size, args.cpu)
+        result = evaluate(args.checkpoint, args.data, args.split, args.batch_size, args.cpu, args.pad_to_length)
     except (FileNotFoundError, RuntimeError, ValueError) as e:
         print(f"lra_eval.py: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2

@@ -84,6 +84,8 @@ def other_runs(others: list) -> str:
         ablation = (", unmasked padding" if r.get("unmasked_padding") else "") + (", no <eos>" if no_eos else "")
         if r.get("scratch_positions"):
             ablation += f", {r['scratch_positions']} scratch positions"
+        if r.get("pad_to_length"):
+            ablation += f", every batch padded to {r['pad_to_length']}"
         lines.append(f"- {model.upper()} {task}, seed {seed(r)}{ablation}: {r['accuracy']:.2f} after "
                      f"{r.get('num_updates') or 0:,} updates (planned {r.get('planned_updates') or 0:,}), "
                      f"{r.get('device', '-')}")

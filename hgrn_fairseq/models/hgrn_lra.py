@@ -136,6 +136,10 @@ class HgrnLraModel(BaseFairseqModel):
                 f"--max-positions is {cfg.max_positions}: use the arch made for this task, raise --max-positions, "
                 f"or prepare the data truncated to {cfg.max_positions - info.get('appended', 0)} "
                 f"(data_prep/prepare_lra.py --max-len)")
+        pad_to = int(getattr(task.cfg, "pad_to_length", 0) or 0)
+        if pad_to > cfg.max_positions:
+            raise ValueError(f"hgrn_lra: --pad-to-length {pad_to} is more than --max-positions {cfg.max_positions}: "
+                             f"pad to at most {cfg.max_positions} or raise --max-positions")
         if cfg.scan_2d != "none" and info["input"] == "tokens":
             raise ValueError("hgrn_lra: --scan-2d is for pixel tasks (lra_image); token sequences are 1-D")
         encoder = LraEncoder(

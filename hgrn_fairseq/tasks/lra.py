@@ -54,15 +54,17 @@ AUGMENT_PAD = 4
 
 class LraTokenDataset(FairseqDataset):
     """Token sequences (one, or two for Retrieval) and labels. Items are not padded; the collater pads
-    to the batch's longest sequence (both documents of a pair to their common maximum)."""
+    to the batch's longest sequence (both documents of a pair to their common maximum), or to a fixed
+    ``pad_to`` positions when that is given."""
 
     def __init__(self, split: lra_format.LraSplit, pad: int, shuffle: bool, name: str, eos: Optional[int] = None,
-                 scratch: Optional[Tuple[int, int]] = None):
+                 scratch: Optional[Tuple[int, int]] = None, pad_to: int = 0):
         """``eos``: a token id appended to every sequence (``--append-eos``), or None. ``scratch``: (token id,
-        count) appended after that (``--scratch-positions``), or None."""
+        count) appended after that (``--scratch-positions``), or None. ``pad_to`` > 0: every batch is padded
+        to that many positions (``--pad-to-length``), whatever its longest sequence."""
         self.input0, self.input1 = split.input0, split.input1
         self.labels = split.labels
-        self.pad, self.shuffle, self.name, self.eos = pad, shuffle, name, eos
+        self.pad, self.shuffle, self.name, self.eos, self.pad_to = pad, shuffle, name, eos, int(pad_to or 0)
         tail = ([] if eos is None else [eos]) + ([scratch[0]] * scratch[1] if scratch else [])
         self._tail = torch.tensor(tail, dtype=torch.long)  # what every sequence ends with
         sizes = np.asarray(self.input0.sizes, dtype=np.int64)
@@ -100,6 +102,11 @@ class LraTokenDataset(FairseqDataset):
             empty = next(s["id"] for s in samples if len(s["source"]) == 0 or (pair and len(s["source1"]) == 0))
             raise ValueError(f"{self.name}: example {empty} has no tokens: every example needs at least one; "
                              f"rerun data_prep/prepare_lra.py on the source data")
+        if self.pad_to:
+            if length > self.pad_to:
+                raise ValueError(f"{self.name}: a sequence of {length} positions is longer than --pad-to-length "
+                                 f"{self.pad_to}: give at least the task's maximum length")
+            length = self.pad_to
         net_input = {
             "src_tokens": self._pad([s["source"] for s in samples], length),
             "src_lengths": torch.tensor([len(s["source"]) for s in samples], dtype=torch.long),
@@ -249,6 +256,14 @@ class LraTextConfig(LraConfig):
                           "example, the same for every batch, left out of hgrn_lra's pooling (docs/lra.md, scratch "
                           "positions; an experiment, not the papers' model; K more positions for --max-positions)"},
     )
+    pad_to_length: int = field(
+        default=0,
+        metadata={"help": "N > 0: pad every batch to N positions instead of to its longest sequence, as LRA's own "
+                          "input pipeline pads every example to the task's maximum length. With --unmasked-padding "
+                          "each example then sees the same padding whatever its batch (its prediction no longer "
+                          "depends on the batch); with masked padding it only costs time. At least the task's "
+                          "maximum length (the data's max_len plus appended tokens) and at most --max-positions"},
+    )
 
 
 @dataclass
@@ -278,6 +293,11 @@ class _LraTask(RecordsDataInCheckpoints, FairseqTask):
             raise ValueError(f"{cls.NAME}: --scratch-positions={scratch} is invalid: give 0 (none) or a positive count")
         meta = lra_format.validate(cfg.data, input_kind=cls.INPUT)
         dictionary = Dictionary.load(lra_format.dict_path(cfg.data)) if cls.INPUT == "tokens" else None
+        if cls.INPUT == "tokens":
+            check_pad_to_length(cfg, meta["max_len"] + (1 if getattr(cfg, "append_eos", False) else 0) + scratch)
+        elif getattr(cfg, "pad_to_length", 0):
+            raise ValueError(f"{cls.NAME}: --pad-to-length is for the token tasks (lra_text); images are full grids, "
+                             f"never padded: drop it")
         note = "" if meta.get("comparable", True) else " (NOT comparable with LRA's published numbers: see meta.json)"
         logger.info(f"{cls.NAME}: {meta['task']} from {cfg.data}: splits {meta['splits']}, {meta['num_classes']} "
                     f"classes, max length {meta['max_len']}, truncated {meta.get('truncated', {})}{note}")
@@ -386,6 +406,14 @@ class _LraTask(RecordsDataInCheckpoints, FairseqTask):
         return self.dictionary
 
 
+def check_pad_to_length(cfg, longest: int) -> None:
+    """--pad-to-length N: 0 (per batch) or at least ``longest`` (the task's maximum length), else one line."""
+    n = getattr(cfg, "pad_to_length", 0)
+    if n is None or n < 0 or (n and n < longest):
+        raise ValueError(f"lra_text: --pad-to-length={n} is invalid: give 0 (pad each batch to its longest "
+                         f"sequence) or at least the task's maximum length, {longest}")
+
+
 def check_batches_cover(batches, n: int, what: str) -> None:
     """Every index 0..n-1 exactly once in ``batches``, else a one-line error."""
     sizes = [len(b) for b in batches]
@@ -406,7 +434,7 @@ class LraTextTask(_LraTask):
         eos = self.dictionary.eos() if self.cfg.append_eos else None
         scratch = (self.dictionary.bos(), self.scratch_positions()) if self.scratch_positions() else None
         return LraTokenDataset(data, self.dictionary.pad(), shuffle=split == "train", name=split, eos=eos,
-                               scratch=scratch)
+                               scratch=scratch, pad_to=getattr(self.cfg, "pad_to_length", 0) or 0)
 
 
 @register_task("lra_image", dataclass=LraImageConfig)

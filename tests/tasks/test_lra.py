@@ -20,6 +20,7 @@ from hgrn_fairseq.tasks.lra import (
     LraImageTask,
     LraTextConfig,
     LraTextTask,
+    LraTokenDataset,
     check_batches_cover,
     crop_and_flip,
 )
@@ -129,6 +130,96 @@ def test_scratch_positions_follow_the_end_token_and_are_recorded(tmp_path):
         text_task(dest, scratch_positions=-1)
 
 
+def test_pad_to_length_pads_every_batch_to_n(tmp_path):
+    """--pad-to-length N: every batch (both documents of a pair) is N positions wide, its rows the
+    per-batch padding's followed by more pads; N below the task's maximum length, negative N, a longer
+    sequence in the collater and the option on an image task are one line each."""
+    dest = str(tmp_path / "retrieval")
+    write_tiny(dest, "retrieval", sizes=(8, 4, 4), max_len=10)
+    plain, fixed = text_task(dest, append_eos=True), text_task(dest, append_eos=True, pad_to_length=16)
+    for t in (plain, fixed):
+        t.load_dataset("valid")
+    d0, d1 = plain.dataset("valid"), fixed.dataset("valid")
+    pad = plain.source_dictionary.pad()
+    for idx in ([0], [0, 1, 2, 3], [3, 1]):
+        b0, b1 = d0.collater([d0[i] for i in idx]), d1.collater([d1[i] for i in idx])
+        n0, n1 = b0["net_input"], b1["net_input"]
+        T = n0["src_tokens"].shape[1]
+        for key in ("src_tokens", "src_tokens1"):
+            assert n1[key].shape == (len(idx), 16)
+            assert torch.equal(n1[key][:, :T], n0[key]) and (n1[key][:, T:] == pad).all()
+        assert torch.equal(n1["src_lengths"], n0["src_lengths"]) and b1["ntokens"] == b0["ntokens"]
+        assert n1["padded"] is True
+    with pytest.raises(ValueError, match=r"--pad-to-length=10 is invalid: give 0 \(pad each batch to its longest "
+                                         r"sequence\) or at least the task's maximum length, 11"):
+        text_task(dest, append_eos=True, pad_to_length=10)
+    text_task(dest, append_eos=True, pad_to_length=11)
+    with pytest.raises(ValueError, match=r"--pad-to-length=-1 is invalid"):
+        text_task(dest, pad_to_length=-1)
+    short = LraTokenDataset(lf.load_split(dest, "valid"), pad, shuffle=False, name="valid", pad_to=3)
+    with pytest.raises(ValueError, match=r"valid: a sequence of \d+ positions is longer than --pad-to-length 3"):
+        short.collater([short[0]])
+    pixels = str(tmp_path / "pathfinder")
+    write_tiny(pixels, "pathfinder", sizes=(4, 2, 2))
+    from omegaconf import OmegaConf, open_dict
+
+    cfg = OmegaConf.structured(LraImageConfig(data=pixels, seed=1))
+    with open_dict(cfg):  # (as scripts/lra_eval.py --pad-to-length adds it to a checkpoint's task config)
+        cfg.pad_to_length = 16
+    with pytest.raises(ValueError, match="--pad-to-length is for the token tasks"):
+        LraImageTask.setup_task(cfg)
+
+
+def test_unmasked_model_with_fixed_padding_does_not_depend_on_the_batch(tmp_path):
+    """With --unmasked-padding the scans and batch norms see the pads, so an example's logits change with
+    the batch's longest sequence (checked, so the test can fail); with --pad-to-length every example's
+    row is the same whichever batch it is in. Masked padding: the fixed width changes nothing."""
+    from fairseq.models import ARCH_MODEL_REGISTRY, ARCH_CONFIG_REGISTRY
+    import argparse
+
+    dest = str(tmp_path / "listops")
+    write_tiny(dest, "listops", sizes=(8, 6, 6), max_len=24)
+
+    def model(task, unmasked):
+        args = argparse.Namespace(encoder_embed_dim=8, encoder_layers=2, kernel_backend="reference", norm="batch",
+                                  unmasked_padding=unmasked, max_positions=32)
+        ARCH_CONFIG_REGISTRY["hgrn1_lra_listops"](args)
+        torch.manual_seed(0)
+        m = ARCH_MODEL_REGISTRY["hgrn1_lra_listops"].build_model(args, task).double().eval()
+        for mod in m.modules():  # running statistics away from 0 / 1, so the pads' values matter
+            if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
+                mod.running_mean.uniform_(-0.5, 0.5)
+                mod.running_var.uniform_(0.5, 2.0)
+        return m
+
+    def rows(task, m, batches):
+        d = task.dataset("valid")
+        out = {}
+        with torch.no_grad():
+            for idx in batches:
+                logits = m(**d.collater([d[i] for i in idx])["net_input"])
+                for j, i in enumerate(idx):
+                    out.setdefault(i, []).append(logits[j])
+        return out
+
+    lengths = None
+    batches = [[0], [1], [2], [0, 1, 2, 3, 4, 5], [2, 5], [1, 0]]
+    results = {}
+    for width in (0, 32):
+        task = text_task(dest, append_eos=True, pad_to_length=width)
+        task.load_dataset("valid")
+        lengths = [len(task.dataset("valid")[i]["source"]) for i in range(6)]
+        for unmasked in (False, True):
+            results[width, unmasked] = rows(task, model(task, unmasked), batches)
+    assert len(set(lengths[:3])) > 1  # (examples of different lengths, so per-batch padding differs)
+    spread = lambda r: max(float((a - b).abs().max()) for v in r.values() for a in v for b in v)
+    assert spread(results[0, True]) > 1e-3  # unmasked, per-batch padding: the batch changes the logits
+    assert spread(results[32, True]) < 1e-12  # unmasked, fixed width: it does not
+    assert spread(results[0, False]) < 1e-12 and spread(results[32, False]) < 1e-12  # masked: never
+    for i in range(3):  # masked: the fixed width gives the same logits as per-batch padding
+        assert torch.allclose(results[0, False][i][0], results[32, False][i][0], atol=1e-12, rtol=0)
+
+
 def test_every_example_of_an_evaluated_split_is_batched(tmp_path):
     dest = str(tmp_path / "listops")
     write_tiny(dest, "listops", sizes=(8, 13, 4))
@@ -216,6 +307,8 @@ RUNS = {  # name: (task data, arch, extra flags, updates)
     "listops_hgrn2": ("listops", "hgrn2_lra_listops", TINY + ["--expand-ratio", "4"], 20),
     "listops_hgrn1_eos": ("listops", "hgrn1_lra_listops", TINY + ["--append-eos"], 20),
     "listops_hgrn1_scratch": ("listops", "hgrn1_lra_listops", TINY + ["--append-eos", "--scratch-positions", "3"], 20),
+    "listops_hgrn1_unmasked_fixed": ("listops", "hgrn1_lra_listops", TINY + ["--append-eos", "--unmasked-padding",
+                                                                           "--pad-to-length", "30"], 20),
     "text_hgrn2": ("text", "hgrn2_lra_text", TINY + ["--expand-ratio", "4"], 20),
     "retrieval_hgrn1": ("retrieval", "hgrn1_lra_retrieval", TINY, 20),
     "retrieval_hgrn2": ("retrieval", "hgrn2_lra_retrieval", TINY + ["--expand-ratio", "4"], 20),
@@ -370,6 +463,47 @@ def test_append_eos_reaches_the_checkpoint(runs):
         assert (item["source"][-1].item() == task.source_dictionary.eos()) is eos
         r = lra_eval.evaluate(path, cpu=True)
         assert r["append_eos"] is eos and r["examples"] == SPLITS["listops"][2]
+
+
+def test_pad_to_length_reaches_the_checkpoint_and_the_evaluation(runs, capsys):
+    """A run with --pad-to-length keeps N in its checkpoint's config; scripts/lra_eval.py pads as the run did,
+    or to the N it is given (also for a checkpoint from before the option); the JSON names N, the results
+    table lists an unmasked run so padded apart from the recipe, and N over --max-positions is one line."""
+    rc, out, save_dir = runs["listops_hgrn1_unmasked_fixed"]
+    assert rc == 0, out[-3000:]
+    path = os.path.join(save_dir, "checkpoint_best.pt")
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    assert state["cfg"]["task"]["pad_to_length"] == 30 and state["cfg"]["model"]["unmasked_padding"] is True
+    from tests.script_module import load_script
+
+    scripts = os.path.join(os.path.dirname(PLUGIN), "scripts")
+    lra_eval = load_script(os.path.join(scripts, "lra_eval.py"))
+    _, _, task, _, _ = lra_eval.load(path, cpu=True)
+    task.load_dataset("test")
+    d = task.dataset("test")
+    assert d.collater([d[0], d[1]])["net_input"]["src_tokens"].shape[1] == 30
+    r = lra_eval.evaluate(path, cpu=True)
+    assert r["pad_to_length"] == 30 and r["unmasked_padding"] is True and r["examples"] == SPLITS["listops"][2]
+    per_batch = lra_eval.evaluate(path, cpu=True, pad_to_length=0)
+    assert per_batch["pad_to_length"] == 0 and per_batch["examples"] == r["examples"]
+    lra_results = load_script(os.path.join(scripts, "lra_results.py"))
+    assert "unmasked padding, every batch padded to 30" in lra_results.other_runs([r])
+    # a checkpoint from before the option (no pad_to_length in its task config): padded to N when asked
+    _, _, eos_dir = runs["listops_hgrn1_eos"]
+    old_state = torch.load(os.path.join(eos_dir, "checkpoint_best.pt"), map_location="cpu", weights_only=False)
+    del old_state["cfg"]["task"]["pad_to_length"]
+    old = os.path.join(os.path.dirname(eos_dir), "pre_pad_to_checkpoint_best.pt")
+    torch.save(old_state, old)
+    assert lra_eval.evaluate(old, cpu=True)["pad_to_length"] == 0
+    _, _, task, _, _ = lra_eval.load(old, cpu=True, pad_to_length=28)
+    task.load_dataset("test")
+    d = task.dataset("test")
+    assert d.collater([d[0]])["net_input"]["src_tokens"].shape[1] == 28
+    capsys.readouterr()
+    assert lra_eval.main([old, "--cpu", "--pad-to-length", "4096"]) == 2  # over the arch's --max-positions
+    assert "--pad-to-length 4096 is more than --max-positions 2048" in capsys.readouterr().err
+    assert lra_eval.main([old, "--cpu", "--pad-to-length", "20"]) == 2  # under the task's maximum length
+    assert "--pad-to-length=20 is invalid" in capsys.readouterr().err
 
 
 def test_scratch_positions_reach_the_checkpoint_and_the_evaluation(runs):
