@@ -15,7 +15,7 @@ each implementation's output checked against ``chunk`` on the same inputs first 
 Ratios are against ``recurrent`` for T <= 32 and against ``chunk`` for longer sequences (what ``auto``
 took before). Results: ``<out>/bench_hgrn2_small_heads.{json,md}``.
 
-    python bench/bench_hgrn2_small_heads.py --out results/ [--quick]
+    python bench/bench_hgrn2_small_heads.py --out results/ [--quick] [--set image] [--impls recurrent,chunk]
 """
 from __future__ import annotations
 
@@ -43,6 +43,12 @@ SHAPES = [
     ("path-x series (16 seq, T 16384, d 32: heads of 1 x 1)", 16, 16384, 32, 1, 1),
 ]
 QUICK = [("quick rows", 64, 32, 8, 2, 2), ("quick long", 4, 128, 8, 2, 2)]
+# --set image: the HGRN2 vision models' scans (issue 21: heads of 64, 256 patches at 224 px, the bench's batches)
+IMAGE = [
+    ("hgrn2_vit_tiny 224 px (128 img, T 256, 3 heads of 64)", 128, 256, 3, 64, 64),
+    ("hgrn2_vit_small 224 px (128 img, T 256, 6 heads of 64)", 128, 256, 6, 64, 64),
+    ("hgrn2_vit_tiny 448 px (32 img, T 1024, 3 heads of 64)", 32, 1024, 3, 64, 64),
+]
 IMPLS = ("packed", "recurrent", "chunk", "hgru")
 
 
@@ -127,6 +133,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "results"))
     ap.add_argument("--impls", default=",".join(IMPLS))
     ap.add_argument("--quick", action="store_true", help="two tiny shapes (smoke test)")
+    ap.add_argument("--set", default="lra", choices=("lra", "image"),
+                    help="shapes: the LRA models' (default) or the HGRN2 vision models' (heads of 64)")
     args = ap.parse_args(argv)
     impls = [i for i in args.impls.split(",") if i]
     bad = [i for i in impls if i not in IMPLS]
@@ -138,7 +146,7 @@ def main(argv=None) -> int:
     header = ("| shape | ratio against | " + " | ".join(f"{i} fwd / fwd+bwd ms" for i in impls)
               + " | output error against chunk |\n|---|---|" + "---:|" * len(impls) + "---|")
     print(header, flush=True)
-    rows = run(QUICK if args.quick else SHAPES, impls, "cuda")
+    rows = run(QUICK if args.quick else IMAGE if args.set == "image" else SHAPES, impls, "cuda")
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": "bf16",
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
             "commit": os.environ.get("HGRN_GIT_COMMIT", "")}
