@@ -131,6 +131,7 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
         "append_eos": bool(getattr(cfg.task, "append_eos", False)),  # the recipe's on token tasks since 2026-11-26
         "scratch_positions": int(getattr(cfg.task, "scratch_positions", 0) or 0),  # an experiment, not the recipe
         "pad_to_length": int(getattr(cfg.task, "pad_to_length", 0) or 0),  # 0: each batch to its longest
+        "scan_padding": bool(getattr(cfg.model, "scan_padding", False)),  # an experiment, not the recipe
         "epoch": int(extra.get("train_iterator", {}).get("epoch", 0)),
         "best_valid_accuracy": extra.get("best"),
         "precision": "bf16" if bf16 else "fp32",

@@ -45,7 +45,8 @@ def collect(root: str, others: list = None) -> dict:
 
 def is_recipe_run(r: dict, task: str) -> bool:
     eos = bool(r.get("append_eos")) == (task not in PIXEL_TASKS)
-    return r.get("seed", SEED) == SEED and not r.get("unmasked_padding") and not r.get("scratch_positions") and eos
+    return r.get("seed", SEED) == SEED and not r.get("unmasked_padding") and not r.get("scratch_positions") and eos \
+        and not r.get("scan_padding")
 
 
 def rows(results: dict) -> list:
@@ -84,6 +85,8 @@ def other_runs(others: list) -> str:
         ablation = (", unmasked padding" if r.get("unmasked_padding") else "") + (", no <eos>" if no_eos else "")
         if r.get("scratch_positions"):
             ablation += f", {r['scratch_positions']} scratch positions"
+        if r.get("scan_padding"):
+            ablation += ", scans see the padding"
         if r.get("pad_to_length"):
             ablation += f", every batch padded to {r['pad_to_length']}"
         lines.append(f"- {model.upper()} {task}, seed {seed(r)}{ablation}: {r['accuracy']:.2f} after "

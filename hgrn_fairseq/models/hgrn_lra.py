@@ -68,6 +68,13 @@ class HgrnLraConfig(FairseqDataclass):
                   "mixers and norms see the padded positions (the reverse scan starts in the padding, batch "
                   "norms count it); the pooling still averages the valid positions"},
     )
+    scan_padding: bool = field(
+        default=False,
+        metadata={"help": "only the mixers see the padded positions (a learned pad embedding; the scans run through "
+                  "the pads, as the official LRA code's do), while the batch norms' statistics and the pooling "
+                  "skip them; needs the task's --pad-to-length (every example padded alike, so a prediction does "
+                  "not depend on its batch)"},
+    )
     max_positions: int = field(default=2000, metadata={"help": "longest sequence (positions) the model takes"})
     kernel_backend: ChoiceEnum(list(BACKENDS)) = field(
         default="auto", metadata={"help": "auto: Triton kernels on CUDA, PyTorch reference on CPU"}
@@ -137,6 +144,9 @@ class HgrnLraModel(BaseFairseqModel):
                 f"or prepare the data truncated to {cfg.max_positions - info.get('appended', 0)} "
                 f"(data_prep/prepare_lra.py --max-len)")
         pad_to = int(getattr(task.cfg, "pad_to_length", 0) or 0)
+        if safe_getattr(cfg, "scan_padding", False) and not pad_to:
+            raise ValueError("hgrn_lra: --scan-padding lets the scans see the padding, so predictions would depend "
+                             "on the batch: pad every batch alike with the task's --pad-to-length N")
         if pad_to > cfg.max_positions:
             raise ValueError(f"hgrn_lra: --pad-to-length {pad_to} is more than --max-positions {cfg.max_positions}: "
                              f"pad to at most {cfg.max_positions} or raise --max-positions")
@@ -163,6 +173,7 @@ class HgrnLraModel(BaseFairseqModel):
             backend=cfg.kernel_backend,
             compile="train" if cfg.compile_blocks else "none",
             unmasked_padding=bool(safe_getattr(cfg, "unmasked_padding", False)),
+            scan_padding=bool(safe_getattr(cfg, "scan_padding", False)),
         )
         head = LraPairClassifier if info["pair"] else LraClassifier
         grid = tuple(info["grid"]) if cfg.scan_2d != "none" else None

@@ -111,7 +111,9 @@ class HgrnBlock(BlockOpsSwitch, TransientAttrs, nn.Module):
     (per sample, training only), on top of ``dropout``.
     ``forward(..., padding_mask=[B, T] bool, grid=(H, W))`` passes both to the mixer (masks the
     batch norms' statistics; the 2-D scan); they are left out of the mixer call when None, so
-    mixers without them (LRU, MLGRU) work as before.
+    mixers without them (LRU, MLGRU) work as before. ``scan_padding=True`` keeps the mask from the
+    mixer only: it scans through the padded positions (the batch norms normalise them too) while the
+    norms' statistics still skip them (an LRA option).
 
     ``compile="train"``: training forwards (no recurrent state in or out) go through
     ``torch.compile`` of this block, which fuses the norms, activations, casts, dropouts and residual
@@ -163,26 +165,29 @@ class HgrnBlock(BlockOpsSwitch, TransientAttrs, nn.Module):
         output_final_state: bool = False,
         padding_mask: Optional[Tensor] = None,
         grid: Optional[Tuple[int, int]] = None,
+        scan_padding: bool = False,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         if self.compile_mode == "train" and self.training and initial_state is None and not output_final_state:
             compiled = self._transient("_compiled_forward", lambda: torch.compile(
                 self._forward, backend=os.environ.get("HGRN_COMPILE_BACKEND", "inductor")))
-            return compiled(x, lower_bound, None, False, padding_mask, grid)
-        return self._forward(x, lower_bound, initial_state, output_final_state, padding_mask, grid)
+            return compiled(x, lower_bound, None, False, padding_mask, grid, scan_padding)
+        return self._forward(x, lower_bound, initial_state, output_final_state, padding_mask, grid, scan_padding)
 
-    def _forward(self, x, lower_bound, initial_state, output_final_state, padding_mask=None, grid=None):
+    def _forward(self, x, lower_bound, initial_state, output_final_state, padding_mask=None, grid=None,
+                 scan_padding=False):
         extra = {}
-        if padding_mask is not None:
+        if padding_mask is not None and not scan_padding:
             extra["padding_mask"] = padding_mask
         if grid is not None:
             extra["grid"] = grid
         ops, p = self.ops_backend, self.drop_path_rate
-        y, state = self.mixer(apply_norm(self.mixer_norm, x, padding_mask, ops), lower_bound, initial_state,
+        zero_pads = not scan_padding  # (scan_padding: the pads' normalised values go into the scans)
+        y, state = self.mixer(apply_norm(self.mixer_norm, x, padding_mask, ops, zero_pads), lower_bound, initial_state,
                               output_final_state, **extra)
         # (a fused dropout + add Triton kernel was measured on an H200, 2026-11-21: no faster at
         # 8192 tokens/step, where the step is bound by launch overhead on the CPU; see git 66b1495)
         x = residual_add(x, self.dropout(y), p, self.training, ops)
         if self.glu is not None:
-            y = self.glu(apply_norm(self.glu_norm, x, padding_mask, ops))
+            y = self.glu(apply_norm(self.glu_norm, x, padding_mask, ops, zero_pads))
             x = residual_add(x, self.dropout(y), p, self.training, ops)
         return x, state

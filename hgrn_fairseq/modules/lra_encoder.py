@@ -18,7 +18,10 @@ batch norms' statistics and out of the mean pooling: a sequence's output does no
 much padding its batch carries. ``unmasked_padding=True`` is the ablation of the official LRA code's
 handling: the pad token has a learned embedding, and the mixers and norms see the padded positions
 (the reverse scan starts in the padding, batch norms count it); only the pooling still averages the
-valid positions.
+valid positions. ``scan_padding=True`` lets only the mixers see the padding (learned pad embedding,
+scans through the pads, as the official code's), while the batch norms' statistics and the pooling
+still skip it; like the ablation, a prediction then depends on the padding, so it is meant for
+batches padded to one fixed width (the task's ``--pad-to-length``).
 
 2-D (``scan_2d`` = "parallel" or "series"): the T tokens are an H x W raster. "parallel" scans the
 rows and the columns, each forwards and backwards, inside each mixer and sums the four
@@ -143,8 +146,11 @@ class LraEncoder(nn.Module):
         backend: str = "auto",
         compile: str = "none",
         unmasked_padding: bool = False,
+        scan_padding: bool = False,
     ):
         super().__init__()
+        if unmasked_padding and scan_padding:
+            raise ValueError("unmasked_padding and scan_padding are two settings of the padding: give one")
         if mixer not in LRA_MIXERS:
             raise ValueError(f"mixer={mixer!r} is not one of {LRA_MIXERS}")
         if norm not in NORMS:
@@ -165,11 +171,12 @@ class LraEncoder(nn.Module):
             raise ValueError("scan_2d='series' needs a recurrent mixer (hgru or hgru2), not attention")
         self.mixer_kind, self.dim, self.input_kind = mixer, dim, input
         self.positions, self.scan_2d, self.max_len = positions, scan_2d, max_len
-        self.unmasked_padding = bool(unmasked_padding)
+        self.unmasked_padding, self.scan_padding = bool(unmasked_padding), bool(scan_padding)
         if input == "tokens":
             if not vocab_size or vocab_size < 1:
                 raise ValueError(f"input='tokens' needs vocab_size >= 1, got {vocab_size}")
-            self.embed = nn.Embedding(vocab_size, dim, padding_idx=None if unmasked_padding else padding_idx)
+            learned_pad = unmasked_padding or scan_padding  # (the official code's pad has an embedding)
+            self.embed = nn.Embedding(vocab_size, dim, padding_idx=None if learned_pad else padding_idx)
         else:
             if not in_channels or in_channels < 1:
                 raise ValueError(f"input='pixels' needs in_channels >= 1, got {in_channels}")
@@ -245,7 +252,8 @@ class LraEncoder(nn.Module):
         bounds = self.lower_bounds().to(h.device) if self.lower_bounds is not None else None
         inner = None if self.unmasked_padding else padding_mask  # (the ablation: padding seen everywhere)
         for i, layer in enumerate(self.layers):
-            h, _ = layer(h, None if bounds is None else bounds[i], None, False, padding_mask=inner, grid=g)
+            h, _ = layer(h, None if bounds is None else bounds[i], None, False, padding_mask=inner, grid=g,
+                         scan_padding=self.scan_padding)
         return apply_norm(self.final_norm, h, inner)
 
     def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None,

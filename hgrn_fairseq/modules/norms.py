@@ -62,7 +62,9 @@ class MaskedBatchNorm(nn.Module):
             s1, s2, count = packed[: self.dim], packed[self.dim: 2 * self.dim], packed[-1]
         return s1, s2, count
 
-    def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None) -> Tensor:
+    def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None, zero_padding: bool = True) -> Tensor:
+        """``padding_mask`` keeps padded positions out of the statistics; their outputs are 0, or with
+        ``zero_padding=False`` normalised like the others (for mixers that scan through the pads)."""
         if x.shape[-1] != self.dim:
             raise ValueError(f"MaskedBatchNorm expects {self.dim} channels, got {tuple(x.shape)}")
         valid = None
@@ -87,7 +89,7 @@ class MaskedBatchNorm(nn.Module):
             mean, var = self.running_mean, self.running_var
         ct = torch.promote_types(x.dtype, torch.float32)
         y = (x.to(ct) - mean.to(ct)) * torch.rsqrt(var.to(ct) + self.eps) * self.weight.to(ct) + self.bias.to(ct)
-        if valid is not None:
+        if valid is not None and zero_padding:
             y = y * valid.unsqueeze(-1)
         return y.to(x.dtype)
 
@@ -106,14 +108,15 @@ def build_norm(kind: str, dim: int) -> nn.Module:
 
 
 def apply_norm(norm: nn.Module, x: Tensor, padding_mask: Optional[Tensor] = None,
-               backend: Optional[str] = None) -> Tensor:
+               backend: Optional[str] = None, zero_padding: bool = True) -> Tensor:
     """Call a norm made by ``build_norm`` (LayerNorm needs no mask: it is per position).
 
     ``backend`` (``auto``/``triton``/``reference``): a LayerNorm runs through
     ``kernels.block_ops.layer_norm`` (on the Triton path its output is in the autocast dtype, for a
-    matrix product to read); None: the module itself (fp32 output under autocast)."""
+    matrix product to read); None: the module itself (fp32 output under autocast). ``zero_padding``:
+    see ``MaskedBatchNorm.forward``."""
     if isinstance(norm, MaskedBatchNorm):
-        return norm(x, padding_mask)
+        return norm(x, padding_mask, zero_padding)
     if backend is not None and type(norm) is nn.LayerNorm and norm.elementwise_affine:
         return layer_norm(x, norm.weight, norm.bias, norm.eps, backend=backend)
     return norm(x)

@@ -170,54 +170,118 @@ def test_pad_to_length_pads_every_batch_to_n(tmp_path):
         LraImageTask.setup_task(cfg)
 
 
-def test_unmasked_model_with_fixed_padding_does_not_depend_on_the_batch(tmp_path):
-    """With --unmasked-padding the scans and batch norms see the pads, so an example's logits change with
-    the batch's longest sequence (checked, so the test can fail); with --pad-to-length every example's
-    row is the same whichever batch it is in. Masked padding: the fixed width changes nothing."""
+def _listops_model(task, padding, **kw):
+    """A tiny float64 hgrn1_lra_listops in eval mode; padding: masked, unmasked (the official code's) or scan
+    (--scan-padding); batch-norm running statistics away from 0 / 1, so the pads' values matter."""
     from fairseq.models import ARCH_MODEL_REGISTRY, ARCH_CONFIG_REGISTRY
     import argparse
 
+    args = argparse.Namespace(**{**dict(encoder_embed_dim=8, encoder_layers=2, kernel_backend="reference", norm="batch",
+                                        unmasked_padding=padding == "unmasked", scan_padding=padding == "scan",
+                                        max_positions=32), **kw})
+    ARCH_CONFIG_REGISTRY["hgrn1_lra_listops"](args)
+    torch.manual_seed(0)
+    m = ARCH_MODEL_REGISTRY["hgrn1_lra_listops"].build_model(args, task).double().eval()
+    g = torch.Generator().manual_seed(1)
+    for mod in m.modules():
+        if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
+            mod.running_mean.copy_(torch.rand(mod.running_mean.shape, generator=g) - 0.5)
+            mod.running_var.copy_(0.5 + 1.5 * torch.rand(mod.running_var.shape, generator=g))
+    return m
+
+
+def test_unmasked_model_with_fixed_padding_does_not_depend_on_the_batch(tmp_path):
+    """With --unmasked-padding (or --scan-padding) the scans see the pads, so an example's logits change
+    with the batch's longest sequence (checked, so the test can fail); with --pad-to-length every example's
+    row is the same whichever batch it is in. Masked padding: the fixed width changes nothing."""
     dest = str(tmp_path / "listops")
     write_tiny(dest, "listops", sizes=(8, 6, 6), max_len=24)
-
-    def model(task, unmasked):
-        args = argparse.Namespace(encoder_embed_dim=8, encoder_layers=2, kernel_backend="reference", norm="batch",
-                                  unmasked_padding=unmasked, max_positions=32)
-        ARCH_CONFIG_REGISTRY["hgrn1_lra_listops"](args)
-        torch.manual_seed(0)
-        m = ARCH_MODEL_REGISTRY["hgrn1_lra_listops"].build_model(args, task).double().eval()
-        for mod in m.modules():  # running statistics away from 0 / 1, so the pads' values matter
-            if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
-                mod.running_mean.uniform_(-0.5, 0.5)
-                mod.running_var.uniform_(0.5, 2.0)
-        return m
-
-    def rows(task, m, batches):
-        d = task.dataset("valid")
-        out = {}
-        with torch.no_grad():
-            for idx in batches:
-                logits = m(**d.collater([d[i] for i in idx])["net_input"])
-                for j, i in enumerate(idx):
-                    out.setdefault(i, []).append(logits[j])
-        return out
-
-    lengths = None
     batches = [[0], [1], [2], [0, 1, 2, 3, 4, 5], [2, 5], [1, 0]]
-    results = {}
+    tasks = {}
     for width in (0, 32):
-        task = text_task(dest, append_eos=True, pad_to_length=width)
-        task.load_dataset("valid")
-        lengths = [len(task.dataset("valid")[i]["source"]) for i in range(6)]
-        for unmasked in (False, True):
-            results[width, unmasked] = rows(task, model(task, unmasked), batches)
+        tasks[width] = text_task(dest, append_eos=True, pad_to_length=width)
+        tasks[width].load_dataset("valid")
+    lengths = [len(tasks[0].dataset("valid")[i]["source"]) for i in range(6)]
     assert len(set(lengths[:3])) > 1  # (examples of different lengths, so per-batch padding differs)
+    results = {}
+    for padding in ("masked", "unmasked", "scan"):
+        m = _listops_model(tasks[32], padding)  # (--scan-padding is refused without a fixed width: built on it)
+        for width, task in tasks.items():
+            d, rows = task.dataset("valid"), {}
+            with torch.no_grad():
+                for idx in batches:
+                    logits = m(**d.collater([d[i] for i in idx])["net_input"])
+                    for j, i in enumerate(idx):
+                        rows.setdefault(i, []).append(logits[j])
+            results[width, padding] = rows
     spread = lambda r: max(float((a - b).abs().max()) for v in r.values() for a in v for b in v)
-    assert spread(results[0, True]) > 1e-3  # unmasked, per-batch padding: the batch changes the logits
-    assert spread(results[32, True]) < 1e-12  # unmasked, fixed width: it does not
-    assert spread(results[0, False]) < 1e-12 and spread(results[32, False]) < 1e-12  # masked: never
+    for padding in ("unmasked", "scan"):
+        assert spread(results[0, padding]) > 1e-3, padding  # per-batch padding: the batch changes the logits
+        assert spread(results[32, padding]) < 1e-12, padding  # fixed width: it does not
+    assert spread(results[0, "masked"]) < 1e-12 and spread(results[32, "masked"]) < 1e-12  # masked: never
     for i in range(3):  # masked: the fixed width gives the same logits as per-batch padding
-        assert torch.allclose(results[0, False][i][0], results[32, False][i][0], atol=1e-12, rtol=0)
+        assert torch.allclose(results[0, "masked"][i][0], results[32, "masked"][i][0], atol=1e-12, rtol=0)
+
+
+def test_scan_padding_lets_the_mixers_see_the_pads_and_keeps_them_out_of_the_norms(tmp_path):
+    """--scan-padding, float64: in training the logits are those of the blocks composed by hand, with batch
+    norms written out (mean and variance over the valid positions, every position normalised) and mixers
+    given no padding mask, pooled over the valid positions; different from the masked and the unmasked
+    model with the same weights there; in evaluation (running statistics, no batch statistics)
+    equal to the unmasked model's. Without --pad-to-length, and together with --unmasked-padding: one line."""
+    dest = str(tmp_path / "listops")
+    write_tiny(dest, "listops", sizes=(8, 6, 6), max_len=24)
+    task = text_task(dest, append_eos=True, pad_to_length=30)
+    task.load_dataset("valid")
+    d = task.dataset("valid")
+    net = d.collater([d[i] for i in range(6)])["net_input"]
+    tokens, pad = net["src_tokens"], net["src_tokens"].eq(task.source_dictionary.pad())
+    assert pad.any(1).all()
+    scan, unmasked, masked = (_listops_model(task, p) for p in ("scan", "unmasked", "masked"))
+    unmasked.load_state_dict(scan.state_dict())
+    masked.load_state_dict(scan.state_dict())
+    enc = scan.classifier.encoder
+    for m in (scan, unmasked, masked):
+        m.train()
+
+    def bn(norm, h):  # training batch norm by hand: statistics over the valid positions, every position normalised
+        valid = h[~pad]
+        mean, var = valid.mean(0), valid.var(0, unbiased=False)
+        return (h - mean) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
+
+    def by_hand(x):
+        h = enc.embed(x)
+        h = h + enc._positions(x.shape[1], h)  # (position dropout is the identity here: p set to 0 below)
+        bounds = enc.lower_bounds()
+        for i, layer in enumerate(enc.layers):
+            y, _ = layer.mixer(bn(layer.mixer_norm, h), bounds[i], None, False)  # no mask: the scans run through the pads
+            h = h + y
+            h = h + layer.glu(bn(layer.glu_norm, h))
+        h = bn(enc.final_norm, h)
+        keep = (~pad).unsqueeze(-1).double()
+        return scan.classifier.head((h * keep).sum(1) / keep.sum(1))
+
+    for m in (scan, unmasked, masked):
+        m.classifier.encoder.position_dropout.p = 0.0
+    with torch.no_grad():
+        want = by_hand(tokens)
+        saved = {k: v.clone() for k, v in scan.state_dict().items()}
+        got = scan(**net)
+        scan.load_state_dict(saved)  # (a training forward moved the running statistics)
+        other = [m(**net) for m in (unmasked, masked)]
+    assert torch.allclose(got, want, atol=1e-10, rtol=0)
+    for o in other:
+        assert not torch.allclose(got, o, atol=1e-6)
+    for m in (scan, unmasked):
+        m.eval()
+    unmasked.load_state_dict(scan.state_dict())
+    with torch.no_grad():
+        assert torch.allclose(scan(**net), unmasked(**net), atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="--scan-padding lets the scans see the padding, so predictions would "
+                                         "depend on the batch: pad every batch alike with the task's --pad-to-length N"):
+        _listops_model(text_task(dest, append_eos=True), "scan")
+    with pytest.raises(ValueError, match="unmasked_padding and scan_padding are two settings of the padding: give one"):
+        _listops_model(task, "scan", unmasked_padding=True)
 
 
 def test_every_example_of_an_evaluated_split_is_batched(tmp_path):
@@ -309,6 +373,8 @@ RUNS = {  # name: (task data, arch, extra flags, updates)
     "listops_hgrn1_scratch": ("listops", "hgrn1_lra_listops", TINY + ["--append-eos", "--scratch-positions", "3"], 20),
     "listops_hgrn1_unmasked_fixed": ("listops", "hgrn1_lra_listops", TINY + ["--append-eos", "--unmasked-padding",
                                                                            "--pad-to-length", "30"], 20),
+    "listops_hgrn1_scan_fixed": ("listops", "hgrn1_lra_listops", TINY + ["--append-eos", "--scan-padding",
+                                                                     "--pad-to-length", "30"], 20),
     "text_hgrn2": ("text", "hgrn2_lra_text", TINY + ["--expand-ratio", "4"], 20),
     "retrieval_hgrn1": ("retrieval", "hgrn1_lra_retrieval", TINY, 20),
     "retrieval_hgrn2": ("retrieval", "hgrn2_lra_retrieval", TINY + ["--expand-ratio", "4"], 20),
@@ -504,6 +570,17 @@ def test_pad_to_length_reaches_the_checkpoint_and_the_evaluation(runs, capsys):
     assert "--pad-to-length 4096 is more than --max-positions 2048" in capsys.readouterr().err
     assert lra_eval.main([old, "--cpu", "--pad-to-length", "20"]) == 2  # under the task's maximum length
     assert "--pad-to-length=20 is invalid" in capsys.readouterr().err
+    # --scan-padding: kept in the checkpoint and the JSON, listed apart; scored per batch it is refused
+    rc, out, scan_dir = runs["listops_hgrn1_scan_fixed"]
+    assert rc == 0, out[-3000:]
+    scan_ck = os.path.join(scan_dir, "checkpoint_best.pt")
+    r = lra_eval.evaluate(scan_ck, cpu=True)
+    assert r["scan_padding"] is True and r["pad_to_length"] == 30 and r["unmasked_padding"] is False
+    assert not lra_results.is_recipe_run(dict(r, seed=lra_results.SEED), "listops")
+    assert "scans see the padding, every batch padded to 30" in lra_results.other_runs([r])
+    capsys.readouterr()
+    assert lra_eval.main([scan_ck, "--cpu", "--pad-to-length", "0"]) == 2
+    assert "--scan-padding lets the scans see the padding" in capsys.readouterr().err
 
 
 def test_scratch_positions_reach_the_checkpoint_and_the_evaluation(runs):
