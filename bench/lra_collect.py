@@ -16,7 +16,10 @@ session archive):
 ``<prefix>`` is the run id without the task (``hgrn2_s2222_eos_``); the first runs of 2026-11-24 keep
 their names (ListOps HGRN1: no prefix, HGRN2: ``hgrn2_``). The checkpoint parts replace those in
 ``--state`` (the next call's ``LRA_CARRY``), and ``--gpu-log NAME`` appends the call's ``lra.log`` to
-``<dest>/NAME`` under a header. Prints what it did; nothing is overwritten.
+``<dest>/NAME`` under a header. ``--keep-other-runs``: the runs that ``--state`` holds and the call's
+parts do not (a run paused while others went on: ``LRA_SAVE_STATE=trained`` packs only the trained
+ones) stay in the new state beside the call's, repacked in parts of 15 MiB as gpu_lra.sh splits them.
+Prints what it did; nothing is overwritten.
 """
 from __future__ import annotations
 
@@ -26,7 +29,6 @@ import io
 import json
 import os
 import re
-import shutil
 import sys
 import tarfile
 from typing import Dict, List, Optional, Tuple
@@ -77,7 +79,39 @@ def read_session(files_at: str) -> Dict[str, bytes]:
     return out
 
 
-def collect(files_at: str, tag: str, dest_root: str, state: str, gpu_log: Optional[str], dry_run: bool) -> List[str]:
+PART_BYTES = 15 * 1024 * 1024  # gpu_lra.sh: split -b 15M
+
+
+def read_parts(paths: List[str]) -> Dict[str, Tuple[tarfile.TarInfo, bytes]]:
+    """The files of a split lra_state.tar (its parts joined), by name."""
+    out: Dict[str, Tuple[tarfile.TarInfo, bytes]] = {}
+    data = b"".join(open(p, "rb").read() for p in paths)
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            for m in tar.getmembers():
+                if m.isfile():
+                    out[m.name.lstrip("./")] = (m, tar.extractfile(m).read())
+    except tarfile.TarError as e:
+        raise CollectError(f"{os.path.dirname(paths[0])}: its lra_state.tar parts do not form a tar archive ({e})")
+    return out
+
+
+def merged_parts(old_paths: List[str], new_paths: List[str]) -> Tuple[List[bytes], List[str]]:
+    """The call's state plus the runs (top-level folders) only the old state holds: (parts, kept runs)."""
+    new, old = read_parts(new_paths), read_parts(old_paths)
+    new_runs = {name.split("/", 1)[0] for name in new}
+    kept = {name: v for name, v in old.items() if name.split("/", 1)[0] not in new_runs}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:") as tar:
+        for name, (info, data) in sorted({**kept, **new}.items()):
+            info.name, info.size = name, len(data)
+            tar.addfile(info, io.BytesIO(data))
+    raw = buf.getvalue()
+    return [raw[i: i + PART_BYTES] for i in range(0, len(raw), PART_BYTES)], sorted({n.split("/", 1)[0] for n in kept})
+
+
+def collect(files_at: str, tag: str, dest_root: str, state: str, gpu_log: Optional[str], dry_run: bool,
+            keep_other_runs: bool = False) -> List[str]:
     done: List[str] = []
     members = read_session(files_at)
     runs = sorted(m for m in members if re.fullmatch(r"lra/runs/train_[a-z]+_[^/]+\.log", m))
@@ -115,13 +149,21 @@ def collect(files_at: str, tag: str, dest_root: str, state: str, gpu_log: Option
                         f.write(result)
     parts = sorted(glob.glob(os.path.join(files_at, "lra_state.tar.part*")))
     if parts:
-        done.append(f"state: {len(parts)} part(s) replace {os.path.relpath(state, REPO)}/lra_state.tar.part*")
+        old_parts = sorted(glob.glob(os.path.join(state, "lra_state.tar.part*")))
+        if keep_other_runs and old_parts:
+            data, kept = merged_parts(old_parts, parts)
+            done.append(f"state: the call's runs and {', '.join(kept) or 'no other run'} from the old state, "
+                        f"{len(data)} part(s) in {os.path.relpath(state, REPO)}/lra_state.tar.part*")
+        else:
+            data = [open(p, "rb").read() for p in parts]
+            done.append(f"state: {len(parts)} part(s) replace {os.path.relpath(state, REPO)}/lra_state.tar.part*")
         if not dry_run:
             os.makedirs(state, exist_ok=True)
-            for old in glob.glob(os.path.join(state, "lra_state.tar.part*")):
+            for old in old_parts:
                 os.remove(old)
-            for p in parts:
-                shutil.copy(p, state)
+            for i, chunk in enumerate(data):
+                with open(os.path.join(state, f"lra_state.tar.part{i:02d}"), "wb") as f:
+                    f.write(chunk)
     if gpu_log:
         log = members.get("lra.log")
         if log is None:
@@ -144,12 +186,15 @@ def main(argv=None) -> int:
     ap.add_argument("--state", default=os.path.join(REPO, "bench", "results", "lra_state"))
     ap.add_argument("--gpu-log", default=None, help="append the call's lra.log to this file in the task's folder")
     ap.add_argument("--dry-run", action="store_true", help="say what would be filed, file nothing")
+    ap.add_argument("--keep-other-runs", action="store_true",
+                    help="keep the runs of --state that the call's parts do not hold (paused runs)")
     args = ap.parse_args(argv)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.tag):
         print(f"lra_collect: --tag {args.tag!r} goes into file names: letters, digits, '_', '.', '-' only", file=sys.stderr)
         return 2
     try:
-        for line in collect(args.files_at, args.tag, args.dest_root, args.state, args.gpu_log, args.dry_run):
+        for line in collect(args.files_at, args.tag, args.dest_root, args.state, args.gpu_log, args.dry_run,
+                            args.keep_other_runs):
             print(line)
     except CollectError as e:
         print(f"lra_collect: {e}", file=sys.stderr)

@@ -79,3 +79,50 @@ def test_dry_run_files_nothing_and_bad_folders_say_so(tmp_path, capsys):
     assert "no session.tgz.part* in" in capsys.readouterr().err
     assert collect.main([str(call), "--tag", "a/b"]) == 2
     assert "goes into file names" in capsys.readouterr().err
+
+
+def tar_parts(files, part_bytes=None):
+    """A tar of {name: bytes}, whole or split every ``part_bytes`` bytes."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    raw = buf.getvalue()
+    step = part_bytes or len(raw)
+    return [raw[i: i + step] for i in range(0, len(raw), step)]
+
+
+def untar(folder):
+    data = b"".join(open(os.path.join(folder, p), "rb").read() for p in sorted(os.listdir(folder)))
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def test_keep_other_runs_merges_the_paused_runs_into_the_new_state(tmp_path):
+    """--keep-other-runs: the new state holds the call's runs (their new checkpoints) and the old state's other
+    runs untouched; without it the call's parts replace the old ones; parts that are no tar: one line."""
+    results, state = tmp_path / "results", tmp_path / "state"
+    os.makedirs(state)
+    old = {"listops_a/checkpoint_last.pt": b"a-old", "listops_a/checkpoint_best.pt": b"a-best-old",
+           "listops_paused/checkpoint_last.pt": b"p" * 3000, "listops_paused/checkpoint_best.pt": b"q"}
+    for i, part in enumerate(tar_parts(old, part_bytes=4096)):  # in several parts, as gpu_lra.sh splits them
+        (state / f"lra_state.tar.part{i:02d}").write_bytes(part)
+    call = tmp_path / "call"
+    new = {"listops_a/checkpoint_last.pt": b"a-new", "listops_b/checkpoint_last.pt": b"b-new"}
+    write_call(str(call), {"lra/runs/train_listops_a.log": valid_line(10), "lra.log": "x\n"}, tar_parts(new))
+    lines = collect.collect(str(call), "t", str(results), str(state), None, False, keep_other_runs=True)
+    assert untar(state) == {"listops_a/checkpoint_last.pt": b"a-new", "listops_b/checkpoint_last.pt": b"b-new",
+                            "listops_paused/checkpoint_last.pt": b"p" * 3000, "listops_paused/checkpoint_best.pt": b"q"}
+    assert any("listops_paused from the old state" in line for line in lines)
+    # without the option: the call's parts alone
+    collect.collect(str(call), "t2", str(results), str(state), None, False)
+    assert untar(state) == new
+    (state / "lra_state.tar.part00").write_bytes(b"not a tar")
+    try:
+        collect.collect(str(call), "t3", str(results), str(state), None, False, keep_other_runs=True)
+    except collect.CollectError as e:
+        assert "its lra_state.tar parts do not form a tar archive" in str(e)
+    else:
+        raise AssertionError("a state that is no tar archive was merged")
