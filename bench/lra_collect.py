@@ -65,35 +65,30 @@ def last_update(text: str) -> Optional[int]:
     return max(found) if found else None
 
 
+def read_parts(paths: List[str], mode: str = "r:") -> Dict[str, Tuple[tarfile.TarInfo, bytes]]:
+    """The files of an archive split into parts (joined in order), by name: (member, bytes)."""
+    out: Dict[str, Tuple[tarfile.TarInfo, bytes]] = {}
+    data = b"".join(open(p, "rb").read() for p in paths)
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode=mode) as tar:
+            for m in tar.getmembers():
+                if m.isfile():
+                    out[m.name.lstrip("./")] = (m, tar.extractfile(m).read())
+    except tarfile.TarError as e:
+        raise CollectError(f"{os.path.dirname(paths[0])}: its {os.path.basename(paths[0]).split('.part')[0]} parts "
+                           f"do not form a tar archive ({e})")
+    return out
+
+
 def read_session(files_at: str) -> Dict[str, bytes]:
     """The members of the call's session archive (its parts joined), by name."""
     parts = sorted(glob.glob(os.path.join(files_at, "session.tgz.part*")))
     if not parts:
         raise CollectError(f"no session.tgz.part* in {files_at}: give the folder the run tool returned (files_at)")
-    data = b"".join(open(p, "rb").read() for p in parts)
-    out = {}
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        for member in tar.getmembers():
-            if member.isfile():
-                out[member.name.lstrip("./")] = tar.extractfile(member).read()
-    return out
+    return {name: data for name, (_, data) in read_parts(parts, "r:gz").items()}
 
 
 PART_BYTES = 15 * 1024 * 1024  # gpu_lra.sh: split -b 15M
-
-
-def read_parts(paths: List[str]) -> Dict[str, Tuple[tarfile.TarInfo, bytes]]:
-    """The files of a split lra_state.tar (its parts joined), by name."""
-    out: Dict[str, Tuple[tarfile.TarInfo, bytes]] = {}
-    data = b"".join(open(p, "rb").read() for p in paths)
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            for m in tar.getmembers():
-                if m.isfile():
-                    out[m.name.lstrip("./")] = (m, tar.extractfile(m).read())
-    except tarfile.TarError as e:
-        raise CollectError(f"{os.path.dirname(paths[0])}: its lra_state.tar parts do not form a tar archive ({e})")
-    return out
 
 
 def merged_parts(old_paths: List[str], new_paths: List[str]) -> Tuple[List[bytes], List[str]]:

@@ -45,8 +45,8 @@ def collect(root: str, others: list = None) -> dict:
 
 def is_recipe_run(r: dict, task: str) -> bool:
     eos = bool(r.get("append_eos")) == (task not in PIXEL_TASKS)
-    return r.get("seed", SEED) == SEED and not r.get("unmasked_padding") and not r.get("scratch_positions") and eos \
-        and not r.get("scan_padding")
+    variants = ("unmasked_padding", "scratch_positions", "scan_padding")  # ablations and experiments
+    return r.get("seed", SEED) == SEED and eos and not any(r.get(k) for k in variants)
 
 
 def rows(results: dict) -> list:

@@ -143,7 +143,7 @@ class HgrnLraModel(BaseFairseqModel):
                 f"--max-positions is {cfg.max_positions}: use the arch made for this task, raise --max-positions, "
                 f"or prepare the data truncated to {cfg.max_positions - info.get('appended', 0)} "
                 f"(data_prep/prepare_lra.py --max-len)")
-        pad_to = int(getattr(task.cfg, "pad_to_length", 0) or 0)
+        pad_to = info.get("pad_to", 0)  # (the task's --pad-to-length)
         if safe_getattr(cfg, "scan_padding", False) and not pad_to:
             raise ValueError("hgrn_lra: --scan-padding lets the scans see the padding, so predictions would depend "
                              "on the batch: pad every batch alike with the task's --pad-to-length N")

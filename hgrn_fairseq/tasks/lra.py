@@ -293,15 +293,16 @@ class _LraTask(RecordsDataInCheckpoints, FairseqTask):
             raise ValueError(f"{cls.NAME}: --scratch-positions={scratch} is invalid: give 0 (none) or a positive count")
         meta = lra_format.validate(cfg.data, input_kind=cls.INPUT)
         dictionary = Dictionary.load(lra_format.dict_path(cfg.data)) if cls.INPUT == "tokens" else None
-        if cls.INPUT == "tokens":
-            check_pad_to_length(cfg, meta["max_len"] + (1 if getattr(cfg, "append_eos", False) else 0) + scratch)
-        elif getattr(cfg, "pad_to_length", 0):
-            raise ValueError(f"{cls.NAME}: --pad-to-length is for the token tasks (lra_text); images are full grids, "
-                             f"never padded: drop it")
         note = "" if meta.get("comparable", True) else " (NOT comparable with LRA's published numbers: see meta.json)"
         logger.info(f"{cls.NAME}: {meta['task']} from {cfg.data}: splits {meta['splits']}, {meta['num_classes']} "
                     f"classes, max length {meta['max_len']}, truncated {meta.get('truncated', {})}{note}")
-        return cls(cfg, meta, dictionary)
+        task = cls(cfg, meta, dictionary)
+        if cls.INPUT == "tokens":
+            check_pad_to_length(task.pad_to_length(), task.max_positions())
+        elif task.pad_to_length():
+            raise ValueError(f"{cls.NAME}: --pad-to-length is for the token tasks (lra_text); images are full grids, "
+                             f"never padded: drop it")
+        return task
 
     def lra_model_inputs(self) -> dict:
         """What ``hgrn_lra`` needs to build itself for this data."""
@@ -313,6 +314,8 @@ class _LraTask(RecordsDataInCheckpoints, FairseqTask):
                         appended=self.appended_tokens())
             if self.scratch_positions():
                 info["scratch_idx"] = self.dictionary.bos()
+            if self.pad_to_length():
+                info["pad_to"] = self.pad_to_length()
         else:
             H, W, C = meta["image_shape"]
             info.update(channels=C, grid=(H, W))
@@ -364,6 +367,10 @@ class _LraTask(RecordsDataInCheckpoints, FairseqTask):
     def scratch_positions(self) -> int:
         return int(getattr(self.cfg, "scratch_positions", 0) or 0)
 
+    def pad_to_length(self) -> int:
+        """--pad-to-length (0: each batch to its longest sequence)."""
+        return int(getattr(self.cfg, "pad_to_length", 0) or 0)
+
     def max_positions(self):
         if self.INPUT == "tokens":
             return self.meta["max_len"] + self.appended_tokens()
@@ -406,10 +413,9 @@ class _LraTask(RecordsDataInCheckpoints, FairseqTask):
         return self.dictionary
 
 
-def check_pad_to_length(cfg, longest: int) -> None:
+def check_pad_to_length(n: int, longest: int) -> None:
     """--pad-to-length N: 0 (per batch) or at least ``longest`` (the task's maximum length), else one line."""
-    n = getattr(cfg, "pad_to_length", 0)
-    if n is None or n < 0 or (n and n < longest):
+    if n < 0 or (n and n < longest):
         raise ValueError(f"lra_text: --pad-to-length={n} is invalid: give 0 (pad each batch to its longest "
                          f"sequence) or at least the task's maximum length, {longest}")
 
@@ -434,7 +440,7 @@ class LraTextTask(_LraTask):
         eos = self.dictionary.eos() if self.cfg.append_eos else None
         scratch = (self.dictionary.bos(), self.scratch_positions()) if self.scratch_positions() else None
         return LraTokenDataset(data, self.dictionary.pad(), shuffle=split == "train", name=split, eos=eos,
-                               scratch=scratch, pad_to=getattr(self.cfg, "pad_to_length", 0) or 0)
+                               scratch=scratch, pad_to=self.pad_to_length())
 
 
 @register_task("lra_image", dataclass=LraImageConfig)
