@@ -24,7 +24,8 @@
 # every batch to N positions (--pad-to-length N; with unmasked: the official setting, batch-independent),
 # e.g. MODEL:SEED:unmasked+eos+fixed2001 in TASK_MODEL_sSEED_unmasked_eos_fixed2001; MODEL:SEED:scanpads
 # (--scan-padding: the scans see the pads, the batch norms and pooling do not; with fixedN) e.g.
-# MODEL:SEED:scanpads+eos+fixed2001.
+# MODEL:SEED:scanpads+eos+fixed2001. MODEL:SEED:layernorm: layer norms instead of the arch's batch norms
+# (--norm layer; no batch statistics at all), e.g. MODEL:SEED:layernorm+eos.
 # (Since the recipe appends <eos>, a new MODEL:SEED:unmasked run has it too, but
 # its name is that of the finished no-<eos> ablation: restored from LRA_CARRY, that run's checkpoint is refused
 # by the data fingerprint, which records append_eos. Name such runs with the flags they have.)
@@ -148,8 +149,9 @@ spec_args() {  # SPEC: the fairseq-train arguments it adds (--seed N, --unmasked
             noeos) ;;  # (train_one sets NO_EOS=1: the recipe's --append-eos cannot be undone by a later flag)
             scratch[1-9]|scratch[1-9][0-9]) echo "--scratch-positions ${flag#scratch}" ;;
             scanpads) echo "--scan-padding" ;;
+            layernorm) echo "--norm layer" ;;
             fixed[1-9][0-9]|fixed[1-9][0-9][0-9]|fixed[1-9][0-9][0-9][0-9]) echo "--pad-to-length ${flag#fixed}" ;;
-            *) echo "gpu_lra.sh: '$1' in LRA_MODELS: the third field can only be 'unmasked', 'eos', 'noeos', 'scratchK' (K 1-99), 'fixedN' (N 10-9999) or 'scanpads' (several joined by '+')" >&2; return 1 ;;
+            *) echo "gpu_lra.sh: '$1' in LRA_MODELS: the third field can only be 'unmasked', 'eos', 'noeos', 'scratchK' (K 1-99), 'fixedN' (N 10-9999), 'scanpads' or 'layernorm' (several joined by '+')" >&2; return 1 ;;
         esac
     done
     [ -n "$seed" ] && echo "--seed $seed"
