@@ -62,6 +62,17 @@ def load(checkpoint: str, data: str | None = None, cpu: bool = False, pad_to_len
     return model, cfg, task, use_cuda, bf16
 
 
+def recipe_norm(arch: str):
+    """The norm the arch ``{model}_lra_{task}`` sets (None for another arch)."""
+    from hgrn_fairseq.models.hgrn_lra import arch_settings
+
+    model, _, task = arch.partition("_lra_")
+    try:
+        return arch_settings(model, task)["norm"]
+    except (KeyError, ValueError):
+        return None
+
+
 def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batch_size: int = 64,
              cpu: bool = False, pad_to_length: int | None = None) -> dict:
     import torch
@@ -132,6 +143,8 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
         "scratch_positions": int(getattr(cfg.task, "scratch_positions", 0) or 0),  # an experiment, not the recipe
         "pad_to_length": int(getattr(cfg.task, "pad_to_length", 0) or 0),  # 0: each batch to its longest
         "scan_padding": bool(getattr(cfg.model, "scan_padding", False)),  # an experiment, not the recipe
+        "norm": getattr(cfg.model, "norm", None),  # another than the arch's (--norm): an experiment
+        "recipe_norm": recipe_norm(arch),
         "epoch": int(extra.get("train_iterator", {}).get("epoch", 0)),
         "best_valid_accuracy": extra.get("best"),
         "precision": "bf16" if bf16 else "fp32",

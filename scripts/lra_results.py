@@ -43,10 +43,18 @@ def collect(root: str, others: list = None) -> dict:
     return results
 
 
+def other_norm(r: dict) -> bool:
+    """The run changed its arch's norm (--norm; results from before the norm was recorded did not). Batch
+    and sync-batch norm count as one: on one GPU they are the same computation."""
+    def kind(n):
+        return "batch" if n == "syncbatch" else n
+    return bool(r.get("norm") and r.get("recipe_norm")) and kind(r["norm"]) != kind(r["recipe_norm"])
+
+
 def is_recipe_run(r: dict, task: str) -> bool:
     eos = bool(r.get("append_eos")) == (task not in PIXEL_TASKS)
     variants = ("unmasked_padding", "scratch_positions", "scan_padding")  # ablations and experiments
-    return r.get("seed", SEED) == SEED and eos and not any(r.get(k) for k in variants)
+    return r.get("seed", SEED) == SEED and eos and not any(r.get(k) for k in variants) and not other_norm(r)
 
 
 def rows(results: dict) -> list:
@@ -89,6 +97,8 @@ def other_runs(others: list) -> str:
             ablation += ", scans see the padding"
         if r.get("pad_to_length"):
             ablation += f", every batch padded to {r['pad_to_length']}"
+        if other_norm(r):
+            ablation += f", {r['norm']} norms instead of {r['recipe_norm']}"
         lines.append(f"- {model.upper()} {task}, seed {seed(r)}{ablation}: {r['accuracy']:.2f} after "
                      f"{r.get('num_updates') or 0:,} updates (planned {r.get('planned_updates') or 0:,}), "
                      f"{r.get('device', '-')}")

@@ -576,6 +576,7 @@ def test_pad_to_length_reaches_the_checkpoint_and_the_evaluation(runs, capsys):
     scan_ck = os.path.join(scan_dir, "checkpoint_best.pt")
     r = lra_eval.evaluate(scan_ck, cpu=True)
     assert r["scan_padding"] is True and r["pad_to_length"] == 30 and r["unmasked_padding"] is False
+    assert r["norm"] == r["recipe_norm"] == "syncbatch"  # (the listops arch's, SPEC 7)
     assert not lra_results.is_recipe_run(dict(r, seed=lra_results.SEED), "listops")
     assert "scans see the padding, every batch padded to 30" in lra_results.other_runs([r])
     capsys.readouterr()
