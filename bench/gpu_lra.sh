@@ -102,6 +102,9 @@ MINUTES=${LRA_TRAIN_MINUTES:-2.2}
 # run's validation, test evaluation and the state packing (LRA_END_S, default 120 s: 74-95 s were seen with
 # three runs at once) end before it; without it, a slice that overran the stage's limit lost its state.
 mkdir -p "$WORK" "$OUT/runs"
+# what the disk and the GPU do during the call, every 5 s (bench/io_watch.sh: the slow checkpoint saves)
+bash bench/io_watch.sh "$OUT/io_watch.log" $$ &
+IO_WATCH=$!
 
 if [ -n "${LRA_CARRY:-}" ]; then  # checkpoints of earlier calls; a run this machine already has wins
     mkdir -p "$WORK/runs"
@@ -362,4 +365,6 @@ if [[ ",$PARTS," == *",bench,"* ]]; then
         > "$OUT/bench_lra.log" 2>&1
     echo "   bench rc=$? at $(el)s"; cat "$OUT/bench/bench_lra.md" 2>/dev/null
 fi
+kill "$IO_WATCH" 2>/dev/null
+bash bench/io_watch.sh --summary "$OUT/io_watch.log"
 echo "gpu_lra.sh done at $(el)s"
