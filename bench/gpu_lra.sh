@@ -212,10 +212,12 @@ train_jobs() {  # JOB...: TASK/SPEC runs (SPEC: see run_id), one after the other
         MPS_MODE="MPS off (LRA_MPS=0)"
         [ "${LRA_MPS:-1}" = 1 ] && { . bench/gpu_mps.sh; start_mps; }
         echo "== $* at once on one GPU; $MPS_MODE"
+        local pids=()
         for job in "$@"; do
             train_one "${job%%/*}" "$(task_updates "${job%%/*}")" "${job#*/}" &
+            pids+=($!)
         done
-        wait
+        wait "${pids[@]}"  # (these jobs only: a bare wait would also wait for the io_watch sampler, forever)
         [ "${LRA_MPS:-1}" = 1 ] && stop_mps
         # the table again, now that every run has its test result (each rewrote it as it ended)
         python3 scripts/lra_results.py "$WORK/runs" > /dev/null 2>&1

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -392,3 +393,29 @@ def test_gpu_lra_state_keeps_what_each_run_needs(tmp_path):
         "going/checkpoint_last.pt", "going/checkpoint_best.pt",
         "done/checkpoint_best.pt", "done/finished_max_update_10000"]
     assert gpu_lra_state_files(tmp_path) == []
+
+
+def test_gpu_lra_concurrent_jobs_do_not_wait_for_other_background_processes(tmp_path):
+    """train_jobs with LRA_CONCURRENT=1 waits for its training jobs only: gpu_lra.sh runs the io_watch
+    sampler in the background for the whole call, and a bare `wait` would block on it until the call's
+    time limit (the GPU time of a whole call)."""
+    text = open(os.path.join(REPO, "bench", "gpu_lra.sh")).read()
+    funcs = "\n".join(re.search(rf"^{name}\(\) \{{.*?^\}}$", text, re.M | re.S).group(0)
+                      for name in ("run_id", "train_jobs"))
+    script = f"""{funcs}
+train_one() {{ sleep 0.3; echo "trained $1 $3"; }}
+task_updates() {{ echo 10; }}
+python3() {{ :; }}
+sleep 120 &
+sampler=$!
+mkdir -p "$OUT/runs"; TRAINED_RUNS=()
+train_jobs listops/hgrn1 listops/hgrn2:2
+kill $sampler
+"""
+    t0 = time.monotonic()
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30,
+                       env=dict(os.environ, LRA_CONCURRENT="1", LRA_MPS="0", OUT=str(tmp_path), WORK=str(tmp_path)))
+    assert r.returncode == 0, r.stderr
+    assert time.monotonic() - t0 < 20
+    assert "trained listops hgrn1" in r.stdout and "trained listops hgrn2:2" in r.stdout
+    assert "-- listops_hgrn1\n" in r.stdout and "-- listops_hgrn2_s2\n" in r.stdout
