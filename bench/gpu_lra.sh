@@ -103,8 +103,11 @@ MINUTES=${LRA_TRAIN_MINUTES:-2.2}
 # three runs at once) end before it; without it, a slice that overran the stage's limit lost its state.
 mkdir -p "$WORK" "$OUT/runs"
 # what the disk and the GPU do during the call, every 5 s (bench/io_watch.sh: the slow checkpoint saves)
-bash bench/io_watch.sh "$OUT/io_watch.log" $$ &
+# (its output away from ours: a caller reading our pipes must see them close when we end; and it ends
+# with us, on any exit)
+bash bench/io_watch.sh "$OUT/io_watch.log" $$ > /dev/null 2>&1 &
 IO_WATCH=$!
+trap 'kill "$IO_WATCH" 2>/dev/null' EXIT
 
 if [ -n "${LRA_CARRY:-}" ]; then  # checkpoints of earlier calls; a run this machine already has wins
     mkdir -p "$WORK/runs"
