@@ -62,17 +62,6 @@ def load(checkpoint: str, data: str | None = None, cpu: bool = False, pad_to_len
     return model, cfg, task, use_cuda, bf16
 
 
-def recipe_norm(arch: str):
-    """The norm the arch ``{model}_lra_{task}`` sets (None for another arch)."""
-    from hgrn_fairseq.models.hgrn_lra import arch_settings
-
-    model, _, task = arch.partition("_lra_")
-    try:
-        return arch_settings(model, task)["norm"]
-    except (KeyError, ValueError):
-        return None
-
-
 def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batch_size: int = 64,
              cpu: bool = False, pad_to_length: int | None = None) -> dict:
     import torch
@@ -113,14 +102,20 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
 
     arch = cfg.model._name
     meta = task.meta
-    paper = None
+    model_name, _, task_name = arch.partition("_lra_")
+    paper = recipe_norm = None
     try:
         sys.path.insert(0, os.path.join(REPO, "scripts"))
         from lra_recipes import recipe
 
-        model_name, _, task_name = arch.partition("_lra_")
         paper = recipe(task_name, model_name).paper_accuracy
     except Exception:
+        pass
+    try:  # the norm the arch {model}_lra_{task} sets
+        from hgrn_fairseq.models.hgrn_lra import arch_settings
+
+        recipe_norm = arch_settings(model_name, task_name)["norm"]
+    except (KeyError, ValueError):
         pass
     result = {
         "task": meta["task"],
@@ -144,7 +139,7 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
         "pad_to_length": int(getattr(cfg.task, "pad_to_length", 0) or 0),  # 0: each batch to its longest
         "scan_padding": bool(getattr(cfg.model, "scan_padding", False)),  # an experiment, not the recipe
         "norm": getattr(cfg.model, "norm", None),  # another than the arch's (--norm): an experiment
-        "recipe_norm": recipe_norm(arch),
+        "recipe_norm": recipe_norm,
         "epoch": int(extra.get("train_iterator", {}).get("epoch", 0)),
         "best_valid_accuracy": extra.get("best"),
         "precision": "bf16" if bf16 else "fp32",

@@ -182,10 +182,15 @@ def test_results_table_keeps_the_recipe_seed_and_lists_other_seeds(tmp_path):
     assert [r["ours"] for r in listops] == ["52.5"]
 
 
+def gpu_lra_functions(*names):
+    """bench/gpu_lra.sh's shell functions of these names, cut out of the script (to run them alone)."""
+    text = open(os.path.join(REPO, "bench", "gpu_lra.sh")).read()
+    return "\n".join(re.search(rf"^{name}\(\) \{{.*?^\}}$", text, re.M | re.S).group(0) for name in names)
+
+
 def gpu_lra_slice_plan(minutes, now, call_s=None, end_s=None):
     """bench/gpu_lra.sh's slice_plan function, cut out of the script and run with el() answering `now`."""
-    text = open(os.path.join(REPO, "bench", "gpu_lra.sh")).read()
-    func = re.search(r"^slice_plan\(\) \{.*?^\}$", text, re.M | re.S).group(0)
+    func = gpu_lra_functions("slice_plan")
     env = dict(os.environ, MINUTES=str(minutes))
     env.pop("LRA_CALL_S", None), env.pop("LRA_END_S", None)
     if call_s is not None:
@@ -200,9 +205,7 @@ def gpu_lra_slice_plan(minutes, now, call_s=None, end_s=None):
 
 def gpu_lra_spec(spec, task="listops"):
     """bench/gpu_lra.sh's run_id and spec_args for one LRA_MODELS entry, cut out of the script."""
-    text = open(os.path.join(REPO, "bench", "gpu_lra.sh")).read()
-    funcs = "\n".join(re.search(rf"^{name}\(\) \{{.*?^\}}$", text, re.M | re.S).group(0)
-                      for name in ("run_id", "spec_args"))
+    funcs = gpu_lra_functions("run_id", "spec_args")
     r = subprocess.run(["bash", "-c", f'{funcs}\nrun_id "$1" "$2"; spec_args "$2"', "x", task, spec],
                        capture_output=True, text=True, timeout=30)
     return r.returncode, r.stdout.split("\n")[0], " ".join(r.stdout.split("\n")[1:]).strip(), r.stderr.strip()
@@ -372,8 +375,7 @@ def test_hydra_config_trains(tmp_path):
 
 def gpu_lra_state_files(runs_dir, *runs):
     """bench/gpu_lra.sh's state_files function, cut out of the script."""
-    text = open(os.path.join(REPO, "bench", "gpu_lra.sh")).read()
-    func = re.search(r"^state_files\(\) \{.*?^\}$", text, re.M | re.S).group(0)
+    func = gpu_lra_functions("state_files")
     r = subprocess.run(["bash", "-c", f'{func}\nstate_files "$@"', "x", str(runs_dir), *runs],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
@@ -399,9 +401,7 @@ def test_gpu_lra_concurrent_jobs_do_not_wait_for_other_background_processes(tmp_
     """train_jobs with LRA_CONCURRENT=1 waits for its training jobs only: gpu_lra.sh runs the io_watch
     sampler in the background for the whole call, and a bare `wait` would block on it until the call's
     time limit (the GPU time of a whole call)."""
-    text = open(os.path.join(REPO, "bench", "gpu_lra.sh")).read()
-    funcs = "\n".join(re.search(rf"^{name}\(\) \{{.*?^\}}$", text, re.M | re.S).group(0)
-                      for name in ("run_id", "train_jobs"))
+    funcs = gpu_lra_functions("run_id", "train_jobs")
     script = f"""{funcs}
 train_one() {{ sleep 0.3; echo "trained $1 $3"; }}
 task_updates() {{ echo 10; }}
