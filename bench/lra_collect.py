@@ -20,6 +20,13 @@ their names (ListOps HGRN1: no prefix, HGRN2: ``hgrn2_``). The checkpoint parts 
 parts do not (a run paused while others went on: ``LRA_SAVE_STATE=trained`` packs only the trained
 ones) stay in the new state beside the call's, repacked in parts of 15 MiB as gpu_lra.sh splits them.
 Prints what it did; nothing is overwritten.
+
+Before filing anything it checks that every log resumed where the run's filed slices end (fairseq's
+"Loaded checkpoint ... @ N updates"; "No existing checkpoint found" is 0): a call that found a fresh
+machine and was given no state starts its runs from 0, and such a log is refused with one line.
+``--restarted RUN_ID ...`` files it as the run's first slice after renaming the run's filed slices and
+test JSONs ``discarded_restarted_*``.
+
 """
 from __future__ import annotations
 
@@ -31,7 +38,7 @@ import os
 import re
 import sys
 import tarfile
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VALID = re.compile(r"valid on 'valid' subset \|.*?\| num_updates (\d+)")
@@ -58,6 +65,35 @@ def last_slice(dest: str, prefix: str) -> Tuple[int, int]:
         if m and int(m.group(1)) > best[0]:
             best = (int(m.group(1)), int(m.group(3)))
     return best
+
+
+RESUMED = re.compile(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)")
+
+
+def resumed_from(text: str) -> Optional[int]:
+    """The update a training log started from: fairseq's "Loaded checkpoint ... @ N updates", 0 for its
+    "No existing checkpoint found", None when the log says neither (the first runs' logs)."""
+    for line in text.splitlines():
+        m = RESUMED.search(line)
+        if m:
+            return int(m.group(1))
+        if "No existing checkpoint found" in line:
+            return 0
+    return None
+
+
+def discard_run_files(dest: str, prefix: str, dry_run: bool) -> List[str]:
+    """Renames a restarted run's filed slices and test JSONs to discarded_restarted_<name>: the names moved."""
+    names = sorted(os.path.basename(p) for p in
+                   glob.glob(os.path.join(dest, f"{prefix}train_slice*_updates_*.log"))
+                   + glob.glob(os.path.join(dest, f"{prefix}test_result_after_*.json")))
+    for name in names:
+        target = os.path.join(dest, "discarded_restarted_" + name)
+        if os.path.exists(target):
+            raise CollectError(f"{target} exists already: move it away by hand, then collect again")
+        if not dry_run:
+            os.rename(os.path.join(dest, name), target)
+    return names
 
 
 def last_update(text: str) -> Optional[int]:
@@ -106,20 +142,44 @@ def merged_parts(old_paths: List[str], new_paths: List[str]) -> Tuple[List[bytes
 
 
 def collect(files_at: str, tag: str, dest_root: str, state: str, gpu_log: Optional[str], dry_run: bool,
-            keep_other_runs: bool = False) -> List[str]:
+            keep_other_runs: bool = False, restarted: Sequence[str] = ()) -> List[str]:
     done: List[str] = []
     members = read_session(files_at)
     runs = sorted(m for m in members if re.fullmatch(r"lra/runs/train_[a-z]+_[^/]+\.log", m))
     if not runs:
         raise CollectError(f"the session archive in {files_at} has no lra/runs/train_*.log: was it a gpu_lra.sh call?")
+    run_ids = [os.path.basename(m)[len("train_"):-len(".log")] for m in runs]
+    unknown = sorted(set(restarted) - set(run_ids))
+    if unknown:
+        raise CollectError(f"--restarted {' '.join(unknown)}: the call trained no such run (it trained {', '.join(run_ids)})")
+    # Check every log before filing any: a log that did not resume where the filed slices end would be filed as
+    # their continuation with a wrong update range (a call that found a fresh machine and was given no state
+    # starts its runs from 0).
+    for member, run_id in zip(runs, run_ids):
+        task = run_id.split("_", 1)[0]
+        dest = os.path.join(dest_root, f"lra_{task}_full")
+        _, start = last_slice(dest, prefix_of(run_id, task))
+        began = resumed_from(members[member].decode("utf-8", "replace"))
+        if began is None or began == start or (began == 0 and run_id in restarted):
+            continue
+        if began == 0:
+            raise CollectError(f"{run_id}: its log starts from update 0 (no checkpoint was restored: the call was not "
+                               f"given the state?) while its filed slices end at {start}: pass --restarted {run_id} "
+                               f"to rename them discarded_restarted_* and file this log as the run's first slice")
+        raise CollectError(f"{run_id}: its log resumed from update {began} while its filed slices end at {start} "
+                           f"(the call was given another state than the last filed one): file it by hand")
     dests = set()
-    for member in runs:
-        run_id = os.path.basename(member)[len("train_"):-len(".log")]
+    for member, run_id in zip(runs, run_ids):
         task = run_id.split("_", 1)[0]
         dest = os.path.join(dest_root, f"lra_{task}_full")
         dests.add(dest)
         prefix = prefix_of(run_id, task)
+        if run_id in restarted:
+            moved = discard_run_files(dest, prefix, dry_run)
+            done.append(f"{run_id}: restarted from 0; {len(moved)} filed file(s) renamed discarded_restarted_*")
         k, start = last_slice(dest, prefix)
+        if run_id in restarted and dry_run:
+            k, start = 0, 0
         text = members[member].decode("utf-8", "replace")
         end = last_update(text)
         if end is None or end <= start:
@@ -183,13 +243,16 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="say what would be filed, file nothing")
     ap.add_argument("--keep-other-runs", action="store_true",
                     help="keep the runs of --state that the call's parts do not hold (paused runs)")
+    ap.add_argument("--restarted", nargs="+", default=[], metavar="RUN_ID",
+                    help="runs (e.g. listops_hgrn1_s2222_layernorm_eos) that this call started again from 0: "
+                         "their filed slices and test JSONs are renamed discarded_restarted_*, the log is slice 1")
     args = ap.parse_args(argv)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.tag):
         print(f"lra_collect: --tag {args.tag!r} goes into file names: letters, digits, '_', '.', '-' only", file=sys.stderr)
         return 2
     try:
         for line in collect(args.files_at, args.tag, args.dest_root, args.state, args.gpu_log, args.dry_run,
-                            args.keep_other_runs):
+                            args.keep_other_runs, args.restarted):
             print(line)
     except CollectError as e:
         print(f"lra_collect: {e}", file=sys.stderr)

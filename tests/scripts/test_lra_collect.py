@@ -126,3 +126,69 @@ def test_keep_other_runs_merges_the_paused_runs_into_the_new_state(tmp_path):
         assert "its lra_state.tar parts do not form a tar archive" in str(e)
     else:
         raise AssertionError("a state that is no tar archive was merged")
+
+
+def resumed_line(n):
+    if n == 0:
+        return "2026-11-27 00:09:44 | INFO | fairseq.trainer | No existing checkpoint found /tmp/r/checkpoint_last.pt\n"
+    return (f"2026-11-27 00:27:37 | INFO | fairseq.trainer | Loaded checkpoint /tmp/r/checkpoint_last.pt "
+            f"(epoch 22 @ {n} updates)\n")
+
+
+def test_a_log_that_did_not_resume_where_the_slices_end_is_refused_or_filed_as_restarted(tmp_path):
+    """A call given no state restarts its runs from 0: collecting its log as the next slice would give it a wrong
+    update range (2026-11-27: 'slice 2 (4567-5079)' for a run that had trained 0-5079). Refused before anything is
+    filed; --restarted renames the old files discarded_restarted_* and files the log as slice 1; a log resumed from
+    another update than the slices' end is refused too; a log that resumed where they end is filed as before."""
+    results, state = tmp_path / "results", tmp_path / "state"
+    listops = results / "lra_listops_full"
+    os.makedirs(listops)
+    old_slice = listops / "hgrn1_s2222_layernorm_eos_train_slice1_updates_0-4567_c3.log"
+    old_slice.write_text("old")
+    old_json = listops / "hgrn1_s2222_layernorm_eos_test_result_after_4567.json"
+    old_json.write_text("{}")
+    (listops / "hgrn2_train_slice1_updates_0-100_a.log").write_text("x")
+    call = tmp_path / "call"
+    write_call(str(call), {
+        "lra/runs/train_listops_hgrn2.log": resumed_line(100) + valid_line(300),  # resumed where it should
+        "lra/runs/train_listops_hgrn1_s2222_layernorm_eos.log": resumed_line(0) + valid_line(500) + valid_line(5079),
+        "lra/runs/listops_hgrn1_s2222_layernorm_eos.test_result.json": json.dumps({"num_updates": 5079, "accuracy": 35.8}),
+        "lra.log": "x\n",
+    }, [b"s"])
+    before = sorted(os.listdir(listops))
+    try:
+        collect.collect(str(call), "c2", str(results), str(state), None, False)
+    except collect.CollectError as e:
+        assert "listops_hgrn1_s2222_layernorm_eos: its log starts from update 0" in str(e)
+        assert "--restarted listops_hgrn1_s2222_layernorm_eos" in str(e)
+    else:
+        raise AssertionError("a log restarted from 0 was filed as the next slice")
+    assert sorted(os.listdir(listops)) == before and not state.exists()  # nothing filed, not even the good run
+    # a dry run with --restarted says what it would do and moves nothing
+    lines = collect.collect(str(call), "c2", str(results), str(state), None, True,
+                            restarted=["listops_hgrn1_s2222_layernorm_eos"])
+    assert sorted(os.listdir(listops)) == before
+    assert any("slice 1 (0-5079)" in line for line in lines)
+    collect.collect(str(call), "c2", str(results), str(state), None, False, restarted=["listops_hgrn1_s2222_layernorm_eos"])
+    assert not old_slice.exists() and not old_json.exists()
+    assert (listops / ("discarded_restarted_" + old_slice.name)).read_text() == "old"
+    assert (listops / ("discarded_restarted_" + old_json.name)).read_text() == "{}"
+    assert (listops / "hgrn1_s2222_layernorm_eos_train_slice1_updates_0-5079_c2.log").is_file()
+    assert json.load(open(listops / "hgrn1_s2222_layernorm_eos_test_result_after_5079.json"))["accuracy"] == 35.8
+    assert (listops / "hgrn2_train_slice2_updates_100-300_c2.log").is_file()
+    # a log resumed from an older checkpoint than the slices' end (another state was carried): refused
+    call2 = tmp_path / "call2"
+    write_call(str(call2), {"lra/runs/train_listops_hgrn2.log": resumed_line(100) + valid_line(400), "lra.log": "x\n"}, [])
+    try:
+        collect.collect(str(call2), "c3", str(results), str(state), None, False)
+    except collect.CollectError as e:
+        assert "listops_hgrn2: its log resumed from update 100 while its filed slices end at 300" in str(e)
+    else:
+        raise AssertionError("a log resumed from an older state was filed as the next slice")
+    # --restarted names a run the call did not train: one line
+    try:
+        collect.collect(str(call2), "c3", str(results), str(state), None, False, restarted=["listops_nope"])
+    except collect.CollectError as e:
+        assert "--restarted listops_nope: the call trained no such run" in str(e)
+    else:
+        raise AssertionError("--restarted accepted a run the call did not train")
