@@ -117,6 +117,11 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
         recipe_norm = arch_settings(model_name, task_name)["norm"]
     except (KeyError, ValueError):
         pass
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    from hgrn_fairseq.models.hgrn_lra import arch_overrides
+
+    overrides = arch_overrides(cfg.model, arch) if arch in ARCH_CONFIG_REGISTRY else None
     result = {
         "task": meta["task"],
         "arch": arch,
@@ -140,6 +145,7 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
         "scan_padding": bool(getattr(cfg.model, "scan_padding", False)),  # an experiment, not the recipe
         "norm": getattr(cfg.model, "norm", None),  # another than the arch's (--norm): an experiment
         "recipe_norm": recipe_norm,
+        "arch_overrides": overrides,  # other model options than the arch's (--encoder-layers 4, ...): an experiment
         "epoch": int(extra.get("train_iterator", {}).get("epoch", 0)),
         "best_valid_accuracy": extra.get("best"),
         "precision": "bf16" if bf16 else "fp32",

@@ -54,7 +54,8 @@ def other_norm(r: dict) -> bool:
 def is_recipe_run(r: dict, task: str) -> bool:
     eos = bool(r.get("append_eos")) == (task not in PIXEL_TASKS)
     variants = ("unmasked_padding", "scratch_positions", "scan_padding")  # ablations and experiments
-    return r.get("seed", SEED) == SEED and eos and not any(r.get(k) for k in variants) and not other_norm(r)
+    return (r.get("seed", SEED) == SEED and eos and not any(r.get(k) for k in variants) and not other_norm(r)
+            and not r.get("arch_overrides"))  # other model options than the arch's (recorded since 2026-11-27)
 
 
 def rows(results: dict) -> list:
@@ -99,6 +100,8 @@ def other_runs(others: list) -> str:
             ablation += f", every batch padded to {r['pad_to_length']}"
         if other_norm(r):
             ablation += f", {r['norm']} norms instead of {r['recipe_norm']}"
+        for name, value in sorted((r.get("arch_overrides") or {}).items()):
+            ablation += f", {name} {value} (not the arch's)"
         lines.append(f"- {model.upper()} {task}, seed {seed(r)}{ablation}: {r['accuracy']:.2f} after "
                      f"{r.get('num_updates') or 0:,} updates (planned {r.get('planned_updates') or 0:,}), "
                      f"{r.get('device', '-')}")

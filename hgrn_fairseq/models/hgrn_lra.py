@@ -22,7 +22,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
-from fairseq.models import BaseFairseqModel, register_model, register_model_architecture
+from fairseq.models import ARCH_CONFIG_REGISTRY, BaseFairseqModel, register_model, register_model_architecture
 from fairseq.utils import safe_getattr
 
 from ..kernels import BACKENDS
@@ -264,6 +264,34 @@ def _register(model: str, task: str):
 
 
 LRA_ARCHS = {f"{m}_lra_{t}": _register(m, t) for m in ("hgrn1", "hgrn2") for t in LRA_TASKS}
+
+# Model options a result records on their own ("norm", "unmasked_padding", "scan_padding"), and those that do
+# not change what the model computes: max_positions only bounds the lengths (the sinusoidal table is made per
+# length), the kernel backend and compilation change the kernels, not the function.
+_RECORDED_APART = ("norm", "unmasked_padding", "scan_padding")
+_SAME_FUNCTION = ("max_positions", "kernel_backend", "compile_blocks")
+
+
+def arch_overrides(model_cfg, arch: str) -> dict:
+    """The model options of a trained run that differ from what its arch sets (``--encoder-layers 4`` on
+    ``hgrn1_lra_listops``: ``{"encoder_layers": 4}``), apart from the options results record on their own
+    and those that do not change the model's function. Empty for a run of the arch as registered."""
+    import argparse
+
+    expected = argparse.Namespace()
+    ARCH_CONFIG_REGISTRY[arch](expected)
+    out = {}
+    for name, want in sorted(vars(expected).items()):
+        if name in _RECORDED_APART or name in _SAME_FUNCTION:
+            continue
+        got = safe_getattr(model_cfg, name, want)
+        if isinstance(want, (bool, int, float)) and isinstance(got, (bool, int, float)):
+            same = float(got) == float(want)
+        else:
+            same = str(got) == str(want)
+        if not same:
+            out[name] = got if isinstance(got, (bool, int, float)) else str(got)
+    return out
 
 
 @register_model_architecture("hgrn_lra", "transformer_lra")

@@ -577,6 +577,13 @@ def test_pad_to_length_reaches_the_checkpoint_and_the_evaluation(runs, capsys):
     r = lra_eval.evaluate(scan_ck, cpu=True)
     assert r["scan_padding"] is True and r["pad_to_length"] == 30 and r["unmasked_padding"] is False
     assert r["norm"] == r["recipe_norm"] == "syncbatch"  # (the listops arch's, SPEC 7)
+    # the run's own model options (the test's command line, TINY): --encoder-embed-dim 8 --encoder-layers 1 on
+    # the listops arch (6 x 32, SPEC 7); they alone keep a run out of the recipe's cell
+    assert r["arch_overrides"] == {"encoder_embed_dim": 8, "encoder_layers": 1}
+    recipe_like = dict(r, seed=lra_results.SEED, scan_padding=False, pad_to_length=0)
+    assert not lra_results.is_recipe_run(recipe_like, "listops")
+    assert lra_results.is_recipe_run(dict(recipe_like, arch_overrides={}), "listops")
+    assert "encoder_embed_dim 8 (not the arch's), encoder_layers 1 (not the arch's)" in lra_results.other_runs([recipe_like])
     assert not lra_results.is_recipe_run(dict(r, seed=lra_results.SEED), "listops")
     assert "scans see the padding, every batch padded to 30" in lra_results.other_runs([r])
     capsys.readouterr()
@@ -606,7 +613,8 @@ def test_scratch_positions_reach_the_checkpoint_and_the_evaluation(runs):
     r = lra_eval.evaluate(path, cpu=True)
     assert r["scratch_positions"] == 3 and r["append_eos"] is True and r["examples"] == SPLITS["listops"][2]
     lra_results = load_script(os.path.join(scripts, "lra_results.py"))
-    assert not lra_results.is_recipe_run(r, "listops") and lra_results.is_recipe_run(dict(r, scratch_positions=0, seed=lra_results.SEED), "listops")
+    assert not lra_results.is_recipe_run(r, "listops") and lra_results.is_recipe_run(
+        dict(r, scratch_positions=0, seed=lra_results.SEED, arch_overrides={}), "listops")
     assert "3 scratch positions" in lra_results.other_runs([r])
 
 
