@@ -30,10 +30,45 @@ def _bf16_without_tpu(parse_args_and_arch):
             namespace = parsed
         if getattr(namespace, "bf16", False) and not asked_for_tpu:
             namespace.tpu = False
+        check_lra_resume(namespace)
         return parsed
 
     parse.__wrapped__ = parse_args_and_arch
     return parse
+
+
+def check_lra_resume(args) -> None:
+    """An LRA run (``hgrn_lra`` archs) that resumes ``--save-dir``'s checkpoint_last.pt must keep the settings
+    it trained with: fairseq would load the weights of a run trained with, say, masked padding into one that
+    goes on with ``--unmasked-padding`` and mix the two settings silently (an other norm fails to load, with
+    a traceback). One line naming the changed options and the fix instead. Not checked: ``--restore-file``
+    other than the default, ``--finetune-from-model``, and the reset flags (those start something new)."""
+    import os
+
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+
+    if ARCH_MODEL_NAME_REGISTRY.get(getattr(args, "arch", None)) != "hgrn_lra":
+        return
+    if (getattr(args, "restore_file", "checkpoint_last.pt") != "checkpoint_last.pt"
+            or getattr(args, "finetune_from_model", None) or getattr(args, "reset_optimizer", False)
+            or getattr(args, "reset_dataloader", False) or getattr(args, "reset_meters", False)
+            or getattr(args, "reset_lr_scheduler", False)):
+        return
+    path = os.path.join(args.save_dir, "checkpoint_last.pt")
+    if not os.path.isfile(path):
+        return
+    from fairseq import checkpoint_utils
+
+    from hgrn_fairseq.models.hgrn_lra import resume_changes
+
+    cfg = checkpoint_utils.load_checkpoint_to_cpu(path).get("cfg")
+    if cfg is None:
+        return
+    changes = resume_changes(cfg, args)
+    if changes:
+        sys.exit(f"fairseq_train.py: {path} trained with other settings than this command: {', '.join(changes)}: "
+                 f"rerun with the checkpoint's settings to resume it, or give another --save-dir (SAVE_DIR) "
+                 f"to start a run with these")
 
 
 MATMUL_PRECISIONS = {"fp32": "highest", "tf32": "high"}

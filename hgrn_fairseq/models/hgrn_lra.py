@@ -294,6 +294,38 @@ def arch_overrides(model_cfg, arch: str) -> dict:
     return out
 
 
+# The task options that define an LRA run beside the model's (hgrn_fairseq/tasks/lra.py).
+_TASK_SETTINGS = ("append_eos", "scratch_positions", "pad_to_length", "augment")
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, (bool, int, float)) and isinstance(b, (bool, int, float)):
+        return float(a) == float(b)
+    return str(a) == str(b)
+
+
+def resume_changes(saved_cfg, args) -> list:
+    """What resuming an LRA checkpoint with the parsed command line ``args`` would change from the settings
+    it trained with: ``["--norm syncbatch (now layer)", ...]``, empty when nothing. The arch, the task, every
+    model option that changes the function (not max_positions, the kernel backend or compilation) and the
+    task options that define the run (<eos>, scratch positions, fixed-width padding, augmentation)."""
+    model, task = saved_cfg["model"], saved_cfg["task"]
+    out = []
+    if not _same(safe_getattr(model, "_name", None), getattr(args, "arch", None)):
+        out.append(f"--arch {safe_getattr(model, '_name', None)} (now {getattr(args, 'arch', None)})")
+    if not _same(safe_getattr(task, "_name", None), getattr(args, "task", None)):
+        out.append(f"--task {safe_getattr(task, '_name', None)} (now {getattr(args, 'task', None)})")
+    names = [f.name for f in dataclasses.fields(HgrnLraConfig) if f.name not in _SAME_FUNCTION]
+    for section, keys in ((model, names), (task, _TASK_SETTINGS)):
+        for name in keys:
+            if name not in section or not hasattr(args, name):
+                continue
+            was, now = section[name], getattr(args, name)
+            if not _same(was, now):
+                out.append(f"--{name.replace('_', '-')} {was} (now {now})")
+    return out
+
+
 @register_model_architecture("hgrn_lra", "transformer_lra")
 def transformer_lra(args):
     """Softmax self-attention in the same blocks (GLU, norms, pooling, head), no lower bounds;

@@ -672,3 +672,42 @@ def test_a_checkpoint_knows_its_data(tmp_path):
     pix = LraImageTask.setup_task(LraImageConfig(data=img, seed=1))
     with pytest.raises(ValueError, match="differs in .*task"):
         pix.load_state_dict(state)
+
+
+def test_resuming_with_other_settings_is_refused_in_one_line(runs):
+    """scripts/fairseq_train.py (what train_lra.sh runs): a command that would resume --save-dir's
+    checkpoint_last.pt with other run settings (the norm, padding, <eos>, the arch) exits with one line naming
+    them; the same settings, a longer --max-update, a reset flag or a new --save-dir go on."""
+    from fairseq import options
+
+    from tests.script_module import load_script
+
+    fairseq_train = load_script(os.path.join(os.path.dirname(PLUGIN), "scripts", "fairseq_train.py"))
+    rc, out, save_dir = runs["listops_hgrn1_eos"]
+    assert rc == 0, out[-3000:]
+    data = os.path.join(os.path.dirname(os.path.dirname(save_dir)), "listops")
+    _, arch, flags, updates = RUNS["listops_hgrn1_eos"]
+
+    def check(extra=(), drop=(), updates=updates, save=save_dir, arch=arch):
+        argv = [a for a in train_argv(data, save, arch, flags, updates) if a not in drop] + list(extra)
+        args = options.parse_args_and_arch(options.get_training_parser(), argv)
+        try:
+            fairseq_train.check_lra_resume(args)
+        except SystemExit as e:
+            return str(e.code)
+        return None
+
+    assert check() is None
+    assert check(updates=updates * 2) is None  # a longer schedule resumes
+    assert check(["--reset-optimizer", "--norm", "layer"]) is None  # a reset starts something new: fairseq's
+    assert check(["--norm", "layer"], save=save_dir + "_new") is None  # nothing to resume there
+    msg = check(["--norm", "layer"])
+    assert msg.startswith(f"fairseq_train.py: {os.path.join(save_dir, 'checkpoint_last.pt')} trained with other "
+                          f"settings than this command: --norm syncbatch (now layer): ")
+    assert "give another --save-dir" in msg and "\n" not in msg
+    assert check(["--unmasked-padding", "--pad-to-length", "40"]).count("(now ") == 2
+    assert "--append-eos True (now False)" in check(drop=("--append-eos",))
+    assert "--encoder-layers 1 (now 2)" in check(["--encoder-layers", "2"])
+    assert "--arch hgrn1_lra_listops (now hgrn1_lra_text)" in check(arch="hgrn1_lra_text")
+    # options that do not change the function are not settings
+    assert check(["--max-positions", "4096", "--kernel-backend", "reference"]) is None
