@@ -272,6 +272,13 @@ _RECORDED_APART = ("norm", "unmasked_padding", "scan_padding")
 _SAME_FUNCTION = ("max_positions", "kernel_backend", "compile_blocks")
 
 
+def _same(a, b) -> bool:
+    """Option values equal as numbers (2 == 2.0, True == 1) or else as text (enum choices)."""
+    if isinstance(a, (bool, int, float)) and isinstance(b, (bool, int, float)):
+        return float(a) == float(b)
+    return str(a) == str(b)
+
+
 def arch_overrides(model_cfg, arch: str) -> dict:
     """The model options of a trained run that differ from what its arch sets (``--encoder-layers 4`` on
     ``hgrn1_lra_listops``: ``{"encoder_layers": 4}``), apart from the options results record on their own
@@ -285,23 +292,13 @@ def arch_overrides(model_cfg, arch: str) -> dict:
         if name in _RECORDED_APART or name in _SAME_FUNCTION:
             continue
         got = safe_getattr(model_cfg, name, want)
-        if isinstance(want, (bool, int, float)) and isinstance(got, (bool, int, float)):
-            same = float(got) == float(want)
-        else:
-            same = str(got) == str(want)
-        if not same:
+        if not _same(got, want):
             out[name] = got if isinstance(got, (bool, int, float)) else str(got)
     return out
 
 
 # The task options that define an LRA run beside the model's (hgrn_fairseq/tasks/lra.py).
 _TASK_SETTINGS = ("append_eos", "scratch_positions", "pad_to_length", "augment")
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, (bool, int, float)) and isinstance(b, (bool, int, float)):
-        return float(a) == float(b)
-    return str(a) == str(b)
 
 
 def resume_changes(saved_cfg, args) -> list:
