@@ -62,6 +62,30 @@ def load(checkpoint: str, data: str | None = None, cpu: bool = False, pad_to_len
     return model, cfg, task, use_cuda, bf16
 
 
+def recipe_overrides(cfg, task: str, model: str) -> dict:
+    """The training settings of a run that differ from its recipe's (scripts/lra_recipes.py) at the run's own
+    --max-update (a shortened run's warm-up is scaled, as train_lra.sh's MAX_UPDATE does): {name: value}, empty
+    for a run of the recipe. Optimizer, schedule, learning rate, weight decay, warm-up, clipping, total batch
+    (per step x accumulation x processes) and precision; the epoch cap and the update count are recorded
+    apart (planned_updates). KeyError / ValueError: no recipe for the arch."""
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    from lra_recipes import recipe, schedule
+
+    r = recipe(task, model)
+    warmup, _, _ = schedule(r, int(cfg.optimization.max_update))
+    want = {"optimizer": "torch_adamw", "lr_scheduler": "cosine", "lr": r.lr, "weight_decay": r.weight_decay,
+            "warmup_updates": warmup, "clip_norm": r.clip, "batch": r.batch, "precision": r.precision}
+    got = {"optimizer": cfg.optimizer._name, "lr_scheduler": cfg.lr_scheduler._name,
+           "lr": float(cfg.optimization.lr[0]), "weight_decay": float(cfg.optimizer.get("weight_decay", 0.0)),
+           "warmup_updates": int(cfg.lr_scheduler.get("warmup_updates", 0)),
+           "clip_norm": float(cfg.optimization.clip_norm),
+           "batch": int(cfg.dataset.batch_size) * int(cfg.optimization.update_freq[0])
+           * int(cfg.distributed_training.distributed_world_size),
+           "precision": "bf16" if cfg.common.bf16 else "fp32"}
+    return {k: got[k] for k in want if str(got[k]) != str(want[k]) and not (
+        isinstance(want[k], float) and abs(float(got[k]) - want[k]) <= 1e-12 * max(1.0, abs(want[k])))}
+
+
 def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batch_size: int = 64,
              cpu: bool = False, pad_to_length: int | None = None) -> dict:
     import torch
@@ -122,6 +146,10 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
     from hgrn_fairseq.models.hgrn_lra import arch_overrides
 
     overrides = arch_overrides(cfg.model, arch) if arch in ARCH_CONFIG_REGISTRY else None
+    try:
+        training_changes = recipe_overrides(cfg, task_name, model_name)
+    except (KeyError, ValueError):  # not a recipe's arch (transformer_lra)
+        training_changes = None
     result = {
         "task": meta["task"],
         "arch": arch,
@@ -146,6 +174,7 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
         "norm": getattr(cfg.model, "norm", None),  # another than the arch's (--norm): an experiment
         "recipe_norm": recipe_norm,
         "arch_overrides": overrides,  # other model options than the arch's (--encoder-layers 4, ...): an experiment
+        "recipe_overrides": training_changes,  # other training settings than the recipe's (--lr, batch, ...)
         "epoch": int(extra.get("train_iterator", {}).get("epoch", 0)),
         "best_valid_accuracy": extra.get("best"),
         "precision": "bf16" if bf16 else "fp32",

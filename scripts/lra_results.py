@@ -55,7 +55,8 @@ def is_recipe_run(r: dict, task: str) -> bool:
     eos = bool(r.get("append_eos")) == (task not in PIXEL_TASKS)
     variants = ("unmasked_padding", "scratch_positions", "scan_padding")  # ablations and experiments
     return (r.get("seed", SEED) == SEED and eos and not any(r.get(k) for k in variants) and not other_norm(r)
-            and not r.get("arch_overrides"))  # other model options than the arch's (recorded since 2026-11-27)
+            and not r.get("arch_overrides")  # other model options than the arch's (recorded since 2026-11-27)
+            and not r.get("recipe_overrides"))  # other training settings than the recipe's (since 2026-11-27)
 
 
 def rows(results: dict) -> list:
@@ -102,6 +103,8 @@ def other_runs(others: list) -> str:
             ablation += f", {r['norm']} norms instead of {r['recipe_norm']}"
         for name, value in sorted((r.get("arch_overrides") or {}).items()):
             ablation += f", {name} {value} (not the arch's)"
+        for name, value in sorted((r.get("recipe_overrides") or {}).items()):
+            ablation += f", {name} {value} (not the recipe's)"
         lines.append(f"- {model.upper()} {task}, seed {seed(r)}{ablation}: {r['accuracy']:.2f} after "
                      f"{r.get('num_updates') or 0:,} updates (planned {r.get('planned_updates') or 0:,}), "
                      f"{r.get('device', '-')}")

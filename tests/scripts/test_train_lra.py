@@ -142,7 +142,7 @@ def test_results_table_keeps_the_recipe_seed_and_lists_other_seeds(tmp_path):
     for folder, seed, acc in (("listops_hgrn1", 2222, 41.5), ("listops_hgrn1_s2", 2, 47.25), ("old", None, 12.0),
                               ("listops_hgrn1_s2222_unmasked", 2222, 44.0), ("listops_hgrn1_s2222_eos", 2222, 52.5),
                               ("listops_hgrn1_s2222_noeos", 2222, 40.0), ("listops_hgrn1_s2222_layernorm_eos", 2222, 58.0),
-                              ("listops_hgrn1_s2222_eos_layers4", 2222, 61.0)):
+                              ("listops_hgrn1_s2222_eos_layers4", 2222, 61.0), ("listops_hgrn1_s2222_eos_lr", 2222, 62.0)):
         record = {"arch": "hgrn1_lra_listops", "accuracy": acc, "num_updates": 37500, "planned_updates": 50000,
                   "data_comparable": False, "data_source": "generator", "precision": "fp32", "device": "NVIDIA H200",
                   "date": "2026-11-26T00:00:00Z", "examples": 2000, "seed": seed,
@@ -151,9 +151,11 @@ def test_results_table_keeps_the_recipe_seed_and_lists_other_seeds(tmp_path):
         record.update(norm="syncbatch", recipe_norm="syncbatch")  # (recorded since 2026-11-26)
         if "layernorm" in folder:  # another norm than the arch's (--norm layer): sorts after the recipe's run
             record["norm"] = "layer"
-        record["arch_overrides"] = {}  # (recorded since 2026-11-27: empty for the arch as registered)
+        record["arch_overrides"] = record["recipe_overrides"] = {}  # (recorded since 2026-11-27: empty for the recipe)
         if folder.endswith("_layers4"):  # another model option than the arch's: sorts after the recipe's run
             record["arch_overrides"] = {"encoder_layers": 4, "glu_multiple": 2.0}
+        if folder.endswith("_lr"):  # another training setting than the recipe's: sorts after the recipe's run
+            record["recipe_overrides"] = {"lr": 0.001}
         if folder == "listops_hgrn1":  # a result from before the recipe appended <eos> (no such key)
             record.pop("append_eos")
         if seed is None:  # a result from before the seed was recorded: the recipe's, of a pixel task
@@ -174,6 +176,7 @@ def test_results_table_keeps_the_recipe_seed_and_lists_other_seeds(tmp_path):
     assert "- HGRN1 listops, seed 2222, layer norms instead of syncbatch: 58.00 after 37,500 updates" in md
     assert ("- HGRN1 listops, seed 2222, encoder_layers 4 (not the arch's), glu_multiple 2.0 (not the arch's): "
             "61.00 after 37,500 updates") in md
+    assert "- HGRN1 listops, seed 2222, lr 0.001 (not the recipe's): 62.00 after 37,500 updates" in md
     # batch and sync-batch norm are one norm (on one GPU the same computation); results without the keys count
     assert not results.other_norm({"norm": "batch", "recipe_norm": "syncbatch"})
     assert results.other_norm({"norm": "batch", "recipe_norm": "layer"}) and not results.other_norm({})

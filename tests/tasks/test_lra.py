@@ -580,10 +580,17 @@ def test_pad_to_length_reaches_the_checkpoint_and_the_evaluation(runs, capsys):
     # the run's own model options (the test's command line, TINY): --encoder-embed-dim 8 --encoder-layers 1 on
     # the listops arch (6 x 32, SPEC 7); they alone keep a run out of the recipe's cell
     assert r["arch_overrides"] == {"encoder_embed_dim": 8, "encoder_layers": 1}
+    # and its training settings against the ListOps HGRN1 recipe (SPEC 7: AdamW, lr 5e-4, weight decay 0.01,
+    # batch 128, warm-up 5,000 of 50,000, here scaled to the run's 20 updates: 2; no clipping, fp32): train_argv
+    # gives adam, lr 3e-3, no weight decay, warm-up 10, batch 16 (clipping, cosine and fp32 as the recipe)
+    assert r["recipe_overrides"] == {"optimizer": "adam", "lr": 0.003, "weight_decay": 0.0, "warmup_updates": 10,
+                                     "batch": 16}
     recipe_like = dict(r, seed=lra_results.SEED, scan_padding=False, pad_to_length=0)
-    assert not lra_results.is_recipe_run(recipe_like, "listops")
-    assert lra_results.is_recipe_run(dict(recipe_like, arch_overrides={}), "listops")
+    assert not lra_results.is_recipe_run(dict(recipe_like, recipe_overrides={}), "listops")
+    assert not lra_results.is_recipe_run(dict(recipe_like, arch_overrides={}), "listops")
+    assert lra_results.is_recipe_run(dict(recipe_like, arch_overrides={}, recipe_overrides={}), "listops")
     assert "encoder_embed_dim 8 (not the arch's), encoder_layers 1 (not the arch's)" in lra_results.other_runs([recipe_like])
+    assert "batch 16 (not the recipe's), lr 0.003 (not the recipe's)" in lra_results.other_runs([recipe_like])
     assert not lra_results.is_recipe_run(dict(r, seed=lra_results.SEED), "listops")
     assert "scans see the padding, every batch padded to 30" in lra_results.other_runs([r])
     capsys.readouterr()
@@ -614,7 +621,7 @@ def test_scratch_positions_reach_the_checkpoint_and_the_evaluation(runs):
     assert r["scratch_positions"] == 3 and r["append_eos"] is True and r["examples"] == SPLITS["listops"][2]
     lra_results = load_script(os.path.join(scripts, "lra_results.py"))
     assert not lra_results.is_recipe_run(r, "listops") and lra_results.is_recipe_run(
-        dict(r, scratch_positions=0, seed=lra_results.SEED, arch_overrides={}), "listops")
+        dict(r, scratch_positions=0, seed=lra_results.SEED, arch_overrides={}, recipe_overrides={}), "listops")
     assert "3 scratch positions" in lra_results.other_runs([r])
 
 
