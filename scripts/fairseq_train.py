@@ -9,8 +9,9 @@ entry point (``fairseq-hydra-train``) does not have this coupling: there ``commo
 argparse entry point.
 
 What it changes: after fairseq has parsed the command line, ``tpu`` is reset to False unless
-``--tpu`` itself was given. Nothing else: the arguments, the training loop and the checkpoints are
-fairseq's. ``scripts/train_wt103.sh`` runs every recipe through this file, on one process
+``--tpu`` itself was given, and an LRA run that would resume its checkpoint with other run settings
+stops with one line (``check_lra_resume``). Nothing else: the arguments, the training loop and the
+checkpoints are fairseq's. ``scripts/train_wt103.sh`` runs every recipe through this file, on one process
 (``python3 scripts/fairseq_train.py ...``) or one per GPU (``torchrun ... scripts/fairseq_train.py``).
 
 With ``--bf16`` fairseq keeps the model in bfloat16 and an fp32 master copy of the weights in its

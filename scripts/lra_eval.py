@@ -62,18 +62,18 @@ def load(checkpoint: str, data: str | None = None, cpu: bool = False, pad_to_len
     return model, cfg, task, use_cuda, bf16
 
 
-def recipe_overrides(cfg, task: str, model: str) -> dict:
-    """The training settings of a run that differ from its recipe's (scripts/lra_recipes.py) at the run's own
-    --max-update (a shortened run's warm-up is scaled, as train_lra.sh's MAX_UPDATE does): {name: value}, empty
-    for a run of the recipe. Optimizer, schedule, learning rate, weight decay, warm-up, clipping, total batch
-    (per step x accumulation x processes) and precision; the epoch cap and the update count are recorded
-    apart (planned_updates). KeyError / ValueError: no recipe for the arch."""
-    sys.path.insert(0, os.path.join(REPO, "scripts"))
-    from lra_recipes import recipe, schedule
+def recipe_overrides(cfg, r) -> dict:
+    """The training settings of a run that differ from its recipe ``r`` (scripts/lra_recipes.py) at the run's
+    own --max-update (a shortened run's warm-up is scaled, as train_lra.sh's MAX_UPDATE does): {name: value},
+    empty for a run of the recipe. Optimizer, schedule, learning rate, weight decay, warm-up, clipping, total
+    batch (per step x accumulation x processes) and precision; the epoch cap and the update count are
+    recorded apart (planned_updates)."""
+    from lra_recipes import LR_SCHEDULER, OPTIMIZER, schedule
 
-    r = recipe(task, model)
+    from hgrn_fairseq.models.hgrn_lra import same_option
+
     warmup, _, _ = schedule(r, int(cfg.optimization.max_update))
-    want = {"optimizer": "torch_adamw", "lr_scheduler": "cosine", "lr": r.lr, "weight_decay": r.weight_decay,
+    want = {"optimizer": OPTIMIZER, "lr_scheduler": LR_SCHEDULER, "lr": r.lr, "weight_decay": r.weight_decay,
             "warmup_updates": warmup, "clip_norm": r.clip, "batch": r.batch, "precision": r.precision}
     got = {"optimizer": cfg.optimizer._name, "lr_scheduler": cfg.lr_scheduler._name,
            "lr": float(cfg.optimization.lr[0]), "weight_decay": float(cfg.optimizer.get("weight_decay", 0.0)),
@@ -82,8 +82,7 @@ def recipe_overrides(cfg, task: str, model: str) -> dict:
            "batch": int(cfg.dataset.batch_size) * int(cfg.optimization.update_freq[0])
            * int(cfg.distributed_training.distributed_world_size),
            "precision": "bf16" if cfg.common.bf16 else "fp32"}
-    return {k: got[k] for k in want if str(got[k]) != str(want[k]) and not (
-        isinstance(want[k], float) and abs(float(got[k]) - want[k]) <= 1e-12 * max(1.0, abs(want[k])))}
+    return {k: got[k] for k in want if not same_option(got[k], want[k])}
 
 
 def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batch_size: int = 64,
@@ -127,13 +126,14 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
     arch = cfg.model._name
     meta = task.meta
     model_name, _, task_name = arch.partition("_lra_")
-    paper = recipe_norm = None
+    paper = recipe_norm = run_recipe = None
     try:
         sys.path.insert(0, os.path.join(REPO, "scripts"))
         from lra_recipes import recipe
 
-        paper = recipe(task_name, model_name).paper_accuracy
-    except Exception:
+        run_recipe = recipe(task_name, model_name)
+        paper = run_recipe.paper_accuracy
+    except Exception:  # not a recipe's arch (transformer_lra)
         pass
     try:  # the norm the arch {model}_lra_{task} sets
         from hgrn_fairseq.models.hgrn_lra import arch_settings
@@ -146,10 +146,7 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
     from hgrn_fairseq.models.hgrn_lra import arch_overrides
 
     overrides = arch_overrides(cfg.model, arch) if arch in ARCH_CONFIG_REGISTRY else None
-    try:
-        training_changes = recipe_overrides(cfg, task_name, model_name)
-    except (KeyError, ValueError):  # not a recipe's arch (transformer_lra)
-        training_changes = None
+    training_changes = recipe_overrides(cfg, run_recipe) if run_recipe is not None else None
     result = {
         "task": meta["task"],
         "arch": arch,

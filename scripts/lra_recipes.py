@@ -33,6 +33,8 @@ TASKS = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
 MODELS = ("hgrn1", "hgrn2")
 PIXEL_TASKS = ("image", "pathfinder", "pathx")
 SEED = 2222
+OPTIMIZER = "torch_adamw"  # both papers' AdamW (hgrn_fairseq/optim.py)
+LR_SCHEDULER = "cosine"  # with linear warm-up from 0, to 0
 
 
 @dataclass(frozen=True)
@@ -114,9 +116,9 @@ def fairseq_args(task: str, model: str, nproc: int = 1, max_update: Optional[int
         "--task", "lra_image" if task in PIXEL_TASKS else "lra_text",
         "--arch", f"{model}_lra_{task}",
         "--criterion", "classification_accuracy",
-        "--optimizer", "torch_adamw", "--adam-betas", "(0.9, 0.999)", "--adam-eps", "1e-08",
+        "--optimizer", OPTIMIZER, "--adam-betas", "(0.9, 0.999)", "--adam-eps", "1e-08",
         "--weight-decay", repr(r.weight_decay),
-        "--lr", repr(r.lr), "--lr-scheduler", "cosine", "--warmup-updates", str(warmup),
+        "--lr", repr(r.lr), "--lr-scheduler", LR_SCHEDULER, "--warmup-updates", str(warmup),
         "--warmup-init-lr", "0", "--min-lr", "0",
         "--max-update", str(updates),
         "--clip-norm", repr(r.clip),
@@ -202,13 +204,13 @@ def write_configs(directory: str) -> List[str]:
                 "  _name: classification_accuracy",
                 "",
                 "optimizer:",
-                "  _name: torch_adamw",
+                f"  _name: {OPTIMIZER}",
                 "  adam_betas: (0.9, 0.999)",
                 "  adam_eps: 1.0e-08",
                 f"  weight_decay: {r.weight_decay!r}",
                 "",
                 "lr_scheduler:",
-                "  _name: cosine",
+                f"  _name: {LR_SCHEDULER}",
                 f"  warmup_updates: {r.warmup}",
                 "  warmup_init_lr: 0.0",
                 "  min_lr: 0.0",

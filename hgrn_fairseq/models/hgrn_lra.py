@@ -272,7 +272,7 @@ _RECORDED_APART = ("norm", "unmasked_padding", "scan_padding")
 _SAME_FUNCTION = ("max_positions", "kernel_backend", "compile_blocks")
 
 
-def _same(a, b) -> bool:
+def same_option(a, b) -> bool:
     """Option values equal as numbers (2 == 2.0, True == 1) or else as text (enum choices)."""
     if isinstance(a, (bool, int, float)) and isinstance(b, (bool, int, float)):
         return float(a) == float(b)
@@ -292,7 +292,7 @@ def arch_overrides(model_cfg, arch: str) -> dict:
         if name in _RECORDED_APART or name in _SAME_FUNCTION:
             continue
         got = safe_getattr(model_cfg, name, want)
-        if not _same(got, want):
+        if not same_option(got, want):
             out[name] = got if isinstance(got, (bool, int, float)) else str(got)
     return out
 
@@ -308,9 +308,9 @@ def resume_changes(saved_cfg, args) -> list:
     task options that define the run (<eos>, scratch positions, fixed-width padding, augmentation)."""
     model, task = saved_cfg["model"], saved_cfg["task"]
     out = []
-    if not _same(safe_getattr(model, "_name", None), getattr(args, "arch", None)):
+    if not same_option(safe_getattr(model, "_name", None), getattr(args, "arch", None)):
         out.append(f"--arch {safe_getattr(model, '_name', None)} (now {getattr(args, 'arch', None)})")
-    if not _same(safe_getattr(task, "_name", None), getattr(args, "task", None)):
+    if not same_option(safe_getattr(task, "_name", None), getattr(args, "task", None)):
         out.append(f"--task {safe_getattr(task, '_name', None)} (now {getattr(args, 'task', None)})")
     names = [f.name for f in dataclasses.fields(HgrnLraConfig) if f.name not in _SAME_FUNCTION]
     for section, keys in ((model, names), (task, _TASK_SETTINGS)):
@@ -318,7 +318,7 @@ def resume_changes(saved_cfg, args) -> list:
             if name not in section or not hasattr(args, name):
                 continue
             was, now = section[name], getattr(args, name)
-            if not _same(was, now):
+            if not same_option(was, now):
                 out.append(f"--{name.replace('_', '-')} {was} (now {now})")
     return out
 
