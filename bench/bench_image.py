@@ -78,7 +78,20 @@ def build(name: str, res: int, device: str, mode: str = "eager"):
     return model, net
 
 
+UNFUSED = ":unfused-hgru2"  # --ab-hgru2 rows: the model with HGRU2.fuse_in_gates off
+
+
 def measure(name: str, res: int, args, device: str, mode: str = "eager") -> Dict[str, float]:
+    if name.endswith(UNFUSED):
+        from hgrn_fairseq.modules.hgru2 import HGRU2
+
+        HGRU2.fuse_in_gates = False
+        try:
+            out = measure(name[:-len(UNFUSED)], res, args, device, mode)
+        finally:
+            HGRU2.fuse_in_gates = True
+        out["model"] = name
+        return out
     model, net = build(name, res, device, mode)
     params = sum(p.numel() for p in model.parameters())
     scale = (224 * 224) / (res * res)
@@ -171,6 +184,9 @@ def main(argv=None) -> int:
                    "blocks' torch.compile option (block_compile='train'; the scans stay ours) against "
                    "torch.compile of the whole DeiT; graphs: training forward and backward replayed as CUDA "
                    "graphs (the HGRN models' cuda_graphs option; DeiT through the same cache); inference eager")
+    p.add_argument("--ab-hgru2", action="store_true", help="also measure each HGRN2 model with HGRU2.fuse_in_gates "
+                   "off (v's SiLU, the split of the in-projection and the LayerNorm in PyTorch, as before "
+                   f"2026-11-27): rows named MODEL{UNFUSED}")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     env = environment(args.device)
@@ -178,7 +194,10 @@ def main(argv=None) -> int:
     rows = []
     resolutions = [int(r) for r in args.resolutions.split(",")]
     for mode, res, size in itertools.product(args.modes.split(","), resolutions, args.sizes.split(",")):
-        group = [measure(name, res, args, args.device, mode) for name in SIZES[size]]
+        names = SIZES[size]
+        if args.ab_hgru2:
+            names = [n for m in names for n in ([m, m + UNFUSED] if m.startswith("hgrn2") else [m])]
+        group = [measure(name, res, args, args.device, mode) for name in names]
         deit = group[-1]  # the ratios are against the DeiT of the same size, resolution and mode
         for r in group:
             r["size"] = size

@@ -9,6 +9,11 @@ LM that is ~200 launches of a ~1000-launch training step, which is bound by laun
 WikiText-103 shapes. Here: one kernel forward, one backward (plus a column sum for the lower bound's
 gradient), fp32 math, outputs in the input dtype.
 
+``hgrn2_in_gates`` takes the whole in-projection ``[v_pre, q_pre, f]`` instead and also applies v's
+activation (SiLU or none) in the same kernel; its backward writes the in-projection's gradient as one
+tensor, so autograd does not join three slices' gradients with one more copy (the image models, with
+``block_ops``).
+
 Numerics (the same as ``hgrn2_log_decay_reference``): with no bound, ``logsigmoid(f)``; with a bound,
 ``log1p(-(1 - gamma) * sigmoid(-f))`` where lambda > 1/2 (no cancellation near 1) and
 ``log(max(lambda, tiny))`` elsewhere; the gradient is zero where lambda underflows.
@@ -19,12 +24,14 @@ import os
 from typing import Tuple, Union
 
 import torch
+import torch.nn.functional as F
 
 from . import reference
 from .dispatch import as_rows, eager, resolve_backend
 
 Tensor = torch.Tensor
 ACTIVATIONS = ("silu", "sigmoid")
+V_ACTIVATIONS = ("none", "silu")
 
 try:
     import triton
@@ -42,9 +49,11 @@ if triton is not None:
 
     @triton.jit
     def _hgrn2_gates_fwd_kernel(
-        QP, stride_qp, F_, stride_f, GAMMA, Q, G, N, D,
-        HAS_GAMMA: tl.constexpr, ACT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        QP, stride_qp, F_, stride_f, GAMMA, Q, G, VP, stride_vp, V, N, D,
+        HAS_GAMMA: tl.constexpr, ACT: tl.constexpr, HAS_V: tl.constexpr, V_SILU: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ):
+        """HAS_V: also v = SiLU(v_pre) (V_SILU) or v_pre, written contiguous to V."""
         rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
         cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
         mask = (rows[:, None] < N) & (cols[None, :] < D)
@@ -70,19 +79,26 @@ if triton is not None:
         out = rows[:, None] * D + cols[None, :]
         tl.store(Q + out, q.to(Q.dtype.element_ty), mask=mask)
         tl.store(G + out, g.to(G.dtype.element_ty), mask=mask)
+        if HAS_V:
+            u = tl.load(VP + rows[:, None] * stride_vp + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            if V_SILU:
+                u = u * _sigmoid(u)
+            tl.store(V + out, u.to(V.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _hgrn2_gates_bwd_kernel(
-        QP, stride_qp, F_, stride_f, GAMMA, DQ, DG, DQP, DF, DGAMMA_PART, N, D,
-        HAS_GAMMA: tl.constexpr, NEED_DGAMMA: tl.constexpr, ACT: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_D: tl.constexpr,
+        QP, stride_qp, F_, stride_f, GAMMA, DQ, DG, DQP, DF, DGAMMA_PART, VP, stride_vp, DV, DVP, stride_dp, N, D,
+        HAS_GAMMA: tl.constexpr, NEED_DGAMMA: tl.constexpr, ACT: tl.constexpr, HAS_V: tl.constexpr,
+        V_SILU: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ):
-        """NEED_DGAMMA: write the lower bound's gradient, per program's rows, to DGAMMA_PART."""
+        """NEED_DGAMMA: write the lower bound's gradient, per program's rows, to DGAMMA_PART. DQP, DF (and
+        DVP with HAS_V) have row stride stride_dp: slices of one [N, 3D] gradient of the in-projection."""
         pid_n = tl.program_id(0)
         rows = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
         cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
         mask = (rows[:, None] < N) & (cols[None, :] < D)
         out = rows[:, None] * D + cols[None, :]
+        dout = rows[:, None] * stride_dp + cols[None, :]
         z = tl.load(QP + rows[:, None] * stride_qp + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         f = tl.load(F_ + rows[:, None] * stride_f + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dq = tl.load(DQ + out, mask=mask, other=0.0).to(tl.float32)
@@ -105,8 +121,15 @@ if triton is not None:
                 tl.store(DGAMMA_PART + pid_n.to(tl.int64) * D + cols, dgamma, mask=cols < D)
         else:
             df = dg * s_neg
-        tl.store(DQP + out, dz.to(DQP.dtype.element_ty), mask=mask)
-        tl.store(DF + out, df.to(DF.dtype.element_ty), mask=mask)
+        tl.store(DQP + dout, dz.to(DQP.dtype.element_ty), mask=mask)
+        tl.store(DF + dout, df.to(DF.dtype.element_ty), mask=mask)
+        if HAS_V:
+            dv = tl.load(DV + out, mask=mask, other=0.0).to(tl.float32)
+            if V_SILU:
+                u = tl.load(VP + rows[:, None] * stride_vp + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+                su = _sigmoid(u)
+                dv = dv * su * (1.0 + u * (1.0 - su))
+            tl.store(DVP + dout, dv.to(DVP.dtype.element_ty), mask=mask)
 
 
 class _Hgrn2Gates(torch.autograd.Function):
@@ -121,8 +144,9 @@ class _Hgrn2Gates(torch.autograd.Function):
         has_gamma = gamma is not None
         grid = (triton.cdiv(N, _BLOCK_N), triton.cdiv(D, _BLOCK_D))
         _hgrn2_gates_fwd_kernel[grid](
-            zp, stride_qp, fp, stride_f, gamma if has_gamma else zp, q, g, N, D,
-            HAS_GAMMA=has_gamma, ACT=ACTIVATIONS.index(activation), BLOCK_N=_BLOCK_N, BLOCK_D=_BLOCK_D,
+            zp, stride_qp, fp, stride_f, gamma if has_gamma else zp, q, g, zp, stride_qp, q, N, D,
+            HAS_GAMMA=has_gamma, ACT=ACTIVATIONS.index(activation), HAS_V=False, V_SILU=False,
+            BLOCK_N=_BLOCK_N, BLOCK_D=_BLOCK_D,
         )
         ctx.save_for_backward(q_pre, forget_logits, gamma)
         ctx.activation = activation
@@ -146,9 +170,9 @@ class _Hgrn2Gates(torch.autograd.Function):
         part = torch.empty((grid[0], D), device=zp.device, dtype=torch.float32) if need_dgamma else None
         _hgrn2_gates_bwd_kernel[grid](
             zp, stride_qp, fp, stride_f, gamma if has_gamma else zp, dq, dg, dqp, df,
-            part if need_dgamma else zp, N, D,
+            part if need_dgamma else zp, zp, stride_qp, dq, dqp, D, N, D,
             HAS_GAMMA=has_gamma, NEED_DGAMMA=need_dgamma, ACT=ACTIVATIONS.index(ctx.activation),
-            BLOCK_N=_BLOCK_N, BLOCK_D=_BLOCK_D,
+            HAS_V=False, V_SILU=False, BLOCK_N=_BLOCK_N, BLOCK_D=_BLOCK_D,
         )
         dgamma = part.sum(0).to(gamma.dtype) if need_dgamma else None
         return dqp, df, dgamma, None
@@ -185,12 +209,99 @@ def hgrn2_gates(
     use_triton = resolve_backend(backend, q_pre) == "triton" and q_pre.dtype != torch.float64
     if not use_triton:
         return reference.hgrn2_gates_reference(q_pre, forget_logits, lower_bound, activation)
+    return _Hgrn2Gates.apply(q_pre, forget_logits, _kernel_gamma(lower_bound, D, q_pre.device), activation)
+
+
+def _kernel_gamma(lower_bound, D: int, device) -> Union[Tensor, None]:
+    """The lower bound as the kernels take it: None for 0, else a contiguous fp32 ``[D]`` tensor."""
     gamma = lower_bound
     if gamma is not None and not isinstance(gamma, Tensor):
         if float(gamma) == 0.0:
-            gamma = None
-        else:
-            gamma = torch.full((D,), float(gamma), device=q_pre.device, dtype=torch.float32)
+            return None
+        gamma = torch.full((D,), float(gamma), device=device, dtype=torch.float32)
     if gamma is not None and (gamma.dtype != torch.float32 or not gamma.is_contiguous()):
         gamma = gamma.float().contiguous()
-    return _Hgrn2Gates.apply(q_pre, forget_logits, gamma, activation)
+    return gamma
+
+
+class _Hgrn2InGates(torch.autograd.Function):
+    """v, q and log-decay from the whole in-projection ``[..., 3D]`` (v_pre, q_pre, f in that order): one
+    kernel each way, the gradient written as one ``[..., 3D]`` tensor (no split / cat of three)."""
+
+    @staticmethod
+    def forward(ctx, proj, gamma, activation, v_silu):
+        D = proj.shape[-1] // 3
+        rows, stride = as_rows(proj)
+        N = rows.shape[0]
+        shape = (*proj.shape[:-1], D)
+        v, q, g = (torch.empty(shape, device=proj.device, dtype=proj.dtype) for _ in range(3))
+        has_gamma = gamma is not None
+        grid = (triton.cdiv(N, _BLOCK_N), triton.cdiv(D, _BLOCK_D))
+        _hgrn2_gates_fwd_kernel[grid](
+            rows[:, D:2 * D], stride, rows[:, 2 * D:], stride, gamma if has_gamma else rows, q, g,
+            rows[:, :D], stride, v, N, D,
+            HAS_GAMMA=has_gamma, ACT=ACTIVATIONS.index(activation), HAS_V=True, V_SILU=v_silu,
+            BLOCK_N=_BLOCK_N, BLOCK_D=_BLOCK_D,
+        )
+        ctx.save_for_backward(proj, gamma)
+        ctx.activation, ctx.v_silu = activation, v_silu
+        return v, q, g
+
+    @staticmethod
+    def backward(ctx, dv, dq, dg):
+        proj, gamma = ctx.saved_tensors
+        D = proj.shape[-1] // 3
+        rows, stride = as_rows(proj)
+        N = rows.shape[0]
+        shape = (*proj.shape[:-1], D)
+
+        def grad(t):
+            return torch.zeros(shape, device=proj.device, dtype=proj.dtype) if t is None else t.contiguous()
+
+        dv, dq, dg = grad(dv), grad(dq), grad(dg)
+        dproj = torch.empty((N, 3 * D), device=proj.device, dtype=proj.dtype)
+        has_gamma = gamma is not None
+        need_dgamma = has_gamma and ctx.needs_input_grad[1]
+        grid = (triton.cdiv(N, _BLOCK_N), triton.cdiv(D, _BLOCK_D))
+        part = torch.empty((grid[0], D), device=proj.device, dtype=torch.float32) if need_dgamma else None
+        _hgrn2_gates_bwd_kernel[grid](
+            rows[:, D:2 * D], stride, rows[:, 2 * D:], stride, gamma if has_gamma else rows, dq, dg,
+            dproj[:, D:2 * D], dproj[:, 2 * D:], part if need_dgamma else dproj,
+            rows[:, :D], stride, dv, dproj[:, :D], 3 * D, N, D,
+            HAS_GAMMA=has_gamma, NEED_DGAMMA=need_dgamma, ACT=ACTIVATIONS.index(ctx.activation),
+            HAS_V=True, V_SILU=ctx.v_silu, BLOCK_N=_BLOCK_N, BLOCK_D=_BLOCK_D,
+        )
+        dgamma = part.sum(0).to(gamma.dtype) if need_dgamma else None
+        return dproj.view(proj.shape), dgamma, None, None
+
+
+@eager
+def hgrn2_in_gates(
+    proj: Tensor,
+    lower_bound: Union[float, Tensor, None] = None,
+    activation: str = "silu",
+    v_activation: str = "none",
+    backend: str = "auto",
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(v, q, log_decay)`` of HGRN2 from the whole in-projection ``proj = [v_pre, q_pre, f]``
+    (``[..., 3D]``): ``v = SiLU(v_pre)`` (``v_activation="silu"``) or ``v_pre`` (``"none"``), ``q`` and
+    ``log_decay`` as in ``hgrn2_gates``. All three are contiguous ``[..., D]`` in ``proj``'s dtype. On
+    the Triton path one kernel each way, and ``proj``'s gradient is written whole (autograd would
+    otherwise join the three slices' gradients with one more copy)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation={activation!r} is not one of {ACTIVATIONS}")
+    if v_activation not in V_ACTIVATIONS:
+        raise ValueError(f"v_activation={v_activation!r} is not one of {V_ACTIVATIONS}")
+    if proj.shape[-1] % 3:
+        raise ValueError(f"proj has {proj.shape[-1]} channels: need 3 * D (v_pre, q_pre, forget logits)")
+    D = proj.shape[-1] // 3
+    if isinstance(lower_bound, Tensor) and tuple(lower_bound.shape) != (D,):
+        raise ValueError(f"lower_bound has shape {tuple(lower_bound.shape)}, expected ({D},)")
+    use_triton = (resolve_backend(backend, proj) == "triton" and proj.dtype != torch.float64
+                  and proj.numel() > 0)
+    if not use_triton:
+        v, q_pre, f = proj.chunk(3, dim=-1)
+        q, g = reference.hgrn2_gates_reference(q_pre, f, lower_bound, activation)
+        return (F.silu(v) if v_activation == "silu" else v), q, g
+    return _Hgrn2InGates.apply(proj, _kernel_gamma(lower_bound, D, proj.device), activation,
+                               v_activation == "silu")

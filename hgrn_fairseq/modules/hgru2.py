@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import BACKENDS, hgrn2_scan, hgrn2_step, resolve_backend
-from ..kernels.block_ops import linear
-from ..kernels.hgrn2_gates import hgrn2_gates
+from ..kernels.block_ops import layer_norm, linear
+from ..kernels.hgrn2_gates import hgrn2_gates, hgrn2_in_gates
 from ..kernels.reference import hgrn2_log_decay_reference
 from .hgru import BlockOpsSwitch, check_mixer_call, mask_padding
 from .scan2d import grid_scan
@@ -42,6 +42,10 @@ class HGRU2(BlockOpsSwitch, nn.Module):
     ``HGRU2(512, 128, 'lm')`` has 787,968 + 1,024 + 262,656 = 1,051,648 parameters (the HGRN2
     WikiText-103 configuration: in-projection with bias, affine LayerNorm, out-projection with bias).
     """
+
+    # With block_ops: v's SiLU fused into the gates kernel (hgrn2_in_gates) and the fused LayerNorm. False
+    # keeps the split / PyTorch SiLU / PyTorch LayerNorm of before 2026-11-27 (bench_image.py --ab-hgru2).
+    fuse_in_gates = True
 
     def __init__(
         self,
@@ -83,13 +87,18 @@ class HGRU2(BlockOpsSwitch, nn.Module):
 
     def _gates(self, x: Tensor, lower_bound) -> Tuple[Tensor, Tensor, Tensor]:
         B, T, _ = x.shape
-        v, q, f = linear(x, self.in_proj.weight, self.in_proj.bias, self.ops_backend).chunk(3, dim=-1)
-        if self.variant == "lra":
-            v = F.silu(v)
-        # q's activation and the log-decay (fp32 math) in one kernel on the Triton path
-        q, log_decay = hgrn2_gates(
-            q, f, lower_bound, "silu" if self.variant == "lm" else "sigmoid", backend=self.backend
-        )
+        proj = linear(x, self.in_proj.weight, self.in_proj.bias, self.ops_backend)
+        q_act = "silu" if self.variant == "lm" else "sigmoid"
+        if self.block_ops and self.fuse_in_gates:
+            # v's activation too, and the in-projection's gradient written whole (image models)
+            v, q, log_decay = hgrn2_in_gates(proj, lower_bound, q_act, "silu" if self.variant == "lra" else "none",
+                                             backend=self.backend)
+        else:
+            v, q, f = proj.chunk(3, dim=-1)
+            if self.variant == "lra":
+                v = F.silu(v)
+            # q's activation and the log-decay (fp32 math) in one kernel on the Triton path
+            q, log_decay = hgrn2_gates(q, f, lower_bound, q_act, backend=self.backend)
         shape = (B, T, self.num_heads, self.head_dim)
         return q.reshape(shape), v.reshape(shape), log_decay.reshape(shape)
 
@@ -119,7 +128,7 @@ class HGRU2(BlockOpsSwitch, nn.Module):
                 return hgrn2_scan(q_, v_, d_, None, False, backend)[0] + hgrn2_scan(q_, v_, d_, None, True, backend)[0]
 
             o = grid_scan(both_ways, (q, v, log_decay), grid)
-            return self.out_proj(self.norm(o.reshape(B, T, self.dim))), None
+            return self._out(o.reshape(B, T, self.dim)), None
         if T == 1 and initial_state is not None and self.causal and q.is_cuda and backend == "triton":
             o, final = hgrn2_step(q[:, 0], v[:, 0], log_decay[:, 0], initial_state, backend=backend)
             o = o.unsqueeze(1)
@@ -128,9 +137,14 @@ class HGRU2(BlockOpsSwitch, nn.Module):
         if not self.causal:
             o_r, _ = hgrn2_scan(q, v, log_decay, None, True, backend)
             o = o + o_r
-        y = self.norm(o.reshape(B, T, self.dim))
-        y = linear(y, self.out_proj.weight, self.out_proj.bias, self.ops_backend)
-        return y, (final if output_final_state else None)
+        return self._out(o.reshape(B, T, self.dim)), (final if output_final_state else None)
+
+    def _out(self, o: Tensor) -> Tensor:
+        """W_out(LayerNorm(o)); with ``block_ops`` the LayerNorm is the fused kernel (bf16 out under
+        autocast), which is PyTorch's own otherwise."""
+        y = layer_norm(o, self.norm.weight, self.norm.bias, self.norm.eps,
+                       self.ops_backend if self.fuse_in_gates else "reference")
+        return linear(y, self.out_proj.weight, self.out_proj.bias, self.ops_backend)
 
     def extra_repr(self) -> str:
         return (
