@@ -1,0 +1,172 @@
+"""Which chunk-kernel configs are fastest at the HGRN2 image models' scans? (issue 21's speed goal)
+
+    python bench/explore/hgrn2_image_scan_configs.py --out DIR [--shapes tiny224,small224,tiny448]
+                                                             [--kernels dqdg,output]
+
+After HGRU2's gates and LayerNorm were fused (2026-11-27), the scans are 9.9 of `hgrn2_vit_tiny`'s 18.3
+GPU-ms a training step (H200, bench/results/image_h200_2026-11-27/profile_image.md): the dq/dg backward
+4.6 ms for 24 calls, the output forward 2.1. Their autotune spaces were chosen for the LM's head 128 and long
+sequences; here the heads are 64 and a scan has 196 steps (784 at 448 px).
+
+For each kernel and each candidate config (the autotune space plus a few extras), in its own process (an
+illegal address poisons the CUDA context; at head 64 the dq/dg kernel with BK 16 faulted on an H100, see
+hgrn2_head64_configs.py), that kernel's autotuner is pinned to the one config and the model's bidirectional
+pair is run as HGRU2 runs it: o = scan(q, v, g) + scan(q, v, g, reverse), bf16, then the backward of
+sum(o * w). Reported per config: the GPU time of that forward + backward under CUDA graphs
+(bench/graph_timing.py: launches and host work left out, as in a graphed training step), its ratio to the
+unpinned autotuner's choice, and the gradients' norm-relative errors against the float64 reference for the
+first REF_SEQS sequences (each sequence's gradients depend on that sequence alone, so the rows of the full
+batch's run are compared). A config is only worth adopting if it is faster on every shape, its errors are
+those of the current choice, and the GPU tests pass with it. Writes DIR/hgrn2_image_scan_configs.{json,md}.
+Not yet run on a GPU (written 2026-11-27 with no device time left; the child was checked in Triton's
+interpreter on a CPU with a stub timer): ~7 processes per kernel and shape, each a few seconds of start-up
+and compiling, so one kernel at a time (`--kernels dqdg`) fits a call. On the GPU machine:
+`PYTHONPATH=$PWD python3 bench/explore/hgrn2_image_scan_configs.py --out $OUT/cfg --kernels dqdg`.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+# (name, images per step, steps, heads): the bench_image.py training batches, patch 16
+SHAPES = {"tiny224": (128, 196, 3), "small224": (128, 196, 6), "tiny448": (32, 784, 3)}
+REF_SEQS = 4
+
+# extra candidates beyond each autotune space (the space itself comes from hgrn2_triton)
+EXTRA = {
+    "dqdg": [dict(kwargs={"BK": 32}, num_warps=4), dict(kwargs={"BK": 64}, num_warps=8),
+             dict(kwargs={"BK": 64}, num_warps=4), dict(kwargs={"BK": 32}, num_warps=8, num_stages=1),
+             dict(kwargs={"BK": 32}, num_warps=8, num_stages=2)],
+    "output": [dict(kwargs={"BK": 32, "PREFETCH": False}, num_warps=4),
+               dict(kwargs={"BK": 64, "PREFETCH": False}, num_warps=4),
+               dict(kwargs={"BK": 32, "PREFETCH": False}, num_warps=8, num_stages=1)],
+}
+TUNERS = {"dqdg": "_bwd_dqdg", "output": "_fwd_output"}
+
+CHILD = r'''
+import json, sys
+sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/bench")
+import torch, triton
+import torch.nn.functional as F
+from hgrn_fairseq.kernels import hgrn2_triton as ht
+from hgrn_fairseq.kernels.reference import hgrn2_scan_reference
+from graph_timing import timeit
+kernel, spec, B, T, H, nref = sys.argv[2], json.loads(sys.argv[3]), *map(int, sys.argv[4:8])
+tuner = getattr(ht, {"dqdg": "_bwd_dqdg", "output": "_fwd_output"}[kernel])
+if spec is not None:
+    extra = {k: spec[k] for k in ("num_stages", "maxnreg") if spec.get(k) is not None}
+    tuner.configs = [triton.Config(spec["kwargs"], num_warps=spec["num_warps"], **extra)]
+K = 64
+g = torch.Generator().manual_seed(0)
+q = torch.randn(B, T, H, K, generator=g); v = torch.randn(B, T, H, K, generator=g)
+lg = F.logsigmoid(2 * torch.randn(B, T, H, K, generator=g) + 1)
+w = torch.randn(B, T, H, K, generator=g)
+leaves = [x.to(torch.bfloat16).cuda().requires_grad_() for x in (q, v, lg)]
+wc = w.to(torch.bfloat16).cuda()
+
+def pair():
+    o = ht.hgrn2_fused(*leaves, None, False, impl="chunk")[0] + ht.hgrn2_fused(*leaves, None, True, impl="chunk")[0]
+    (o.float() * wc.float()).sum().backward()
+
+for t in leaves:
+    t.grad = None
+pair()
+torch.cuda.synchronize()
+grads = [t.grad[:nref].double().cpu() for t in leaves]
+chosen = {name: str(getattr(ht, name).best_config) for name in ("_bwd_dqdg", "_fwd_output")
+          if getattr(getattr(ht, name), "best_config", None) is not None}
+ref = [x[:nref].to(torch.bfloat16).double().requires_grad_() for x in (q, v, lg)]
+ro = hgrn2_scan_reference(*ref, None, False)[0] + hgrn2_scan_reference(*ref, None, True)[0]
+(ro * w[:nref].to(torch.bfloat16).double()).sum().backward()
+err = {n: float((a - r.grad).norm() / r.grad.norm()) for n, a, r in zip("qvg", grads, ref)}
+ms, how = timeit(pair, leaves, log=lambda m: print(m, file=sys.stderr))
+print(json.dumps({"ms": ms, "how": how, "err": err, "chosen": chosen}))
+'''
+
+
+def candidates(kernel):
+    """[(label, spec or None)]: the unpinned autotuner first, then its space, then the extras."""
+    sys.path.insert(0, REPO)
+    import triton
+
+    from hgrn_fairseq.kernels import hgrn2_triton as ht
+
+    space = ht._FULL_SPACES[id(getattr(ht, TUNERS[kernel]).configs)]
+    specs = [dict(kwargs=dict(c.kwargs), num_warps=c.num_warps, num_stages=c.num_stages, maxnreg=c.maxnreg)
+             for c in space]
+    default = triton.Config({})
+    for extra in EXTRA[kernel]:
+        spec = dict(dict(num_stages=default.num_stages, maxnreg=None), **extra)
+        if spec not in specs:
+            specs.append(spec)
+    # BK 16 at head 64: the dq/dg fault of 2026-11-24 (hgrn2_head64_configs.py), pruned from the autotuner
+    specs = [s for s in specs if s["kwargs"].get("BK", 64) >= 32]
+    return [("autotuned", None)] + [(label(s), s) for s in specs]
+
+
+def label(spec):
+    parts = [f"{k} {v}" for k, v in spec["kwargs"].items()] + [f"{spec['num_warps']} warps"]
+    parts.append(f"{spec['num_stages']} stages")
+    if spec.get("maxnreg"):
+        parts.append(f"maxnreg {spec['maxnreg']}")
+    return ", ".join(parts)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--kernels", default="dqdg,output")
+    p.add_argument("--timeout", type=int, default=240, help="seconds per case")
+    args = p.parse_args(argv)
+    for s in args.shapes.split(","):
+        if s not in SHAPES:
+            p.error(f"--shapes: {s!r} is not one of {', '.join(SHAPES)}")
+    for k in args.kernels.split(","):
+        if k not in TUNERS:
+            p.error(f"--kernels: {k!r} is not one of {', '.join(TUNERS)}")
+    os.makedirs(args.out, exist_ok=True)
+    rows = []
+    for kernel in args.kernels.split(","):
+        for shape in args.shapes.split(","):
+            B, T, H = SHAPES[shape]
+            base = None
+            for lab, spec in candidates(kernel):
+                try:
+                    r = subprocess.run([sys.executable, "-c", CHILD, REPO, kernel, json.dumps(spec), str(B), str(T),
+                                        str(H), str(REF_SEQS)], capture_output=True, text=True, timeout=args.timeout)
+                    ok = r.returncode == 0
+                    info = (json.loads(r.stdout.strip().splitlines()[-1]) if ok
+                            else {"error": (r.stderr.strip().splitlines() or ["?"])[-1][:200]})
+                except subprocess.TimeoutExpired:
+                    ok, info = False, {"error": f"timed out after {args.timeout} s"}
+                row = {"kernel": kernel, "shape": shape, "config": lab, "ok": ok, **info}
+                if lab == "autotuned" and ok:
+                    base = info["ms"]
+                if ok and base:
+                    row["vs_autotuned"] = base / info["ms"]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    with open(os.path.join(args.out, "hgrn2_image_scan_configs.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    lines = ["| kernel | shape | config | ms (pair, fwd + bwd; graph = GPU time) | speed vs autotuned | err q / v / g | note |",
+             "|---|---|---|---:|---:|---|---|"]
+    for r in rows:
+        if r["ok"]:
+            e = r["err"]
+            note = ("chose " + "; ".join(f"{k}: {v}" for k, v in r["chosen"].items())) if r["config"] == "autotuned" else ""
+            lines.append(f"| {r['kernel']} | {r['shape']} | {r['config']} | {r['ms']:.3f} ({r['how']}) | "
+                         f"{r.get('vs_autotuned', float('nan')):.2f}x | {e['q']:.1e} / {e['v']:.1e} / {e['g']:.1e} | {note} |")
+        else:
+            lines.append(f"| {r['kernel']} | {r['shape']} | {r['config']} | - | - | - | FAILED: {r['error']} |")
+    with open(os.path.join(args.out, "hgrn2_image_scan_configs.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
