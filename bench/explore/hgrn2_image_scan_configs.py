@@ -21,7 +21,8 @@ those of the current choice, and the GPU tests pass with it. Writes DIR/hgrn2_im
 Not yet run on a GPU (written 2026-11-27 with no device time left; the child was checked in Triton's
 interpreter on a CPU with a stub timer): ~7 processes per kernel and shape, each a few seconds of start-up
 and compiling, so one kernel at a time (`--kernels dqdg`) fits a call. On the GPU machine:
-`PYTHONPATH=$PWD python3 bench/explore/hgrn2_image_scan_configs.py --out $OUT/cfg --kernels dqdg`.
+`PYTHONPATH=$PWD python3 bench/explore/hgrn2_image_scan_configs.py --out $OUT/cfg --kernels dqdg`, or as a stage
+of bench/gpu_session.sh: `SCAN_CONFIGS_ARGS="--kernels dqdg" OUT=$OUT bash bench/gpu_session.sh scan_configs:400`.
 """
 import argparse
 import json

@@ -78,7 +78,8 @@ class HgrnVit(TransientAttrs, nn.Module):
             graphs and replay them (``modules/cuda_graph.py``, as the LM's ``--cuda-graphs``): the host
             issues two launches a step instead of hundreds. Same numbers as eager; evaluation is eager.
         block_ops: the blocks' fused element-wise kernels (``modules.block.use_block_ops``: LayerNorm,
-            gated activation, residual with stochastic depth, bias gradients) on the Triton path;
+            gated activation, residual with stochastic depth, bias gradients; HGRU2's gates and output
+            LayerNorm) on the Triton path;
             False gives PyTorch's operations (same function, for comparisons).
     """
 

@@ -75,7 +75,8 @@ COMPILE_MODES = ("none", "train")
 def use_block_ops(module: nn.Module, on: bool = True) -> nn.Module:
     """Switch the blocks, mixers and GLUs inside ``module`` (``BlockOpsSwitch``) to the fused
     element-wise kernels of ``kernels/block_ops.py`` (LayerNorm to the autocast dtype, gated activation,
-    residual with stochastic depth, bias gradients as a product with ones). Off by default. Measured on
+    residual with stochastic depth, bias gradients as a product with ones; in HGRU2 also the in-projection's
+    gates in one kernel each way and its output LayerNorm, ``HGRU2.fuse_in_gates``). Off by default. Measured on
     an H100 (2026-11-24): with them (and contiguous patch tokens) an hgrn1d_vit_tiny training step at
     128 x 224 px went from 29.1 to 15.7 GPU-ms (bench/profile_image.py), but the WikiText-103 LMs trained
     1.06-1.7x slower (hgrn_lm_base 16x512: 426k -> 250k tokens/s, old and new tree in one call; not yet
