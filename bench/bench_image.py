@@ -85,11 +85,11 @@ def measure(name: str, res: int, args, device: str, mode: str = "eager") -> Dict
     if name.endswith(UNFUSED):
         from hgrn_fairseq.modules.hgru2 import HGRU2
 
-        HGRU2.fuse_in_gates = False
+        was, HGRU2.fuse_in_gates = HGRU2.fuse_in_gates, False
         try:
             out = measure(name[:-len(UNFUSED)], res, args, device, mode)
         finally:
-            HGRU2.fuse_in_gates = True
+            HGRU2.fuse_in_gates = was
         out["model"] = name
         return out
     model, net = build(name, res, device, mode)

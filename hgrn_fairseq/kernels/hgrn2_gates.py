@@ -132,6 +132,15 @@ if triton is not None:
             tl.store(DVP + dout, dv.to(DVP.dtype.element_ty), mask=mask)
 
 
+def _grid(N: int, D: int) -> Tuple[int, int]:
+    return triton.cdiv(N, _BLOCK_N), triton.cdiv(D, _BLOCK_D)
+
+
+def _grad_or_zeros(t, shape, like: Tensor) -> Tensor:
+    """An output's incoming gradient as the kernels read it: contiguous, zeros where autograd passed None."""
+    return torch.zeros(shape, device=like.device, dtype=like.dtype) if t is None else t.contiguous()
+
+
 class _Hgrn2Gates(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q_pre, forget_logits, gamma, activation):
@@ -142,8 +151,7 @@ class _Hgrn2Gates(torch.autograd.Function):
         q = torch.empty(shape, device=q_pre.device, dtype=q_pre.dtype)
         g = torch.empty(shape, device=q_pre.device, dtype=q_pre.dtype)
         has_gamma = gamma is not None
-        grid = (triton.cdiv(N, _BLOCK_N), triton.cdiv(D, _BLOCK_D))
-        _hgrn2_gates_fwd_kernel[grid](
+        _hgrn2_gates_fwd_kernel[_grid(N, D)](
             zp, stride_qp, fp, stride_f, gamma if has_gamma else zp, q, g, zp, stride_qp, q, N, D,
             HAS_GAMMA=has_gamma, ACT=ACTIVATIONS.index(activation), HAS_V=False, V_SILU=False,
             BLOCK_N=_BLOCK_N, BLOCK_D=_BLOCK_D,
@@ -159,14 +167,13 @@ class _Hgrn2Gates(torch.autograd.Function):
         zp, stride_qp = as_rows(q_pre)
         fp, stride_f = as_rows(forget_logits)
         N, D = zp.shape
-        dq = torch.zeros(shape, device=zp.device, dtype=zp.dtype) if dq is None else dq.contiguous()
-        dg = torch.zeros(shape, device=zp.device, dtype=zp.dtype) if dg is None else dg.contiguous()
+        dq, dg = _grad_or_zeros(dq, shape, zp), _grad_or_zeros(dg, shape, zp)
         dqp = torch.empty(shape, device=zp.device, dtype=q_pre.dtype)
         df = torch.empty(shape, device=zp.device, dtype=forget_logits.dtype)
         has_gamma = gamma is not None
         # (a bound that needs no gradient, e.g. the zeros of LayerLowerBounds(enabled=False), gets none)
         need_dgamma = has_gamma and ctx.needs_input_grad[2]
-        grid = (triton.cdiv(N, _BLOCK_N), triton.cdiv(D, _BLOCK_D))
+        grid = _grid(N, D)
         part = torch.empty((grid[0], D), device=zp.device, dtype=torch.float32) if need_dgamma else None
         _hgrn2_gates_bwd_kernel[grid](
             zp, stride_qp, fp, stride_f, gamma if has_gamma else zp, dq, dg, dqp, df,
@@ -236,34 +243,27 @@ class _Hgrn2InGates(torch.autograd.Function):
         shape = (*proj.shape[:-1], D)
         v, q, g = (torch.empty(shape, device=proj.device, dtype=proj.dtype) for _ in range(3))
         has_gamma = gamma is not None
-        grid = (triton.cdiv(N, _BLOCK_N), triton.cdiv(D, _BLOCK_D))
-        _hgrn2_gates_fwd_kernel[grid](
+        _hgrn2_gates_fwd_kernel[_grid(N, D)](
             rows[:, D:2 * D], stride, rows[:, 2 * D:], stride, gamma if has_gamma else rows, q, g,
             rows[:, :D], stride, v, N, D,
             HAS_GAMMA=has_gamma, ACT=ACTIVATIONS.index(activation), HAS_V=True, V_SILU=v_silu,
             BLOCK_N=_BLOCK_N, BLOCK_D=_BLOCK_D,
         )
-        ctx.save_for_backward(proj, gamma)
-        ctx.activation, ctx.v_silu = activation, v_silu
+        ctx.save_for_backward(rows, gamma)  # (a view of proj unless as_rows had to copy it)
+        ctx.proj_shape, ctx.stride, ctx.activation, ctx.v_silu = proj.shape, stride, activation, v_silu
         return v, q, g
 
     @staticmethod
     def backward(ctx, dv, dq, dg):
-        proj, gamma = ctx.saved_tensors
-        D = proj.shape[-1] // 3
-        rows, stride = as_rows(proj)
-        N = rows.shape[0]
-        shape = (*proj.shape[:-1], D)
-
-        def grad(t):
-            return torch.zeros(shape, device=proj.device, dtype=proj.dtype) if t is None else t.contiguous()
-
-        dv, dq, dg = grad(dv), grad(dq), grad(dg)
-        dproj = torch.empty((N, 3 * D), device=proj.device, dtype=proj.dtype)
+        rows, gamma = ctx.saved_tensors
+        N, D, stride = rows.shape[0], rows.shape[1] // 3, ctx.stride
+        shape = (*ctx.proj_shape[:-1], D)
+        dv, dq, dg = (_grad_or_zeros(t, shape, rows) for t in (dv, dq, dg))
+        dproj = torch.empty((N, 3 * D), device=rows.device, dtype=rows.dtype)
         has_gamma = gamma is not None
         need_dgamma = has_gamma and ctx.needs_input_grad[1]
-        grid = (triton.cdiv(N, _BLOCK_N), triton.cdiv(D, _BLOCK_D))
-        part = torch.empty((grid[0], D), device=proj.device, dtype=torch.float32) if need_dgamma else None
+        grid = _grid(N, D)
+        part = torch.empty((grid[0], D), device=rows.device, dtype=torch.float32) if need_dgamma else None
         _hgrn2_gates_bwd_kernel[grid](
             rows[:, D:2 * D], stride, rows[:, 2 * D:], stride, gamma if has_gamma else rows, dq, dg,
             dproj[:, D:2 * D], dproj[:, 2 * D:], part if need_dgamma else dproj,
@@ -272,7 +272,7 @@ class _Hgrn2InGates(torch.autograd.Function):
             HAS_V=True, V_SILU=ctx.v_silu, BLOCK_N=_BLOCK_N, BLOCK_D=_BLOCK_D,
         )
         dgamma = part.sum(0).to(gamma.dtype) if need_dgamma else None
-        return dproj.view(proj.shape), dgamma, None, None
+        return dproj.view(ctx.proj_shape), dgamma, None, None
 
 
 @eager
