@@ -19,10 +19,10 @@ first REF_SEQS sequences (each sequence's gradients depend on that sequence alon
 batch's run are compared). A config is only worth adopting if it is faster on every shape, its errors are
 those of the current choice, and the GPU tests pass with it. Writes DIR/hgrn2_image_scan_configs.{json,md}.
 Not yet run on a GPU (written 2026-11-27 with no device time left; the child was checked in Triton's
-interpreter on a CPU with a stub timer): ~7 processes per kernel and shape, each a few seconds of start-up
-and compiling, so one kernel at a time (`--kernels dqdg`) fits a call. On the GPU machine:
+interpreter on a CPU with a stub timer): one process per kernel and config (~7 each), every shape in it, each
+a few seconds of start-up and compiling. On the GPU machine:
 `PYTHONPATH=$PWD python3 bench/explore/hgrn2_image_scan_configs.py --out $OUT/cfg --kernels dqdg`, or as a stage
-of bench/gpu_session.sh: `SCAN_CONFIGS_ARGS="--kernels dqdg" OUT=$OUT bash bench/gpu_session.sh scan_configs:400`.
+of bench/gpu_session.sh: `OUT=$OUT bash bench/gpu_session.sh scan_configs:400`.
 """
 import argparse
 import json
@@ -56,36 +56,43 @@ import torch.nn.functional as F
 from hgrn_fairseq.kernels import hgrn2_triton as ht
 from hgrn_fairseq.kernels.reference import hgrn2_scan_reference
 from graph_timing import timeit
-kernel, spec, B, T, H, nref = sys.argv[2], json.loads(sys.argv[3]), *map(int, sys.argv[4:8])
+kernel, spec, shapes, nref = sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4]), int(sys.argv[5])
 tuner = getattr(ht, {"dqdg": "_bwd_dqdg", "output": "_fwd_output"}[kernel])
 if spec is not None:
     extra = {k: spec[k] for k in ("num_stages", "maxnreg") if spec.get(k) is not None}
     tuner.configs = [triton.Config(spec["kwargs"], num_warps=spec["num_warps"], **extra)]
 K = 64
-g = torch.Generator().manual_seed(0)
-q = torch.randn(B, T, H, K, generator=g); v = torch.randn(B, T, H, K, generator=g)
-lg = F.logsigmoid(2 * torch.randn(B, T, H, K, generator=g) + 1)
-w = torch.randn(B, T, H, K, generator=g)
-leaves = [x.to(torch.bfloat16).cuda().requires_grad_() for x in (q, v, lg)]
-wc = w.to(torch.bfloat16).cuda()
 
-def pair():
-    o = ht.hgrn2_fused(*leaves, None, False, impl="chunk")[0] + ht.hgrn2_fused(*leaves, None, True, impl="chunk")[0]
-    (o.float() * wc.float()).sum().backward()
 
-for t in leaves:
-    t.grad = None
-pair()
-torch.cuda.synchronize()
-grads = [t.grad[:nref].double().cpu() for t in leaves]
-chosen = {name: str(getattr(ht, name).best_config) for name in ("_bwd_dqdg", "_fwd_output")
-          if getattr(getattr(ht, name), "best_config", None) is not None}
-ref = [x[:nref].to(torch.bfloat16).double().requires_grad_() for x in (q, v, lg)]
-ro = hgrn2_scan_reference(*ref, None, False)[0] + hgrn2_scan_reference(*ref, None, True)[0]
-(ro * w[:nref].to(torch.bfloat16).double()).sum().backward()
-err = {n: float((a - r.grad).norm() / r.grad.norm()) for n, a, r in zip("qvg", grads, ref)}
-ms, how = timeit(pair, leaves, log=lambda m: print(m, file=sys.stderr))
-print(json.dumps({"ms": ms, "how": how, "err": err, "chosen": chosen}))
+def one(B, T, H):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, T, H, K, generator=g); v = torch.randn(B, T, H, K, generator=g)
+    lg = F.logsigmoid(2 * torch.randn(B, T, H, K, generator=g) + 1)
+    w = torch.randn(B, T, H, K, generator=g)
+    leaves = [x.to(torch.bfloat16).cuda().requires_grad_() for x in (q, v, lg)]
+    wc = w.to(torch.bfloat16).cuda()
+
+    def pair():
+        o = ht.hgrn2_fused(*leaves, None, False, impl="chunk")[0] + ht.hgrn2_fused(*leaves, None, True, impl="chunk")[0]
+        (o.float() * wc.float()).sum().backward()
+
+    for t in leaves:
+        t.grad = None
+    pair()
+    torch.cuda.synchronize()
+    grads = [t.grad[:nref].double().cpu() for t in leaves]
+    chosen = {name: str(getattr(ht, name).best_config) for name in ("_bwd_dqdg", "_fwd_output")
+              if getattr(getattr(ht, name), "best_config", None) is not None}
+    ref = [x[:nref].to(torch.bfloat16).double().requires_grad_() for x in (q, v, lg)]
+    ro = hgrn2_scan_reference(*ref, None, False)[0] + hgrn2_scan_reference(*ref, None, True)[0]
+    (ro * w[:nref].to(torch.bfloat16).double()).sum().backward()
+    err = {n: float((a - r.grad).norm() / r.grad.norm()) for n, a, r in zip("qvg", grads, ref)}
+    ms, how = timeit(pair, leaves, log=lambda m: print(m, file=sys.stderr))
+    return {"ms": ms, "how": how, "err": err, "chosen": chosen}
+
+
+for B, T, H in shapes:  # one line per shape; one compile serves them all
+    print(json.dumps(one(B, T, H)), flush=True)
 '''
 
 
@@ -122,7 +129,7 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--kernels", default="dqdg,output")
-    p.add_argument("--timeout", type=int, default=240, help="seconds per case")
+    p.add_argument("--timeout", type=int, default=240, help="seconds per config (all shapes)")
     args = p.parse_args(argv)
     for s in args.shapes.split(","):
         if s not in SHAPES:
@@ -132,24 +139,28 @@ def main(argv=None):
             p.error(f"--kernels: {k!r} is not one of {', '.join(TUNERS)}")
     os.makedirs(args.out, exist_ok=True)
     rows = []
+    shapes = args.shapes.split(",")
     for kernel in args.kernels.split(","):
-        for shape in args.shapes.split(","):
-            B, T, H = SHAPES[shape]
-            base = None
-            for lab, spec in candidates(kernel):
-                try:
-                    r = subprocess.run([sys.executable, "-c", CHILD, REPO, kernel, json.dumps(spec), str(B), str(T),
-                                        str(H), str(REF_SEQS)], capture_output=True, text=True, timeout=args.timeout)
-                    ok = r.returncode == 0
-                    info = (json.loads(r.stdout.strip().splitlines()[-1]) if ok
-                            else {"error": (r.stderr.strip().splitlines() or ["?"])[-1][:200]})
-                except subprocess.TimeoutExpired:
-                    ok, info = False, {"error": f"timed out after {args.timeout} s"}
+        base = {}
+        for lab, spec in candidates(kernel):
+            # one process per config (a fault poisons its CUDA context), every shape in it (one compile)
+            try:
+                r = subprocess.run([sys.executable, "-c", CHILD, REPO, kernel, json.dumps(spec),
+                                    json.dumps([SHAPES[s] for s in shapes]), str(REF_SEQS)],
+                                   capture_output=True, text=True, timeout=args.timeout)
+                outs = [json.loads(x) for x in r.stdout.strip().splitlines() if x.startswith("{")]
+                error = None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1][:200]
+            except subprocess.TimeoutExpired as e:
+                outs = [json.loads(x) for x in (e.stdout or b"").decode().strip().splitlines() if x.startswith("{")]
+                error = f"timed out after {args.timeout} s"
+            for i, shape in enumerate(shapes):
+                ok = i < len(outs)
+                info = outs[i] if ok else {"error": error or "no result"}
                 row = {"kernel": kernel, "shape": shape, "config": lab, "ok": ok, **info}
                 if lab == "autotuned" and ok:
-                    base = info["ms"]
-                if ok and base:
-                    row["vs_autotuned"] = base / info["ms"]
+                    base[shape] = info["ms"]
+                if ok and base.get(shape):
+                    row["vs_autotuned"] = base[shape] / info["ms"]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     with open(os.path.join(args.out, "hgrn2_image_scan_configs.json"), "w") as f:
