@@ -150,6 +150,7 @@ _OUTPUT_CONFIGS = _configs(
         triton.Config({"BK": 32, "PREFETCH": False}, num_warps=8),
         triton.Config({"BK": 64, "PREFETCH": False}, num_warps=8),
         triton.Config({"BK": 32, "PREFETCH": True}, num_warps=8),
+        triton.Config({"BK": 64, "PREFETCH": False}, num_warps=4),  # heads of 64 only: _small_head_only
     ],
     triton.Config({"BK": 16, "PREFETCH": True}, num_warps=4),
 )
@@ -162,9 +163,12 @@ _DQDG_CONFIGS = _configs(
         triton.Config({"BK": 32}, num_warps=8, maxnreg=128),
         triton.Config({"BK": 16}, num_warps=4, maxnreg=128),
         triton.Config({"BK": 16}, num_warps=4),
+        triton.Config({"BK": 64}, num_warps=4),  # heads of 64 only: _small_head_only
     ],
     triton.Config({"BK": 16}, num_warps=4),
 )
+_OUTPUT_CONFIGS_FULL = _FULL_SPACES[id(_OUTPUT_CONFIGS)]
+_DQDG_CONFIGS_FULL = _FULL_SPACES[id(_DQDG_CONFIGS)]
 _DV_CONFIGS = _configs(
     [triton.Config({}, num_warps=8), triton.Config({}, num_warps=8, maxnreg=128)], triton.Config({}, num_warps=4)
 )
@@ -175,6 +179,21 @@ def _prune_bk(configs, named_args, **kwargs):
     limit = _pad(kwargs["K"] if "K" in kwargs else named_args["K"])
     kept = [c for c in configs if c.kwargs["BK"] <= limit]
     return kept or [min(configs, key=lambda c: c.kwargs["BK"])]
+
+
+def _small_head_only(configs, K, instead):
+    """Drop the BK 64 / 4-warp configs at heads above 64 (``instead`` if nothing else is left, as when a
+    test pins one). They were added for the HGRN2 image models' heads of 64 (one step over the
+    channels), where they made the bidirectional scan pair's forward + backward 1.13-1.19x (dq/dg) and
+    1.09-1.12x (output) faster than the autotuner's earlier choices under CUDA graphs, with the same
+    errors against float64 (H200, 2026-11-27, bench/explore/hgrn2_image_scan_configs.py). At larger
+    heads they would take several steps with 4 warps, the dq/dg family that faulted at head 64 (BK 16
+    and BK 32 with 4 warps: illegal addresses, same sweep and _prune_dqdg); the LM's head 128 keeps its
+    space as it was measured."""
+    if _pad(K) <= 64:
+        return configs
+    kept = [c for c in configs if not (c.kwargs["BK"] == 64 and c.num_warps == 4)]
+    return kept or [instead]
 
 
 def _prune_output(configs, named_args, **kwargs):
@@ -188,7 +207,7 @@ def _prune_output(configs, named_args, **kwargs):
     if kwargs.get("FAST_ONLY"):
         K = kwargs["K"] if "K" in kwargs else named_args["K"]
         kept = [c for c in kept if c.kwargs["BK"] < K] or [min(configs, key=lambda c: c.kwargs["BK"])]
-    return kept
+    return _small_head_only(kept, kwargs["K"] if "K" in kwargs else named_args["K"], _OUTPUT_CONFIGS_FULL[0])
 
 
 def _prune_dqdg(configs, named_args, **kwargs):
@@ -197,9 +216,10 @@ def _prune_dqdg(configs, named_args, **kwargs):
     hgrn2_vit_tiny's shape, B 128 x 3 heads, T 196, bf16, while both BK 32 configs ran clean with the
     reference's errors (bench/explore/hgrn2_head64_configs.py, 2026-11-24)."""
     kept = _prune_bk(configs, named_args, **kwargs)
-    if _pad(kwargs["K"] if "K" in kwargs else named_args["K"]) > 16:
+    K = kwargs["K"] if "K" in kwargs else named_args["K"]
+    if _pad(K) > 16:
         kept = [c for c in kept if c.kwargs["BK"] >= 32] or kept
-    return kept
+    return _small_head_only(kept, K, _DQDG_CONFIGS_FULL[0])
 
 
 def _autotune_bk(configs, key):

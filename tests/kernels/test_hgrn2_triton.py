@@ -522,10 +522,11 @@ def test_autotune_spaces_are_recorded():
 @pytest.mark.parametrize("state_impl", ["split", "fused"])
 @pytest.mark.parametrize("shape,dtype", [((4, 256, 1, 64, 64), torch.float32),
                                          ((4, 256, 1, 128, 128), torch.float32),
-                                         ((2, 512, 4, 128, 128), torch.bfloat16)])
+                                         ((2, 512, 4, 128, 128), torch.bfloat16),
+                                         ((8, 196, 3, 64, 64), torch.bfloat16)])
 def test_gpu_every_autotune_config(monkeypatch, index, state_impl, shape, dtype):
     """Each config of each autotune space, at MQAR-like shapes (one head, fp32, decays of a gate
-    with no lower bound) and the LM's: the GPU tests otherwise see only the first config
+    with no lower bound), the LM's and the HGRN2 image models' (heads of 64, 196 patches): the GPU tests otherwise see only the first config
     (HGRN2_AUTOTUNE=0), while training autotunes over all of them."""
     monkeypatch.setattr(hgrn2_triton, "STATE_IMPL", state_impl)
     B, T, H, K, V = shape
@@ -539,9 +540,28 @@ def test_dqdg_configs_keep_bk16_only_for_small_heads():
     """BK 16 faulted in the dq/dg backward at head 64 on an H100 (hgrn2_triton._prune_dqdg)."""
     import triton
 
-    space = [triton.Config({"BK": bk}, num_warps=4) for bk in (16, 32, 64)]
+    space = [triton.Config({"BK": bk}, num_warps=8) for bk in (16, 32, 64)]
     for K, expected in ((8, [16]), (16, [16]), (32, [32]), (64, [32, 64]), (128, [32, 64])):
         assert [c.kwargs["BK"] for c in hgrn2_triton._prune_dqdg(space, {"K": K})] == expected, K
+
+
+@pytest.mark.parametrize("prune,extra", [("_prune_dqdg", {}), ("_prune_output", {"PREFETCH": False})])
+def test_bk64_four_warps_only_for_heads_of_64(prune, extra):
+    """The BK 64 / 4-warp configs (added for the image models' heads of 64) are dropped at larger heads,
+    where they would step over the channels with 4 warps (the family that faulted at head 64); a pinned
+    one is replaced by the space's first config there."""
+    import triton
+
+    fn = getattr(hgrn2_triton, prune)
+    four = triton.Config({"BK": 64, **extra}, num_warps=4)
+    eight = triton.Config({"BK": 32, **extra}, num_warps=8)
+    for K in (33, 64):
+        assert four in fn([eight, four], {"K": K}), K
+    for K in (65, 128, 256):
+        kept = fn([eight, four], {"K": K})
+        assert kept == [eight], K
+        (only,) = fn([four], {"K": K})
+        assert (only.kwargs["BK"], only.num_warps) != (64, 4), K
 
 
 @pytest.mark.parametrize("impl", ["chunk", "recurrent", "packed"])
