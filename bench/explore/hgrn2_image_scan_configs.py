@@ -124,6 +124,11 @@ def label(spec):
     return ", ".join(parts)
 
 
+def rows_from_log(path):
+    """The rows a run printed (one JSON object per line) before it ended or was killed."""
+    return [json.loads(x) for x in open(path) if x.startswith('{"kernel"')]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
@@ -163,9 +168,14 @@ def main(argv=None):
                     row["vs_autotuned"] = base[shape] / info["ms"]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    with open(os.path.join(args.out, "hgrn2_image_scan_configs.json"), "w") as f:
+    write(rows, args.out)
+
+
+def write(rows, out, header=""):
+    """DIR/hgrn2_image_scan_configs.{json,md} from the rows (also: a killed call's rows, read back from its log)."""
+    with open(os.path.join(out, "hgrn2_image_scan_configs.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    lines = ["| kernel | shape | config | ms (pair, fwd + bwd; graph = GPU time) | speed vs autotuned | err q / v / g | note |",
+    lines = ([header, ""] if header else []) + ["| kernel | shape | config | ms (pair, fwd + bwd; graph = GPU time) | speed vs autotuned | err q / v / g | note |",
              "|---|---|---|---:|---:|---|---|"]
     for r in rows:
         if r["ok"]:
@@ -175,7 +185,7 @@ def main(argv=None):
                          f"{r.get('vs_autotuned', float('nan')):.2f}x | {e['q']:.1e} / {e['v']:.1e} / {e['g']:.1e} | {note} |")
         else:
             lines.append(f"| {r['kernel']} | {r['shape']} | {r['config']} | - | - | - | FAILED: {r['error']} |")
-    with open(os.path.join(args.out, "hgrn2_image_scan_configs.md"), "w") as f:
+    with open(os.path.join(out, "hgrn2_image_scan_configs.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -167,8 +167,9 @@ _DQDG_CONFIGS = _configs(
     ],
     triton.Config({"BK": 16}, num_warps=4),
 )
-_OUTPUT_CONFIGS_FULL = _FULL_SPACES[id(_OUTPUT_CONFIGS)]
-_DQDG_CONFIGS_FULL = _FULL_SPACES[id(_DQDG_CONFIGS)]
+# what a prune falls back to when it has dropped every config it was given
+_OUTPUT_FALLBACK = triton.Config({"BK": 32, "PREFETCH": False}, num_warps=8)
+_DQDG_FALLBACK = triton.Config({"BK": 32}, num_warps=8)
 _DV_CONFIGS = _configs(
     [triton.Config({}, num_warps=8), triton.Config({}, num_warps=8, maxnreg=128)], triton.Config({}, num_warps=4)
 )
@@ -207,7 +208,7 @@ def _prune_output(configs, named_args, **kwargs):
     if kwargs.get("FAST_ONLY"):
         K = kwargs["K"] if "K" in kwargs else named_args["K"]
         kept = [c for c in kept if c.kwargs["BK"] < K] or [min(configs, key=lambda c: c.kwargs["BK"])]
-    return _small_head_only(kept, kwargs["K"] if "K" in kwargs else named_args["K"], _OUTPUT_CONFIGS_FULL[0])
+    return _small_head_only(kept, kwargs["K"] if "K" in kwargs else named_args["K"], _OUTPUT_FALLBACK)
 
 
 def _prune_dqdg(configs, named_args, **kwargs):
@@ -218,8 +219,10 @@ def _prune_dqdg(configs, named_args, **kwargs):
     kept = _prune_bk(configs, named_args, **kwargs)
     K = kwargs["K"] if "K" in kwargs else named_args["K"]
     if _pad(K) > 16:
-        kept = [c for c in kept if c.kwargs["BK"] >= 32] or kept
-    return _small_head_only(kept, K, _DQDG_CONFIGS_FULL[0])
+        # (BK 32 / 8 warps if only BK 16 was given. Pinned alone, a config is not pruned: BK 16 pinned
+        # at head 64 faulted again at the image shape on an H200, 2026-11-27)
+        kept = [c for c in kept if c.kwargs["BK"] >= 32] or [_DQDG_FALLBACK]
+    return _small_head_only(kept, K, _DQDG_FALLBACK)
 
 
 def _autotune_bk(configs, key):
