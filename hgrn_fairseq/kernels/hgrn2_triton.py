@@ -150,7 +150,7 @@ _OUTPUT_CONFIGS = _configs(
         triton.Config({"BK": 32, "PREFETCH": False}, num_warps=8),
         triton.Config({"BK": 64, "PREFETCH": False}, num_warps=8),
         triton.Config({"BK": 32, "PREFETCH": True}, num_warps=8),
-        triton.Config({"BK": 64, "PREFETCH": False}, num_warps=4),  # heads of 64 only: _small_head_only
+        triton.Config({"BK": 64, "PREFETCH": False}, num_warps=4),  # heads of exactly 64: _small_head_only
     ],
     triton.Config({"BK": 16, "PREFETCH": True}, num_warps=4),
 )
@@ -163,7 +163,7 @@ _DQDG_CONFIGS = _configs(
         triton.Config({"BK": 32}, num_warps=8, maxnreg=128),
         triton.Config({"BK": 16}, num_warps=4, maxnreg=128),
         triton.Config({"BK": 16}, num_warps=4),
-        triton.Config({"BK": 64}, num_warps=4),  # heads of 64 only: _small_head_only
+        triton.Config({"BK": 64}, num_warps=4),  # heads of exactly 64: _small_head_only
     ],
     triton.Config({"BK": 16}, num_warps=4),
 )
@@ -183,15 +183,16 @@ def _prune_bk(configs, named_args, **kwargs):
 
 
 def _small_head_only(configs, K, instead):
-    """Drop the BK 64 / 4-warp configs at heads above 64 (``instead`` if nothing else is left, as when a
-    test pins one). They were added for the HGRN2 image models' heads of 64 (one step over the
-    channels), where they made the bidirectional scan pair's forward + backward 1.13-1.19x (dq/dg) and
-    1.09-1.12x (output) faster than the autotuner's earlier choices under CUDA graphs, with the same
-    errors against float64 (H200, 2026-11-27, bench/explore/hgrn2_image_scan_configs.py). At larger
-    heads they would take several steps with 4 warps, the dq/dg family that faulted at head 64 (BK 16
-    and BK 32 with 4 warps: illegal addresses, same sweep and _prune_dqdg); the LM's head 128 keeps its
-    space as it was measured."""
-    if _pad(K) <= 64:
+    """Keep the BK 64 / 4-warp configs only at heads of exactly 64 (``instead`` if nothing else is left).
+    They were added for the HGRN2 image models' heads of 64 (one step over the channels), where they made
+    the bidirectional scan pair's forward + backward 1.13-1.19x (dq/dg) and 1.09-1.12x (output) faster
+    than the autotuner's earlier choices under CUDA graphs, with the same errors against float64 (H200,
+    2026-11-27, bench/explore/hgrn2_image_scan_configs.py), and were tested there. At larger heads they
+    would take several steps with 4 warps, the dq/dg family that faulted at head 64 (BK 16 and BK 32 with
+    4 warps: illegal addresses, same sweep and _prune_dqdg), and heads of 33-63 (masked channels) were not
+    measured: elsewhere the spaces stay as they were. Triton's autotuner prunes only kernels with several
+    configs: one pinned config runs as is."""
+    if K == 64:
         return configs
     kept = [c for c in configs if not (c.kwargs["BK"] == 64 and c.num_warps == 4)]
     return kept or [instead]
