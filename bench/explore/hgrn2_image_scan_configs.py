@@ -1,7 +1,7 @@
 """Which chunk-kernel configs are fastest at the HGRN2 image models' scans? (issue 21's speed goal)
 
     python bench/explore/hgrn2_image_scan_configs.py --out DIR [--shapes tiny224,small224,tiny448]
-                                                             [--kernels dqdg,output]
+                                                             [--kernels dqdg,output,dv]
 
 After HGRU2's gates and LayerNorm were fused (2026-11-27), the scans are 9.9 of `hgrn2_vit_tiny`'s 18.3
 GPU-ms a training step (H200, bench/results/image_h200_2026-11-27/profile_image.md): the dq/dg backward
@@ -21,9 +21,10 @@ those of the current choice, and the GPU tests pass with it. Writes DIR/hgrn2_im
 Run on an H200 on 2026-11-27 (bench/results/image_h200_2026-11-27/hgrn2_image_scan_configs.md): BK 64 /
 4 warps won for both kernels and is now in their spaces for heads of exactly 64 (hgrn2_triton._small_head_only);
 dq/dg BK 32 / 4 warps hit an illegal address. One process per kernel and config (~8 each), every shape in it;
-both kernels need more than 400 s (that limit cut the last output config): give the stage ~480. On the GPU machine:
+dq/dg and output together took more than 400 s (that limit cut the last output config); since then more
+candidates and the dv kernel: run `--kernels dqdg,output` (19 processes) and `--kernels dv` (7) in two calls. On the GPU machine:
 `PYTHONPATH=$PWD python3 bench/explore/hgrn2_image_scan_configs.py --out $OUT/cfg --kernels dqdg`, or as a stage
-of bench/gpu_session.sh: `OUT=$OUT bash bench/gpu_session.sh scan_configs:480`.
+of bench/gpu_session.sh: `SCAN_CONFIGS_ARGS="--kernels dqdg,output" OUT=$OUT bash bench/gpu_session.sh scan_configs:560`.
 """
 import argparse
 import json
@@ -40,14 +41,21 @@ REF_SEQS = 4
 
 # extra candidates beyond each autotune space (the space itself comes from hgrn2_triton)
 EXTRA = {
-    "dqdg": [dict(kwargs={"BK": 32}, num_warps=4), dict(kwargs={"BK": 64}, num_warps=8),
-             dict(kwargs={"BK": 64}, num_warps=4), dict(kwargs={"BK": 32}, num_warps=8, num_stages=1),
-             dict(kwargs={"BK": 32}, num_warps=8, num_stages=2)],
+    "dqdg": [dict(kwargs={"BK": 64}, num_warps=8),
+             dict(kwargs={"BK": 64}, num_warps=4, num_stages=1), dict(kwargs={"BK": 64}, num_warps=4, num_stages=2),
+             dict(kwargs={"BK": 64}, num_warps=2), dict(kwargs={"BK": 32}, num_warps=8, num_stages=1)],
     "output": [dict(kwargs={"BK": 32, "PREFETCH": False}, num_warps=4),
-               dict(kwargs={"BK": 64, "PREFETCH": False}, num_warps=4),
-               dict(kwargs={"BK": 32, "PREFETCH": False}, num_warps=8, num_stages=1)],
+               dict(kwargs={"BK": 64, "PREFETCH": True}, num_warps=4),
+               dict(kwargs={"BK": 64, "PREFETCH": False}, num_warps=4, num_stages=1),
+               dict(kwargs={"BK": 64, "PREFETCH": False}, num_warps=4, num_stages=2),
+               dict(kwargs={"BK": 64, "PREFETCH": False}, num_warps=2)],
+    # dv: no tile knob (BK, BV are the padded head dims), only warps and stages
+    "dv": [dict(kwargs={}, num_warps=4), dict(kwargs={}, num_warps=2), dict(kwargs={}, num_warps=4, num_stages=1),
+           dict(kwargs={}, num_warps=8, num_stages=1)],
 }
-TUNERS = {"dqdg": "_bwd_dqdg", "output": "_fwd_output"}
+# Left out at head 64: dq/dg with 4 warps and BK < 64 (BK 16 on 2026-11-24, BK 32 on 2026-11-27: illegal
+# addresses; an illegal address costs a process and says nothing about speed)
+TUNERS = {"dqdg": "_bwd_dqdg", "output": "_fwd_output", "dv": "_bwd_dv"}
 
 CHILD = r'''
 import json, sys
@@ -58,7 +66,7 @@ from hgrn_fairseq.kernels import hgrn2_triton as ht
 from hgrn_fairseq.kernels.reference import hgrn2_scan_reference
 from graph_timing import timeit
 kernel, spec, shapes, nref = sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4]), int(sys.argv[5])
-tuner = getattr(ht, {"dqdg": "_bwd_dqdg", "output": "_fwd_output"}[kernel])
+tuner = getattr(ht, {"dqdg": "_bwd_dqdg", "output": "_fwd_output", "dv": "_bwd_dv"}[kernel])
 if spec is not None:
     extra = {k: spec[k] for k in ("num_stages", "maxnreg") if spec.get(k) is not None}
     tuner.configs = [triton.Config(spec["kwargs"], num_warps=spec["num_warps"], **extra)]
@@ -82,7 +90,7 @@ def one(B, T, H):
     pair()
     torch.cuda.synchronize()
     grads = [t.grad[:nref].double().cpu() for t in leaves]
-    chosen = {name: str(getattr(ht, name).best_config) for name in ("_bwd_dqdg", "_fwd_output")
+    chosen = {name: str(getattr(ht, name).best_config) for name in ("_bwd_dqdg", "_fwd_output", "_bwd_dv")
               if getattr(getattr(ht, name), "best_config", None) is not None}
     ref = [x[:nref].to(torch.bfloat16).double().requires_grad_() for x in (q, v, lg)]
     ro = hgrn2_scan_reference(*ref, None, False)[0] + hgrn2_scan_reference(*ref, None, True)[0]
@@ -112,8 +120,10 @@ def candidates(kernel):
         spec = dict(dict(num_stages=default.num_stages, maxnreg=None), **extra)
         if spec not in specs:
             specs.append(spec)
-    # BK 16 at head 64: the dq/dg fault of 2026-11-24 (hgrn2_head64_configs.py), pruned from the autotuner
-    specs = [s for s in specs if s["kwargs"].get("BK", 64) >= 32]
+    # dq/dg with 4 warps (or fewer) and BK < 64 at head 64: the faults of 2026-11-24 (BK 16,
+    # hgrn2_head64_configs.py) and 2026-11-27 (BK 32); the autotuner's prune keeps neither there
+    specs = [s for s in specs if s["kwargs"].get("BK", 64) >= 32
+             and not (kernel == "dqdg" and s["kwargs"]["BK"] < 64 and s["num_warps"] <= 4)]
     return [("autotuned", None)] + [(label(s), s) for s in specs]
 
 
@@ -134,7 +144,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--shapes", default=",".join(SHAPES))
-    p.add_argument("--kernels", default="dqdg,output")
+    p.add_argument("--kernels", default="dqdg,output,dv")
     p.add_argument("--timeout", type=int, default=240, help="seconds per config (all shapes)")
     args = p.parse_args(argv)
     for s in args.shapes.split(","):
@@ -146,6 +156,9 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     rows = []
     shapes = args.shapes.split(",")
+    # the kernels not pinned are autotuned in every process: keep Triton's autotune results on disk
+    # (keyed by the config list too, so a pinned kernel's single config does not reuse another's)
+    env = dict(os.environ, TRITON_CACHE_AUTOTUNING="1")
     for kernel in args.kernels.split(","):
         base = {}
         for lab, spec in candidates(kernel):
@@ -153,7 +166,7 @@ def main(argv=None):
             try:
                 r = subprocess.run([sys.executable, "-c", CHILD, REPO, kernel, json.dumps(spec),
                                     json.dumps([SHAPES[s] for s in shapes]), str(REF_SEQS)],
-                                   capture_output=True, text=True, timeout=args.timeout)
+                                   capture_output=True, text=True, timeout=args.timeout, env=env)
                 outs = [json.loads(x) for x in r.stdout.strip().splitlines() if x.startswith("{")]
                 error = None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1][:200]
             except subprocess.TimeoutExpired as e:
