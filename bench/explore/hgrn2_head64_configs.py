@@ -1,13 +1,25 @@
 """Which dq/dg backward config of the HGRN2 chunk kernels faults at head 64 (hgrn2_vit_tiny's shape)?
 
     python bench/explore/hgrn2_head64_configs.py            # every config x batch, one process each
+    python bench/explore/hgrn2_head64_configs.py --sanitize --batch 16   # each under compute-sanitizer
+
+``--sanitize`` runs each case under ``compute-sanitizer --tool memcheck`` (on PATH or in
+/usr/local/cuda/bin) and keeps its first report lines: whether a faulting config reads shared memory out of
+bounds (a Triton layout-conversion fault, as the output kernel's at heads 16 / 32 in bench/README.md) or
+global memory (an indexing error of ours), and whether the configs that run clean are clean under the
+sanitizer too (BK 64 / 4 warps, adopted for heads of 64 on 2026-11-27, included). The candidates are the
+dq/dg space (hgrn2_triton._DQDG_CONFIGS, pinned one at a time: a single config is not pruned) plus BK 32 /
+4 warps, which hit an illegal address on an H200 on 2026-11-27. Not yet run under the sanitizer.
 
 Each case runs in its own process (an illegal address poisons the CUDA context) with the dq/dg
 autotuner pinned to one config, forward + backward, bf16, and prints ok / FAULT and the error of the
 gradients against the float64 reference. Found on an H100, 2026-11-24: the backward faulted at
 B 128 x 3 heads of 64, T 196.
 """
+import argparse
 import json
+import os
+import shutil
 import subprocess
 import sys
 
@@ -17,8 +29,10 @@ sys.path.insert(0, ".")
 from hgrn_fairseq.kernels import hgrn2_triton as ht
 from hgrn_fairseq.kernels.reference import hgrn2_scan_reference
 import torch.nn.functional as F
+import triton
 idx, B, reverse, K = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4])
-cfg = ht._FULL_SPACES[id(ht._bwd_dqdg.configs)][idx]
+space = ht._FULL_SPACES[id(ht._bwd_dqdg.configs)]
+cfg = space[idx] if idx < len(space) else triton.Config({"BK": 32}, num_warps=4)  # the extra: BK 32 / 4 warps
 ht._bwd_dqdg.configs = [cfg]
 g = torch.Generator().manual_seed(0)
 T, H = 196, 3
@@ -37,19 +51,40 @@ print(json.dumps({"config": str(cfg), "err": err}))
 '''
 
 
-def main():
+def sanitizer():
+    for path in [shutil.which("compute-sanitizer"), "/usr/local/cuda/bin/compute-sanitizer"]:
+        if path and os.path.isfile(path):
+            return path
+    sys.exit("compute-sanitizer: not on PATH nor in /usr/local/cuda/bin (it comes with the CUDA toolkit)")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sanitize", action="store_true", help="run each case under compute-sanitizer memcheck")
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--timeout", type=int, default=300, help="seconds per case")
+    args = p.parse_args(argv)
     from hgrn_fairseq.kernels import hgrn2_triton as ht
 
-    n = len(ht._FULL_SPACES[id(ht._bwd_dqdg.configs)])
+    n = len(ht._FULL_SPACES[id(ht._bwd_dqdg.configs)]) + 1  # the space and the BK 32 / 4-warp extra
+    wrap = [sanitizer(), "--tool", "memcheck", "--error-exitcode", "9", "--print-limit", "5"] if args.sanitize else []
     rows = []
     for K in (64,):
-        for B in (128,):
+        for B in (args.batch,):
             for reverse in ("0", "1"):
                 for idx in range(n):
-                    p = subprocess.run([sys.executable, "-c", CHILD, str(idx), str(B), reverse, str(K)],
-                                       capture_output=True, text=True, timeout=300)
-                    ok = p.returncode == 0
-                    info = json.loads(p.stdout.strip().splitlines()[-1]) if ok else {"error": p.stderr.strip().splitlines()[-1][:160]}
+                    try:
+                        p = subprocess.run(wrap + [sys.executable, "-c", CHILD, str(idx), str(B), reverse, str(K)],
+                                           capture_output=True, text=True, timeout=args.timeout)
+                        ok = p.returncode == 0
+                        lines = p.stdout.strip().splitlines()
+                        info = (json.loads([x for x in lines if x.startswith("{")][-1]) if ok
+                                else {"error": (p.stderr.strip().splitlines() or ["?"])[-1][:160]})
+                        if args.sanitize:
+                            # memcheck writes its reports to stdout, prefixed "========="
+                            info["sanitizer"] = [x[:200] for x in lines if x.startswith("=========")][:8]
+                    except subprocess.TimeoutExpired:
+                        ok, info = False, {"error": f"timed out after {args.timeout} s"}
                     row = {"K": K, "B": B, "reverse": reverse, "config": idx, "ok": ok, **info}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
