@@ -12,6 +12,8 @@
 #   profile_image  bench/profile_image.py (PROFILE_IMAGE_ARGS): where an image training step spends GPU time
 #   scan_configs   bench/explore/hgrn2_image_scan_configs.py (SCAN_CONFIGS_ARGS, e.g. "--kernels dqdg"): the HGRN2
 #               chunk kernels' candidate configs timed at the image models' scans
+#   ln_rows     bench/explore/block_ops_ln_rows.py (LN_ROWS_ARGS): the image models' LayerNorm forward + backward
+#               by rows per program of its backward, against PyTorch's, at the image models' widths
 #   dqdg_sanitize  bench/explore/hgrn2_head64_configs.py --sanitize (DQDG_SANITIZE_ARGS, default "--batch 16"): every
 #               dq/dg config at head 64 under compute-sanitizer memcheck (rows in dqdg_sanitize.log)
 #   baselines   bench/gpu_baselines.sh     lm_eval     bench/gpu_lm_eval.sh
@@ -50,6 +52,7 @@ run_stage() {  # SPEC (STAGE[:SECONDS]): the stage under its time limit, its out
     lm_speed) cmd=(python3 bench/bench_train.py --out "$OUT/lm_speed" ${LM_SPEED_ARGS:-}) ;;
     profile_image) cmd=(python3 bench/profile_image.py --out "$OUT/profile_image" ${PROFILE_IMAGE_ARGS:-}) ;;
     scan_configs) cmd=(python3 bench/explore/hgrn2_image_scan_configs.py --out "$OUT/scan_configs" ${SCAN_CONFIGS_ARGS:-}) ;;
+    ln_rows) cmd=(python3 bench/explore/block_ops_ln_rows.py --out "$OUT/ln_rows" ${LN_ROWS_ARGS:-}) ;;
     dqdg_sanitize) cmd=(python3 bench/explore/hgrn2_head64_configs.py --sanitize ${DQDG_SANITIZE_ARGS:---batch 16}) ;;
     baselines) cmd=(bash bench/gpu_baselines.sh) ;;
     lm_eval) cmd=(bash bench/gpu_lm_eval.sh) ;;
