@@ -182,17 +182,24 @@ def _prune_bk(configs, named_args, **kwargs):
     return kept or [min(configs, key=lambda c: c.kwargs["BK"])]
 
 
-def _small_head_only(configs, K, instead):
-    """Keep the BK 64 / 4-warp configs only at heads of exactly 64 (``instead`` if nothing else is left).
+def _head_dims(named_args, kwargs):
+    """(K, V) of a launch, as a prune sees them (V taken as K where a caller gives K alone)."""
+    K = kwargs["K"] if "K" in kwargs else named_args["K"]
+    return K, kwargs.get("V", named_args.get("V", K))
+
+
+def _small_head_only(configs, K, V, instead):
+    """Keep the BK 64 / 4-warp configs only where K = V = 64 (``instead`` if nothing else is left).
+
     They were added for the HGRN2 image models' heads of 64 (one step over the channels), where they made
     the bidirectional scan pair's forward + backward 1.13-1.19x (dq/dg) and 1.09-1.12x (output) faster
     than the autotuner's earlier choices under CUDA graphs, with the same errors against float64 (H200,
     2026-11-27, bench/explore/hgrn2_image_scan_configs.py), and were tested there. At larger heads they
     would take several steps with 4 warps, the dq/dg family that faulted at head 64 (BK 16 and BK 32 with
     4 warps: illegal addresses, same sweep and _prune_dqdg), and heads of 33-63 (masked channels) were not
-    measured: elsewhere the spaces stay as they were. Triton's autotuner prunes only kernels with several
-    configs: one pinned config runs as is."""
-    if K == 64:
+    measured, nor heads whose K and V differ: elsewhere the spaces stay as they were. Triton's autotuner
+    prunes only kernels with several configs: one pinned config runs as is."""
+    if K == 64 and V == 64:
         return configs
     kept = [c for c in configs if not (c.kwargs["BK"] == 64 and c.num_warps == 4)]
     return kept or [instead]
@@ -209,7 +216,7 @@ def _prune_output(configs, named_args, **kwargs):
     if kwargs.get("FAST_ONLY"):
         K = kwargs["K"] if "K" in kwargs else named_args["K"]
         kept = [c for c in kept if c.kwargs["BK"] < K] or [min(configs, key=lambda c: c.kwargs["BK"])]
-    return _small_head_only(kept, kwargs["K"] if "K" in kwargs else named_args["K"], _OUTPUT_FALLBACK)
+    return _small_head_only(kept, *_head_dims(named_args, kwargs), _OUTPUT_FALLBACK)
 
 
 def _prune_dqdg(configs, named_args, **kwargs):
@@ -223,7 +230,7 @@ def _prune_dqdg(configs, named_args, **kwargs):
         # (BK 32 / 8 warps if only BK 16 was given. Pinned alone, a config is not pruned: BK 16 pinned
         # at head 64 faulted again at the image shape on an H200, 2026-11-27)
         kept = [c for c in kept if c.kwargs["BK"] >= 32] or [_DQDG_FALLBACK]
-    return _small_head_only(kept, K, _DQDG_FALLBACK)
+    return _small_head_only(kept, *_head_dims(named_args, kwargs), _DQDG_FALLBACK)
 
 
 def _autotune_bk(configs, key):

@@ -570,6 +570,8 @@ def test_bk64_four_warps_only_for_heads_of_64(prune, extra):
     four = triton.Config({"BK": 64, **extra}, num_warps=4)
     eight = triton.Config({"BK": 32, **extra}, num_warps=8)
     assert four in fn([eight, four], {"K": 64})
+    assert four in fn([eight, four], {"K": 64, "V": 64})
+    assert fn([eight, four], {"K": 64, "V": 128}) == [eight]  # measured at 64 x 64 only
     for K in (33, 48, 63, 65, 128, 256):
         kept = fn([eight, four], {"K": K})
         assert kept == [eight], K
