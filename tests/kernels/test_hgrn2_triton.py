@@ -500,15 +500,15 @@ def pinned(configs):
             kernel.cache.update(cache)
 
 
-def pinned_configs(index, K=None):
+def pinned_configs(index, K=None, V=None):
     """Every autotuned HGRN2 kernel pinned to config ``index`` of its full space (or its last one); with
-    ``K``, of what its prune keeps at that head size. Triton's autotuner does not prune a kernel that has
+    ``K`` (and ``V``, default ``K``), of what its prune keeps at that head size. Triton's autotuner does not prune a kernel that has
     one config: a pinned config runs as is, so pinning one the prune drops at K tests a launch that
     training never makes (at head 64, dq/dg BK 16 faulted on an H200 when pinned, 2026-11-27)."""
     chosen = {}
     for kernel, space in hgrn2_triton.AUTOTUNED:
         if K is not None and kernel.early_config_prune is not None:
-            space = kernel.early_config_prune(list(space), {"K": K})
+            space = kernel.early_config_prune(list(space), {"K": K, "V": K if V is None else V})
         chosen[kernel] = space[min(index, len(space) - 1)]
     return pinned(chosen)
 
@@ -540,7 +540,7 @@ def test_gpu_every_autotune_config(monkeypatch, index, state_impl, shape, dtype)
     monkeypatch.setattr(hgrn2_triton, "STATE_IMPL", state_impl)
     B, T, H, K, V = shape
     q, v, g, s0 = make_inputs(B, T, H, K, V, dtype, seed=30 + index)
-    with pinned_configs(index, K):
+    with pinned_configs(index, K, V):
         check_against_reference(q, v, g, s0, False, "chunk",
                                 BF16_TOL if dtype == torch.bfloat16 else FP32_TOL, 1e-2)
 
