@@ -19,7 +19,7 @@ first REF_SEQS sequences (each sequence's gradients depend on that sequence alon
 batch's run are compared). A config is only worth adopting if it is faster on every shape, its errors are
 those of the current choice, and the GPU tests pass with it. Writes DIR/hgrn2_image_scan_configs.{json,md}.
 Run on an H200 on 2026-11-27 (bench/results/image_h200_2026-11-27/hgrn2_image_scan_configs.md): BK 64 /
-4 warps won for both kernels and is now in their spaces for heads of exactly 64 (hgrn2_triton._small_head_only);
+4 warps won for both kernels and is now in their spaces for K = V = 64 (hgrn2_triton._small_head_only);
 dq/dg BK 32 / 4 warps hit an illegal address. One process per kernel and config (~8 each), every shape in it;
 dq/dg and output together took more than 400 s (that limit cut the last output config); since then more
 candidates and the dv kernel: run `--kernels dqdg,output` (19 processes) and `--kernels dv` (7) in two calls. On the GPU machine:
