@@ -65,8 +65,9 @@ import torch.nn.functional as F
 from hgrn_fairseq.kernels import hgrn2_triton as ht
 from hgrn_fairseq.kernels.reference import hgrn2_scan_reference
 from graph_timing import timeit
-kernel, spec, shapes, nref = sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4]), int(sys.argv[5])
-tuner = getattr(ht, {"dqdg": "_bwd_dqdg", "output": "_fwd_output", "dv": "_bwd_dv"}[kernel])
+tuners, name, spec = json.loads(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])  # tuners: TUNERS' names
+shapes, nref = json.loads(sys.argv[5]), int(sys.argv[6])
+tuner = getattr(ht, name)
 if spec is not None:
     extra = {k: spec[k] for k in ("num_stages", "maxnreg") if spec.get(k) is not None}
     tuner.configs = [triton.Config(spec["kwargs"], num_warps=spec["num_warps"], **extra)]
@@ -90,8 +91,8 @@ def one(B, T, H):
     pair()
     torch.cuda.synchronize()
     grads = [t.grad[:nref].double().cpu() for t in leaves]
-    chosen = {name: str(getattr(ht, name).best_config) for name in ("_bwd_dqdg", "_fwd_output", "_bwd_dv")
-              if getattr(getattr(ht, name), "best_config", None) is not None}
+    chosen = {t: str(getattr(ht, t).best_config) for t in tuners
+              if getattr(getattr(ht, t), "best_config", None) is not None}
     ref = [x[:nref].to(torch.bfloat16).double().requires_grad_() for x in (q, v, lg)]
     ro = hgrn2_scan_reference(*ref, None, False)[0] + hgrn2_scan_reference(*ref, None, True)[0]
     (ro * w[:nref].to(torch.bfloat16).double()).sum().backward()
@@ -164,7 +165,8 @@ def main(argv=None):
         for lab, spec in candidates(kernel):
             # one process per config (a fault poisons its CUDA context), every shape in it (one compile)
             try:
-                r = subprocess.run([sys.executable, "-c", CHILD, REPO, kernel, json.dumps(spec),
+                r = subprocess.run([sys.executable, "-c", CHILD, REPO, json.dumps(list(TUNERS.values())),
+                                    TUNERS[kernel], json.dumps(spec),
                                     json.dumps([SHAPES[s] for s in shapes]), str(REF_SEQS)],
                                    capture_output=True, text=True, timeout=args.timeout, env=env)
                 outs = [json.loads(x) for x in r.stdout.strip().splitlines() if x.startswith("{")]

@@ -175,17 +175,17 @@ _DV_CONFIGS = _configs(
 )
 
 
-def _prune_bk(configs, named_args, **kwargs):
-    """Drop configs whose BK exceeds the padded head dim (keep the smallest BK if none fits)."""
-    limit = _pad(kwargs["K"] if "K" in kwargs else named_args["K"])
-    kept = [c for c in configs if c.kwargs["BK"] <= limit]
-    return kept or [min(configs, key=lambda c: c.kwargs["BK"])]
-
-
 def _head_dims(named_args, kwargs):
     """(K, V) of a launch, as a prune sees them (V taken as K where a caller gives K alone)."""
     K = kwargs["K"] if "K" in kwargs else named_args["K"]
     return K, kwargs.get("V", named_args.get("V", K))
+
+
+def _prune_bk(configs, named_args, **kwargs):
+    """Drop configs whose BK exceeds the padded head dim (keep the smallest BK if none fits)."""
+    limit = _pad(_head_dims(named_args, kwargs)[0])
+    kept = [c for c in configs if c.kwargs["BK"] <= limit]
+    return kept or [min(configs, key=lambda c: c.kwargs["BK"])]
 
 
 def _small_head_only(configs, K, V, instead):
@@ -212,11 +212,11 @@ def _prune_output(configs, named_args, **kwargs):
     specialisations (head dims 16 and 32 with BK 32) that compute-sanitizer caught out-of-bounds shared
     reads on an H200. (K >= SPLIT_MIN_HEAD = 64 leaves the BK 32 configs.) A GPU test that launched
     K 64 with BK 64 directly got A wrong by 1e22 (H200, 2026-11-21, session 10): the same fault."""
+    K, V = _head_dims(named_args, kwargs)
     kept = _prune_bk(configs, named_args, **kwargs)
     if kwargs.get("FAST_ONLY"):
-        K = kwargs["K"] if "K" in kwargs else named_args["K"]
         kept = [c for c in kept if c.kwargs["BK"] < K] or [min(configs, key=lambda c: c.kwargs["BK"])]
-    return _small_head_only(kept, *_head_dims(named_args, kwargs), _OUTPUT_FALLBACK)
+    return _small_head_only(kept, K, V, _OUTPUT_FALLBACK)
 
 
 def _prune_dqdg(configs, named_args, **kwargs):
@@ -224,13 +224,13 @@ def _prune_dqdg(configs, named_args, **kwargs):
     steps over the channels) read out of bounds on an H100 (illegal address; or NaN gradients) at
     hgrn2_vit_tiny's shape, B 128 x 3 heads, T 196, bf16, while both BK 32 configs ran clean with the
     reference's errors (bench/explore/hgrn2_head64_configs.py, 2026-11-24)."""
+    K, V = _head_dims(named_args, kwargs)
     kept = _prune_bk(configs, named_args, **kwargs)
-    K = kwargs["K"] if "K" in kwargs else named_args["K"]
     if _pad(K) > 16:
         # (BK 32 / 8 warps if only BK 16 was given. Pinned alone, a config is not pruned: BK 16 pinned
         # at head 64 faulted again at the image shape on an H200, 2026-11-27)
         kept = [c for c in kept if c.kwargs["BK"] >= 32] or [_DQDG_FALLBACK]
-    return _small_head_only(kept, *_head_dims(named_args, kwargs), _DQDG_FALLBACK)
+    return _small_head_only(kept, K, V, _DQDG_FALLBACK)
 
 
 def _autotune_bk(configs, key):
