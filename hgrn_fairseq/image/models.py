@@ -38,7 +38,9 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
+from ..kernels.block_ops import linear as ops_linear
 from ..modules.block import HgrnBlock, build_token_mixer, use_block_ops
+from ..modules.hgru import BlockOpsSwitch
 from ..modules.cuda_graph import GraphedCallCache
 from ..modules.lower_bound import LayerLowerBounds
 from ..modules.transient import TransientAttrs
@@ -49,7 +51,7 @@ SCANS = ("1d", "2d")
 HGRU2_VARIANTS = ("lm", "lra")
 
 
-class HgrnVit(TransientAttrs, nn.Module):
+class HgrnVit(BlockOpsSwitch, TransientAttrs, nn.Module):
     """HGRN image classifier. ``forward(x [B, in_chans, H, W]) -> logits [B, num_classes]``.
 
     ``H`` and ``W`` may be any multiples of ``patch_size`` (nothing depends on the resolution).
@@ -78,8 +80,8 @@ class HgrnVit(TransientAttrs, nn.Module):
             graphs and replay them (``modules/cuda_graph.py``, as the LM's ``--cuda-graphs``): the host
             issues two launches a step instead of hundreds. Same numbers as eager; evaluation is eager.
         block_ops: the blocks' fused element-wise kernels (``modules.block.use_block_ops``: LayerNorm,
-            gated activation, residual with stochastic depth, bias gradients; HGRU2's gates and output
-            LayerNorm) on the Triton path;
+            gated activation, residual with stochastic depth, bias gradients (the patch embedding's
+            too); HGRU2's gates and output LayerNorm) on the Triton path;
             False gives PyTorch's operations (same function, for comparisons).
     """
 
@@ -128,9 +130,12 @@ class HgrnVit(TransientAttrs, nn.Module):
         self.global_pool, self.scan = global_pool, scan
         self.embed_dim = self.num_features = self.head_hidden_size = embed_dim
         self.grad_checkpointing, self.cuda_graphs = grad_checkpointing, cuda_graphs
-        # a linear map of each flattened patch (p * p * in_chans inputs): as a strided convolution
+        # a linear map of each flattened patch (p * p * in_chans inputs), its weight kept as timm's
+        # strided convolution's (patch_embed.proj, [D, C, p, p]: checkpoints and timm's first_conv
+        # handling see a ViT patch embedding) and applied as one matrix product (patch_tokens)
         self.patch_embed = nn.Module()
         self.patch_embed.proj = nn.Conv2d(in_chans, embed_dim, patch_size, stride=patch_size)
+        self.backend = backend
         rates = torch.linspace(0.0, drop_path_rate, depth).tolist()  # stochastic depth rule of DeiT
         self.blocks = nn.ModuleList(
             HgrnBlock(
@@ -141,7 +146,7 @@ class HgrnVit(TransientAttrs, nn.Module):
             )
             for i in range(depth)
         )
-        use_block_ops(self.blocks, block_ops)  # the fused element-wise kernels (modules/block.py)
+        use_block_ops(self, block_ops)  # the fused element-wise kernels (modules/block.py)
         self.lower_bounds = LayerLowerBounds(depth, self.blocks[0].mixer.gate_dim, enabled=lower_bound)
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
@@ -190,11 +195,8 @@ class HgrnVit(TransientAttrs, nn.Module):
         """``[B, C, H, W] -> [B, (H/p) * (W/p), embed_dim]`` (tokens in raster order)."""
         if x.dim() != 4 or x.shape[1] != self.in_chans:
             raise ValueError(f"expected images [B, {self.in_chans}, H, W], got {tuple(x.shape)}")
-        grid = self.patch_grid(x.shape[2], x.shape[3])
-        # contiguous: element-wise ops keep their input's memory layout, so a transposed view here would
-        # leave the whole residual stream [B, D, T]-strided (every add, norm and copy on it strided;
-        # measured on an H100: ~50 extra strided kernels per training step of hgrn1d_vit_tiny)
-        x = self.patch_embed.proj(x).flatten(2).transpose(1, 2).contiguous()
+        grid = self.patch_grid(x.shape[2], x.shape[3])  # (checks the size)
+        x = self.patch_tokens(x)
         bounds = self.lower_bounds()
         grid_arg = grid if self.scan == "2d" else None
         for i, block in enumerate(self.blocks):
@@ -203,6 +205,27 @@ class HgrnVit(TransientAttrs, nn.Module):
             else:
                 x = block(x, bounds[i], grid=grid_arg)[0]
         return x
+
+    def patch_tokens(self, x: Tensor) -> Tensor:
+        """``[B, C, H, W] -> [B, (H/p) * (W/p), embed_dim]``: each p x p patch flattened in the
+        convolution weight's (channel, row, column) order, raster order over the patches, then one matrix
+        product with ``patch_embed.proj``'s weight: the same function as the strided convolution.
+        cuDNN's convolution for it (patch 16, 3 channels, bf16) took 0.73 of 18.3 GPU-ms of an
+        hgrn2_vit_tiny training step on an H200 with its two layout conversions (2026-11-27,
+        bench/results/image_h200_2026-11-27/profile_image.md); the gather here is one copy of the
+        images at the autocast dtype. The tokens come out contiguous: element-wise ops keep their
+        input's memory layout, so a strided view here would leave the whole residual stream strided
+        (measured on an H100: ~50 extra strided kernels per training step of hgrn1d_vit_tiny)."""
+        B, C = x.shape[:2]
+        gh, gw = self.patch_grid(x.shape[2], x.shape[3])
+        p = self.patch_size
+        kind = x.device.type
+        if kind in ("cuda", "cpu") and torch.is_autocast_enabled(kind) and x.dtype == torch.float32:
+            x = x.to(torch.get_autocast_dtype(kind))  # gather half the bytes; autocast would cast anyway
+        patches = x.reshape(B, C, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5)
+        patches = patches.reshape(B, gh * gw, C * p * p)
+        proj = self.patch_embed.proj
+        return ops_linear(patches, proj.weight.reshape(proj.weight.shape[0], -1), proj.bias, self.ops_backend)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         x = F.rms_norm(x.mean(dim=1), (self.embed_dim,), eps=1e-6)

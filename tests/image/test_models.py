@@ -99,6 +99,24 @@ def test_any_resolution_multiple_of_the_patch():
         model(torch.randn(1, 28, 28))
 
 
+@pytest.mark.parametrize("in_chans,patch,hw", [(3, 16, (32, 48)), (1, 4, (12, 8)), (3, 14, (28, 14))])
+def test_patch_tokens_are_the_strided_convolution(in_chans, patch, hw):
+    """The patch embedding (a gather and one matrix product) against PyTorch's strided convolution with the
+    same weight, float64, tokens in raster order: [B, C, H, W] -> [B, (H/p)(W/p), D]."""
+    torch.manual_seed(0)
+    model = HgrnVit(patch_size=patch, in_chans=in_chans, embed_dim=8, depth=1, num_classes=3).double()
+    with torch.no_grad():
+        model.patch_embed.proj.bias.normal_()
+    x = torch.randn(2, in_chans, *hw, dtype=torch.float64)
+    proj = model.patch_embed.proj
+    want = F.conv2d(x, proj.weight, proj.bias, stride=patch).flatten(2).transpose(1, 2)
+    got = model.patch_tokens(x)
+    assert got.shape == (2, (hw[0] // patch) * (hw[1] // patch), 8) and got.is_contiguous()
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the gather runs at the autocast dtype
+        assert model.float().patch_tokens(x.float()).dtype == torch.bfloat16
+
+
 def test_fairseq_start_up_does_not_import_the_image_package():
     code = "import sys, hgrn_fairseq; print('timm' in sys.modules, 'hgrn_fairseq.image' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -107,8 +125,8 @@ def test_fairseq_start_up_does_not_import_the_image_package():
 
 # ------------------------------------------------------------------------------ drop-path and dropout
 def test_blocks_see_a_contiguous_residual_stream():
-    """The patch embedding's transposed view is made contiguous once: element-wise ops keep their
-    input's layout, so otherwise every block's adds, norms and copies would run on [B, D, T] strides."""
+    """The patch tokens reach the blocks contiguous: element-wise ops keep their input's layout, so a
+    strided view would make every block's adds, norms and copies run on strides."""
     m = HgrnVit(img_size=32, patch_size=8, embed_dim=16, depth=2, num_classes=3, drop_path_rate=0.2)
     seen = []
     for block in m.blocks:

@@ -181,7 +181,8 @@ def test_only_the_image_models_use_the_block_ops():
 
     vit = HgrnVit(img_size=32, patch_size=8, embed_dim=16, depth=1, num_classes=3)
     assert vit.blocks[0].block_ops and vit.blocks[0].mixer.block_ops and vit.blocks[0].glu.block_ops
+    assert vit.block_ops  # the patch embedding's linear
     plain = HgrnVit(img_size=32, patch_size=8, embed_dim=16, depth=1, num_classes=3, block_ops=False)
-    assert not plain.blocks[0].block_ops and not plain.blocks[0].mixer.block_ops
+    assert not plain.blocks[0].block_ops and not plain.blocks[0].mixer.block_ops and not plain.block_ops
     lm_block = HgrnBlock(build_token_mixer("hgru2", 16, expand_ratio=8), 16, 24)
     assert not lm_block.block_ops and not lm_block.mixer.block_ops and not lm_block.glu.block_ops
