@@ -223,7 +223,10 @@ def _prune_dqdg(configs, named_args, **kwargs):
     """_prune_bk, and BK 16 only for heads of at most 16: at head 64 the dq/dg kernel with BK 16 (four
     steps over the channels) read out of bounds on an H100 (illegal address; or NaN gradients) at
     hgrn2_vit_tiny's shape, B 128 x 3 heads, T 196, bf16, while both BK 32 configs ran clean with the
-    reference's errors (bench/explore/hgrn2_head64_configs.py, 2026-11-24)."""
+    reference's errors (bench/explore/hgrn2_head64_configs.py, 2026-11-24). Under compute-sanitizer
+    (H200, 2026-11-27) the BK 16 and BK 32 / 4-warp faults are out-of-bounds *shared-memory* reads at the
+    fast path's products (Triton's layout conversions, not our indexing), and BK 16 / 4 warps also gave
+    NaN gradients with no sanitizer error."""
     K, V = _head_dims(named_args, kwargs)
     kept = _prune_bk(configs, named_args, **kwargs)
     if _pad(K) > 16:
