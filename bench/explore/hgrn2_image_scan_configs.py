@@ -20,11 +20,13 @@ batch's run are compared). A config is only worth adopting if it is faster on ev
 those of the current choice, and the GPU tests pass with it. Writes DIR/hgrn2_image_scan_configs.{json,md}.
 Run on an H200 on 2026-11-27 (bench/results/image_h200_2026-11-27/hgrn2_image_scan_configs.md): BK 64 /
 4 warps won for both kernels and is now in their spaces for K = V = 64 (hgrn2_triton._small_head_only);
-dq/dg BK 32 / 4 warps hit an illegal address. One process per kernel and config (~8 each), every shape in it;
-dq/dg and output together took more than 400 s (that limit cut the last output config); since then more
-candidates and the dv kernel: run `--kernels dqdg,output` (19 processes) and `--kernels dv` (7) in two calls. On the GPU machine:
-`PYTHONPATH=$PWD python3 bench/explore/hgrn2_image_scan_configs.py --out $OUT/cfg --kernels dqdg`, or as a stage
-of bench/gpu_session.sh: `SCAN_CONFIGS_ARGS="--kernels dqdg,output" OUT=$OUT bash bench/gpu_session.sh scan_configs:560`.
+dq/dg BK 32 / 4 warps hit an illegal address. The later runs of the day (`..._dv.md`,
+`..._extras_small224.md`: stages, PREFETCH, 2 warps, dv warps) found nothing faster around the adopted
+configs. Next (EXTRA, not yet timed): the adopted configs with their registers capped (maxnreg 168 / 128,
+no spills offline), i.e. three or four programs an SM instead of two. One call, ~3 minutes:
+`SCAN_CONFIGS_ARGS="--kernels dqdg,output --shapes tiny224,small224 --extras-only" OUT=$OUT bash
+bench/gpu_session.sh scan_configs:300` (one process per kernel and config, every shape in it). Without
+`--extras-only` every config of the autotune spaces is timed too (~25 s a process).
 """
 import argparse
 import json
@@ -40,19 +42,21 @@ SHAPES = {"tiny224": (128, 196, 3), "small224": (128, 196, 6), "tiny448": (32, 7
 REF_SEQS = 4
 
 # extra candidates beyond each autotune space (the space itself comes from hgrn2_triton)
+# Register caps on the adopted BK 64 / 4-warp configs (next to try; not yet timed). Offline sm_90 compiles
+# with Triton 3.6 (head 64, bf16, 2026-11-27): dq/dg uncapped 255 registers (two programs an SM),
+# maxnreg 168: 168 and no spills (+9% SASS instructions; three programs an SM), maxnreg 128: 128 and no
+# spills (+19%; four an SM); the output kernel 255 -> 168 with no spills (+7%). Both kernels take 32 KiB of
+# shared memory a program, so registers are what limit them to two programs an SM today.
 EXTRA = {
-    "dqdg": [dict(kwargs={"BK": 64}, num_warps=8),
-             dict(kwargs={"BK": 64}, num_warps=4, num_stages=1), dict(kwargs={"BK": 64}, num_warps=4, num_stages=2),
-             dict(kwargs={"BK": 64}, num_warps=2), dict(kwargs={"BK": 32}, num_warps=8, num_stages=1)],
-    "output": [dict(kwargs={"BK": 32, "PREFETCH": False}, num_warps=4),
-               dict(kwargs={"BK": 64, "PREFETCH": True}, num_warps=4),
-               dict(kwargs={"BK": 64, "PREFETCH": False}, num_warps=4, num_stages=1),
-               dict(kwargs={"BK": 64, "PREFETCH": False}, num_warps=4, num_stages=2),
-               dict(kwargs={"BK": 64, "PREFETCH": False}, num_warps=2)],
-    # dv: no tile knob (BK, BV are the padded head dims), only warps and stages
-    "dv": [dict(kwargs={}, num_warps=4), dict(kwargs={}, num_warps=2), dict(kwargs={}, num_warps=4, num_stages=1),
-           dict(kwargs={}, num_warps=8, num_stages=1)],
+    "dqdg": [dict(kwargs={"BK": 64}, num_warps=4, maxnreg=168), dict(kwargs={"BK": 64}, num_warps=4, maxnreg=128)],
+    "output": [dict(kwargs={"BK": 64, "PREFETCH": False}, num_warps=4, maxnreg=168),
+               dict(kwargs={"BK": 64, "PREFETCH": False}, num_warps=4, maxnreg=128)],
+    "dv": [dict(kwargs={}, num_warps=4)],
 }
+# Timed on an H200 on 2026-11-27 and no faster than the adopted configs (results/image_h200_2026-11-27/
+# hgrn2_image_scan_configs_{dv,extras_small224}.md), so no longer in EXTRA: dq/dg BK 64 with 8 warps, 4 warps
+# with 1 or 2 stages, 2 warps (0.55x), BK 32 / 8 warps with 1 stage; output BK 32 / 4 warps, BK 64 / 4 warps
+# with PREFETCH, 1 or 2 stages, 2 warps; dv 2 warps, 4 and 8 warps with 1 stage.
 # Left out at head 64: dq/dg with 4 warps and BK < 64 (BK 16 on 2026-11-24, BK 32 on 2026-11-27: illegal
 # addresses; an illegal address costs a process and says nothing about speed)
 TUNERS = {"dqdg": "_bwd_dqdg", "output": "_fwd_output", "dv": "_bwd_dv"}
@@ -106,16 +110,17 @@ for B, T, H in shapes:  # one line per shape; one compile serves them all
 '''
 
 
-def candidates(kernel):
-    """[(label, spec or None)]: the unpinned autotuner first, then its space, then the extras."""
+def candidates(kernel, extras_only=False):
+    """[(label, spec or None)]: the unpinned autotuner first, then its space (unless extras_only), then the
+    extras."""
     sys.path.insert(0, REPO)
     import triton
 
     from hgrn_fairseq.kernels import hgrn2_triton as ht
 
     space = ht._FULL_SPACES[id(getattr(ht, TUNERS[kernel]).configs)]
-    specs = [dict(kwargs=dict(c.kwargs), num_warps=c.num_warps, num_stages=c.num_stages, maxnreg=c.maxnreg)
-             for c in space]
+    specs = [] if extras_only else [
+        dict(kwargs=dict(c.kwargs), num_warps=c.num_warps, num_stages=c.num_stages, maxnreg=c.maxnreg) for c in space]
     default = triton.Config({})
     for extra in EXTRA[kernel]:
         spec = dict(dict(num_stages=default.num_stages, maxnreg=None), **extra)
@@ -147,6 +152,8 @@ def main(argv=None):
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--kernels", default="dqdg,output,dv")
     p.add_argument("--timeout", type=int, default=240, help="seconds per config (all shapes)")
+    p.add_argument("--extras-only", action="store_true",
+                   help="time the unpinned autotuner and EXTRA only, not every config of the autotune space")
     args = p.parse_args(argv)
     for s in args.shapes.split(","):
         if s not in SHAPES:
@@ -162,7 +169,7 @@ def main(argv=None):
     env = dict(os.environ, TRITON_CACHE_AUTOTUNING="1")
     for kernel in args.kernels.split(","):
         base = {}
-        for lab, spec in candidates(kernel):
+        for lab, spec in candidates(kernel, args.extras_only):
             # one process per config (a fault poisons its CUDA context), every shape in it (one compile)
             try:
                 r = subprocess.run([sys.executable, "-c", CHILD, REPO, json.dumps(list(TUNERS.values())),
