@@ -79,19 +79,24 @@ def build(name: str, res: int, device: str, mode: str = "eager"):
 
 
 UNFUSED = ":unfused-hgru2"  # --ab-hgru2 rows: the model with HGRU2.fuse_in_gates off
+ACCUM = ":accum-directions"  # --ab-accum rows: the model with HGRU2.accumulate_directions on
+# row suffix -> (HGRU2 class attribute, value while that row is measured)
+HGRU2_SWITCHES = {UNFUSED: ("fuse_in_gates", False), ACCUM: ("accumulate_directions", True)}
 
 
 def measure(name: str, res: int, args, device: str, mode: str = "eager") -> Dict[str, float]:
-    if name.endswith(UNFUSED):
-        from hgrn_fairseq.modules.hgru2 import HGRU2
+    for suffix, (attr, value) in HGRU2_SWITCHES.items():
+        if name.endswith(suffix):
+            from hgrn_fairseq.modules.hgru2 import HGRU2
 
-        was, HGRU2.fuse_in_gates = HGRU2.fuse_in_gates, False
-        try:
-            out = measure(name[:-len(UNFUSED)], res, args, device, mode)
-        finally:
-            HGRU2.fuse_in_gates = was
-        out["model"] = name
-        return out
+            was = getattr(HGRU2, attr)
+            setattr(HGRU2, attr, value)
+            try:
+                out = measure(name[:-len(suffix)], res, args, device, mode)
+            finally:
+                setattr(HGRU2, attr, was)
+            out["model"] = name
+            return out
     model, net = build(name, res, device, mode)
     params = sum(p.numel() for p in model.parameters())
     scale = (224 * 224) / (res * res)
@@ -187,6 +192,9 @@ def main(argv=None) -> int:
     p.add_argument("--ab-hgru2", action="store_true", help="also measure each HGRN2 model with HGRU2.fuse_in_gates "
                    "off (v's SiLU, the split of the in-projection and the LayerNorm in PyTorch, as before "
                    f"2026-11-27): rows named MODEL{UNFUSED}")
+    p.add_argument("--ab-accum", action="store_true", help="also measure each HGRN2 model with "
+                   "HGRU2.accumulate_directions on (the reverse scan adding its output and gradients into the "
+                   f"forward scan's inside the kernels): rows named MODEL{ACCUM}")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     env = environment(args.device)
@@ -195,8 +203,10 @@ def main(argv=None) -> int:
     resolutions = [int(r) for r in args.resolutions.split(",")]
     for mode, res, size in itertools.product(args.modes.split(","), resolutions, args.sizes.split(",")):
         names = SIZES[size]
-        if args.ab_hgru2:
-            names = [n for m in names for n in ([m, m + UNFUSED] if m.startswith("hgrn2") else [m])]
+        for on, suffix in ((args.ab_hgru2, UNFUSED), (args.ab_accum, ACCUM)):
+            if on:
+                names = [n for m in names for n in ([m, m + suffix] if m.startswith("hgrn2") and ":" not in m
+                                                     else [m])]
         group = [measure(name, res, args, args.device, mode) for name in names]
         deit = group[-1]  # the ratios are against the DeiT of the same size, resolution and mode
         for r in group:

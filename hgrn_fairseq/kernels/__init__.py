@@ -17,7 +17,8 @@ Public API (batch-first; complex numbers as a trailing dimension of size 2, see 
 ``backend`` is ``"auto"`` (Triton for CUDA tensors, the reference otherwise), ``"triton"`` or
 ``"reference"``.
 """
-from .dispatch import BACKENDS, complex_scan, hgrn2_scan, hgrn2_step, hgru_scan, real_scan, resolve_backend
+from .dispatch import (BACKENDS, complex_scan, hgrn2_scan, hgrn2_scan_bidirectional, hgrn2_step, hgru_scan, real_scan,
+                       resolve_backend)
 from .linear_cross_entropy import linear_cross_entropy
 from .reference import (
     complex_scan_reference,
@@ -32,6 +33,7 @@ __all__ = [
     "resolve_backend",
     "hgru_scan",
     "hgrn2_scan",
+    "hgrn2_scan_bidirectional",
     "hgrn2_step",
     "real_scan",
     "complex_scan",

@@ -135,6 +135,21 @@ def hgrn2_scan(
 
 
 @eager
+def hgrn2_scan_bidirectional(q: Tensor, v: Tensor, log_decay: Tensor, backend: str = "auto") -> Tensor:
+    """``hgrn2_scan(q, v, g)[0] + hgrn2_scan(q, v, g, reverse=True)[0]`` (no initial state); on the
+    Triton path with the chunked kernels, the reverse direction adds its output and gradients into the
+    forward direction's inside its kernels (``hgrn2_triton.hgrn2_fused_bidirectional``)."""
+    if resolve_backend(backend, q) == "triton":
+        from .hgrn2_small_heads import SMALL_HEAD_STATE
+
+        if q.shape[-1] * v.shape[-1] > SMALL_HEAD_STATE:
+            from .hgrn2_triton import hgrn2_fused_bidirectional
+
+            return hgrn2_fused_bidirectional(q, v, log_decay)
+    return hgrn2_scan(q, v, log_decay, None, False, backend)[0] + hgrn2_scan(q, v, log_decay, None, True, backend)[0]
+
+
+@eager
 def hgrn2_step(
     q: Tensor,
     v: Tensor,

@@ -364,11 +364,12 @@ def _output_chunk(q, v, g, h, o, A, i_n, i_bh, T, H, NT,
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
                   BV: tl.constexpr, SAFE: tl.constexpr, CSAFE: tl.constexpr, REVERSE: tl.constexpr,
                   STORE_A: tl.constexpr, EMU: tl.constexpr, PREFETCH: tl.constexpr, LOWP: tl.constexpr,
-                  FAST_ONLY: tl.constexpr):
+                  FAST_ONLY: tl.constexpr, ACCUM: tl.constexpr):
     """Chunk ``i_n`` of head ``i_bh``: A = sum over channels (BK at a time) of the intra-chunk products,
     then o = (q * exp(b)) S_n + A v. PREFETCH: the next BK channels' tiles are loaded before the current
     ones are computed. FAST_ONLY: path 1 only; when some channels need another path nothing is stored
-    and 0 is returned (otherwise 1)."""
+    and 0 is returned (otherwise 1). ACCUM: o is added to what ``o`` holds (the other scan direction's
+    output) instead of overwriting it."""
     i_b = (i_bh // H).to(tl.int64)
     i_h = i_bh % H
     DT = h.dtype.element_ty
@@ -425,6 +426,8 @@ def _output_chunk(q, v, g, h, o, A, i_n, i_bh, T, H, NT,
         p_tv = pos[:, None] * (H * V) + o_v[None, :]
         b_v = _cast(tl.load(v + (i_b * T * H + i_h) * V + p_tv, mask=m_tv, other=0.0), DT, EMU)
         b_o += tl.dot(_cast(b_A, DT, EMU), b_v)
+        if ACCUM:
+            b_o += tl.load(o + (i_b * T * H + i_h) * V + p_tv, mask=m_tv, other=0.0).to(tl.float32)
         tl.store(o + (i_b * T * H + i_h) * V + p_tv, b_o.to(o.dtype.element_ty), mask=m_tv)
     return done
 
@@ -437,6 +440,7 @@ def hgrn2_fwd_output_kernel(
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     SAFE: tl.constexpr, CSAFE: tl.constexpr, REVERSE: tl.constexpr, STORE_A: tl.constexpr, EMU: tl.constexpr,
     PREFETCH: tl.constexpr, LOWP: tl.constexpr, FAST_ONLY: tl.constexpr, REDO: tl.constexpr,
+    ACCUM: tl.constexpr = False,
 ):
     """A and o, one chunk per program, grid (NT, BH), every path available (FAST_ONLY=False, REDO=False);
     or in two launches over ``redo``, an int32 list ``[count, chunk ids...]`` (chunk id =
@@ -446,17 +450,20 @@ def hgrn2_fwd_output_kernel(
       another path stores nothing and appends its id to ``redo``. (Compiled with the other paths,
       this kernel takes twice the registers and runs at half the occupancy.)
     * REDO=True, any grid (P,): the listed chunks, every path available.
+
+    ACCUM: o += this direction's output (``_output_chunk``); with the two launches too, since a chunk
+    the first launch lists stores nothing there.
     """
     if REDO:
         n = tl.minimum(tl.load(redo), CAP)
         for i in range(tl.program_id(0), n, tl.num_programs(0)):
             p = tl.load(redo + 1 + i)
             _output_chunk(q, v, g, h, o, A, p % NT, p // NT, T, H, NT, K, V, BT, BC, BK, BV, SAFE, CSAFE, REVERSE,
-                          STORE_A, EMU, PREFETCH, LOWP, False)
+                          STORE_A, EMU, PREFETCH, LOWP, False, ACCUM)
     else:
         i_n, i_bh = tl.program_id(0), tl.program_id(1)
         done = _output_chunk(q, v, g, h, o, A, i_n, i_bh, T, H, NT, K, V, BT, BC, BK, BV, SAFE, CSAFE, REVERSE,
-                             STORE_A, EMU, PREFETCH, LOWP, FAST_ONLY)
+                             STORE_A, EMU, PREFETCH, LOWP, FAST_ONLY, ACCUM)
         if done == 0:
             slot = tl.atomic_add(redo, 1)
             tl.store(redo + 1 + slot, i_bh * NT + i_n, mask=slot < CAP)
@@ -521,9 +528,10 @@ def hgrn2_bwd_dv_kernel(
     T, H, NT,
     K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    REVERSE: tl.constexpr, EMU: tl.constexpr, LOWP: tl.constexpr,
+    REVERSE: tl.constexpr, EMU: tl.constexpr, LOWP: tl.constexpr, ACCUM: tl.constexpr = False,
 ):
-    """One chunk: dA = dO v^T (causal mask), then dv = A^T dO + (k * exp(B - b)) dS_{n+1}."""
+    """One chunk: dA = dO v^T (causal mask), then dv = A^T dO + (k * exp(B - b)) dS_{n+1} (ACCUM: added to
+    what ``dv`` holds, the other scan direction's dv)."""
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b = (i_bh // H).to(tl.int64)
     i_h = i_bh % H
@@ -559,6 +567,8 @@ def hgrn2_bwd_dv_kernel(
         b_dv += tl.dot(tl.trans(_cast(b_A, DT, EMU)), b_do)
     else:
         b_dv += tl.dot(tl.trans(b_A), b_do.to(tl.float32))
+    if ACCUM:
+        b_dv += tl.load(dv + (i_b * T * H + i_h) * V + p_tv, mask=m_tv, other=0.0).to(tl.float32)
     tl.store(dv + (i_b * T * H + i_h) * V + p_tv, b_dv.to(dv.dtype.element_ty), mask=m_tv)
 
 
@@ -626,10 +636,12 @@ def _intra_grad_blocks(b_q, b_k, b_b, b_dA, dA_base, o_t, blk, off, i_n, T, H, K
 def _dqdg_slice(q, v, g, h, do, dh, dA, dq, dg, i_k, i_n, i_bh, T, H, NT,
                 K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, SAFE: tl.constexpr, CSAFE: tl.constexpr, REVERSE: tl.constexpr, EMU: tl.constexpr,
-                LOWP: tl.constexpr, FAST_ONLY: tl.constexpr):
+                LOWP: tl.constexpr, FAST_ONLY: tl.constexpr, ACCUM: tl.constexpr):
     """Chunk ``i_n`` of head ``i_bh``, channels ``i_k * BK ..``: dq, dk (folded into dg, since
     k = 1 - exp(g)) and dg. FAST_ONLY: path 1 only, stored whatever the decay (the forward listed the
-    chunks that need the other paths; the REDO launch overwrites them)."""
+    chunks that need the other paths; the REDO launch overwrites them). ACCUM: dq and dg added to what
+    ``dq`` / ``dg`` hold (the other scan direction's); not with FAST_ONLY, whose stores the REDO launch
+    overwrites (the caller keeps ACCUM to the one-launch scheme)."""
     i_b = (i_bh // H).to(tl.int64)
     i_h = i_bh % H
     DT = dh.dtype.element_ty
@@ -697,6 +709,9 @@ def _dqdg_slice(q, v, g, h, do, dh, dA, dq, dg, i_k, i_n, i_bh, T, H, NT,
 
     b_db = b_q * b_dq - b_k * b_dk
     b_dg = tl.cumsum(b_db, axis=0, reverse=True) + b_dB[None, :] - tl.exp(b_g) * b_dk
+    if ACCUM:
+        b_dq += tl.load(dq + (i_b * T * H + i_h) * K + p_qk, mask=m_qk, other=0.0).to(tl.float32)
+        b_dg += tl.load(dg + (i_b * T * H + i_h) * K + p_qk, mask=m_qk, other=0.0).to(tl.float32)
     tl.store(dq + (i_b * T * H + i_h) * K + p_qk, b_dq.to(dq.dtype.element_ty), mask=m_qk)
     tl.store(dg + (i_b * T * H + i_h) * K + p_qk, b_dg.to(dg.dtype.element_ty), mask=m_qk)
 
@@ -708,7 +723,7 @@ def hgrn2_bwd_dqdg_kernel(
     K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     SAFE: tl.constexpr, CSAFE: tl.constexpr, REVERSE: tl.constexpr, EMU: tl.constexpr, LOWP: tl.constexpr,
-    FAST_ONLY: tl.constexpr, REDO: tl.constexpr,
+    FAST_ONLY: tl.constexpr, REDO: tl.constexpr, ACCUM: tl.constexpr = False,
 ):
     """dq and dg, grid (K/BK, NT, BH), every path available; or, as in ``hgrn2_fwd_output_kernel``, in
     two launches over the forward's ``redo`` list: FAST_ONLY=True, grid (K/BK, NT, BH), every chunk and
@@ -721,7 +736,7 @@ def hgrn2_bwd_dqdg_kernel(
             p = tl.load(redo + 1 + i)
             for i_k in range(NK):
                 _dqdg_slice(q, v, g, h, do, dh, dA, dq, dg, i_k, p % NT, p // NT, T, H, NT, K, V, BT, BC, BK, BV,
-                            SAFE, CSAFE, REVERSE, EMU, LOWP, False)
+                            SAFE, CSAFE, REVERSE, EMU, LOWP, False, False)
     else:
         _dqdg_slice(q, v, g, h, do, dh, dA, dq, dg, tl.program_id(0), tl.program_id(1), tl.program_id(2), T, H,
-                    NT, K, V, BT, BC, BK, BV, SAFE, CSAFE, REVERSE, EMU, LOWP, FAST_ONLY)
+                    NT, K, V, BT, BC, BK, BV, SAFE, CSAFE, REVERSE, EMU, LOWP, FAST_ONLY, ACCUM)

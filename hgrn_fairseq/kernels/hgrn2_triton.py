@@ -273,11 +273,12 @@ _bwd_dstates = _autotune(_STATE_CONFIGS, ["K", "V", "BH", "NT"])(hgrn2_bwd_dstat
 # (the redo list's count is zeroed before each benchmarked launch; after autotuning, the list holds the
 # entries of the last benchmarked launch as well as the real one's: duplicates, hence room for twice
 # the chunks, see _redo_list)
-_fwd_output = triton.autotune(configs=_OUTPUT_CONFIGS, key=["K", "V", "STORE_A", "LOWP", "FAST_ONLY"],
-                              reset_to_zero=["redo"],
+# (ACCUM launches add to their output: restore_value puts it back after each timed run of the autotuner)
+_fwd_output = triton.autotune(configs=_OUTPUT_CONFIGS, key=["K", "V", "STORE_A", "LOWP", "FAST_ONLY", "ACCUM"],
+                              reset_to_zero=["redo"], restore_value=["o"],
                               prune_configs_by={"early_config_prune": _prune_output})(hgrn2_fwd_output_kernel)
-_bwd_dv = _autotune(_DV_CONFIGS, ["K", "V"])(hgrn2_bwd_dv_kernel)
-_bwd_dqdg = triton.autotune(configs=_DQDG_CONFIGS, key=["K", "V", "LOWP", "FAST_ONLY"],
+_bwd_dv = triton.autotune(configs=_DV_CONFIGS, key=["K", "V", "ACCUM"], restore_value=["dv"])(hgrn2_bwd_dv_kernel)
+_bwd_dqdg = triton.autotune(configs=_DQDG_CONFIGS, key=["K", "V", "LOWP", "FAST_ONLY", "ACCUM"], restore_value=["dq", "dg"],
                             prune_configs_by={"early_config_prune": _prune_dqdg})(hgrn2_bwd_dqdg_kernel)
 # The REDO launches (chunks whose decay is too steep for the one-reference path: rare) are not
 # autotuned: one config each, sized to fit without spilling (offline sm_90 compiles).
@@ -408,17 +409,19 @@ def _fused_states(x, g, y, s0, h, sT, reverse, backward, emu, tiles):
 _STATE_PASSES = {"split": _split_states, "fused": _fused_states, "pre": _pre_states}
 
 
-def _chunk_fwd(q, v, g, h0, reverse, store_a, lowp):
+def _chunk_fwd(q, v, g, h0, reverse, store_a, lowp, add_to=None):
+    """The chunked forward; ``add_to``: a tensor like v that receives o added to it (the other scan
+    direction's output) instead of a new o."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     BH, NT = B * H, triton.cdiv(T, CHUNK)
     dt, emu = _dot_dtype(q.dtype)
     h, ht = _chunk_states(None, g, v, h0, reverse, False, dt, emu, True)
-    o = torch.empty_like(v)
+    o = torch.empty_like(v) if add_to is None else add_to
     A = q.new_empty(BH, NT, CHUNK, CHUNK, dtype=dt if lowp else torch.float32) if store_a else None
     split = min(K, V) >= SPLIT_MIN_HEAD
     redo, cap = _redo_list(q, BH * NT if split else 0)  # (one launch: an empty list, room for none)
-    kw = dict(_intra_chunk_args(K, V, reverse, emu, lowp), STORE_A=store_a)
+    kw = dict(_intra_chunk_args(K, V, reverse, emu, lowp), STORE_A=store_a, ACCUM=add_to is not None)
     _fwd_output[(NT, BH)](q, v, g, h, o, A, redo, T, H, NT, cap, **kw, FAST_ONLY=split, REDO=False)
     if split:
         hgrn2_fwd_output_kernel[(_redo_programs(q, BH * NT),)](
@@ -448,28 +451,32 @@ def _redo_programs(x: Tensor, chunks: int) -> int:
     return min(chunks, 2 if not x.is_cuda else _sm_count(x.device.index or 0))
 
 
-def _chunk_bwd(q, v, g, h0, h, A, redo, do, dht, reverse, need_dh0, lowp):
+def _chunk_bwd(q, v, g, h0, h, A, redo, do, dht, reverse, need_dh0, lowp, add_to=None):
+    """The chunked backward; ``add_to``: (dq, dv, dg) of the other scan direction, which receive this
+    direction's gradients added to them (one-launch scheme only) instead of new tensors."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     BH, NT = B * H, triton.cdiv(T, CHUNK)
     dt, emu = _dot_dtype(q.dtype)
+    cap = redo.numel() - 1
+    split = cap > 0
+    accum = add_to is not None
+    if accum and split:
+        raise ValueError("_chunk_bwd: add_to needs the one-launch scheme (the REDO launch overwrites dq / dg)")
     dh, dh0 = _chunk_states(q, g, do, dht, reverse, True, dt, emu, need_dh0)
-    dv = torch.empty_like(v)
+    dq, dv, dg = add_to if accum else (torch.empty_like(q), torch.empty_like(v), torch.empty_like(g))
     dA = q.new_empty(BH, NT, CHUNK, CHUNK, dtype=A.dtype)
     _bwd_dv[(NT, BH)](
         v, g, do, dh, A, dv, dA, T, H, NT, K=K, V=V, BT=CHUNK, BK=_pad(K), BV=_pad(V), REVERSE=reverse, EMU=emu,
-        LOWP=lowp,
+        LOWP=lowp, ACCUM=accum,
     )
-    dq = torch.empty_like(q)
-    dg = torch.empty_like(g)
-    cap = redo.numel() - 1
-    split = cap > 0
     kw = _intra_chunk_args(K, V, reverse, emu, lowp)
     _bwd_dqdg[lambda m: (triton.cdiv(K, m["BK"]), NT, BH)](
-        q, v, g, h, do, dh, dA, dq, dg, redo, T, H, NT, cap, **kw, FAST_ONLY=split, REDO=False)
+        q, v, g, h, do, dh, dA, dq, dg, redo, T, H, NT, cap, **kw, FAST_ONLY=split, REDO=False, ACCUM=accum)
     if split:
         hgrn2_bwd_dqdg_kernel[(_redo_programs(q, BH * NT),)](
-            q, v, g, h, do, dh, dA, dq, dg, redo, T, H, NT, cap, **kw, FAST_ONLY=False, REDO=True, **_REDO_CONFIG)
+            q, v, g, h, do, dh, dA, dq, dg, redo, T, H, NT, cap, **kw, FAST_ONLY=False, REDO=True, ACCUM=False,
+            **_REDO_CONFIG)
     return dq, dv, dg, dh0
 
 
@@ -494,6 +501,29 @@ class _ChunkFunction(torch.autograd.Function):
         need_dh0 = h0 is not None and ctx.needs_input_grad[3]
         dq, dv, dg, dh0 = _chunk_bwd(q, v, g, h0, h, A, redo, do, dht, ctx.reverse, need_dh0, ctx.lowp)
         return dq, dv, dg, dh0, None
+
+
+class _BiChunkFunction(torch.autograd.Function):
+    """o = scan(q, v, g) + scan(q, v, g, reverse) through the chunked kernels (no initial state), the
+    reverse direction's output and gradients added inside its kernels (ACCUM) rather than by separate
+    element-wise adds (one each for o, dq, dv and dg). One-launch scheme only (``_chunk_bwd``)."""
+
+    @staticmethod
+    def forward(ctx, q, v, g):
+        lowp = _intra_lowp()
+        o, _, h_f, A_f, redo_f = _chunk_fwd(q, v, g, None, False, store_a=True, lowp=lowp)
+        o, _, h_r, A_r, redo_r = _chunk_fwd(q, v, g, None, True, store_a=True, lowp=lowp, add_to=o)
+        ctx.save_for_backward(q, v, g, h_f, A_f, redo_f, h_r, A_r, redo_r)
+        ctx.lowp = lowp
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, v, g, h_f, A_f, redo_f, h_r, A_r, redo_r = ctx.saved_tensors
+        do = do.contiguous()
+        grads = _chunk_bwd(q, v, g, None, h_f, A_f, redo_f, do, None, False, False, ctx.lowp)[:3]
+        _chunk_bwd(q, v, g, None, h_r, A_r, redo_r, do, None, True, False, ctx.lowp, add_to=grads)
+        return grads
 
 
 # ----------------------------------------------------------------------------------------------
@@ -603,6 +633,17 @@ class _StepFunction(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------
 # public API
 
+def _resolve_impl(impl: str, B: int, T: int, H: int, K: int, V: int) -> str:
+    """The implementation ``impl="auto"`` stands for at this shape (see hgrn2_fused)."""
+    if impl not in _IMPLS:
+        raise ValueError(f"impl={impl!r} is not one of {_IMPLS}")
+    if impl != "auto":
+        return impl
+    if K * V <= PACKED_MAX_STATE and (T <= RECURRENT_MAX_T or B * H >= PACKED_MIN_ROWS):
+        return "packed"
+    return "recurrent" if T <= RECURRENT_MAX_T else "chunk"
+
+
 def hgrn2_fused(
     q: Tensor,
     v: Tensor,
@@ -626,14 +667,8 @@ def hgrn2_fused(
         ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in q's dtype, ``final_state`` ``[B, H, K, V]`` fp32.
     """
     _check_inputs(q, v, log_decay, initial_state)
-    if impl not in _IMPLS:
-        raise ValueError(f"impl={impl!r} is not one of {_IMPLS}")
     B, T, H, K = q.shape
-    if impl == "auto":
-        if K * v.shape[-1] <= PACKED_MAX_STATE and (T <= RECURRENT_MAX_T or B * H >= PACKED_MIN_ROWS):
-            impl = "packed"
-        else:
-            impl = "recurrent" if T <= RECURRENT_MAX_T else "chunk"
+    impl = _resolve_impl(impl, B, T, H, K, v.shape[-1])
     if impl != "packed" and B * H > MAX_GRID_ROWS:
         # the kernels put B * H on a grid dimension that CUDA caps at 65,535 (the LRA 2-D models' rows
         # and columns as batch rows: 64 images x 32 rows x 256 heads gave "invalid argument" on an H100)
@@ -660,6 +695,27 @@ def hgrn2_fused(
         return _ChunkFunction.apply(q, v, log_decay, h0, reverse)
     o, ht, _, _, _ = _chunk_fwd(q, v, log_decay, h0, reverse, store_a=False, lowp=_intra_lowp())
     return o, ht
+
+
+def hgrn2_fused_bidirectional(q: Tensor, v: Tensor, log_decay: Tensor, *, impl: str = "auto") -> Tensor:
+    """``hgrn2_fused(q, v, g)[0] + hgrn2_fused(q, v, g, reverse=True)[0]`` (no initial state): the
+    non-causal mixers' two directions. Where both run through the chunked kernels' one-launch scheme
+    (``impl`` resolving to "chunk", ``min(K, V) < SPLIT_MIN_HEAD``, ``B * H`` within the grid), the
+    reverse direction adds its output, and in the backward its dq, dv and dg, into the forward
+    direction's inside its kernels; elsewhere the two scans are summed."""
+    _check_inputs(q, v, log_decay, None)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    impl = _resolve_impl(impl, B, T, H, K, V)
+    if impl == "chunk" and min(K, V) < SPLIT_MIN_HEAD and B * H <= MAX_GRID_ROWS:
+        q, v, log_decay = q.contiguous(), v.contiguous(), log_decay.contiguous()
+        if torch.is_grad_enabled() and any(x.requires_grad for x in (q, v, log_decay)):
+            return _BiChunkFunction.apply(q, v, log_decay)
+        lowp = _intra_lowp()
+        o = _chunk_fwd(q, v, log_decay, None, False, store_a=False, lowp=lowp)[0]
+        return _chunk_fwd(q, v, log_decay, None, True, store_a=False, lowp=lowp, add_to=o)[0]
+    return (hgrn2_fused(q, v, log_decay, None, False, impl=impl)[0]
+            + hgrn2_fused(q, v, log_decay, None, True, impl=impl)[0])
 
 
 def hgrn2_step(q: Tensor, v: Tensor, log_decay: Tensor, state: Tensor) -> Tuple[Tensor, Tensor]:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import BACKENDS, hgrn2_scan, hgrn2_step, resolve_backend
+from ..kernels import BACKENDS, hgrn2_scan, hgrn2_scan_bidirectional, hgrn2_step, resolve_backend
 from ..kernels.block_ops import layer_norm, linear
 from ..kernels.hgrn2_gates import hgrn2_gates, hgrn2_in_gates
 from ..kernels.reference import hgrn2_log_decay_reference
@@ -46,6 +46,11 @@ class HGRU2(BlockOpsSwitch, nn.Module):
     # With block_ops: v's SiLU fused into the gates kernel (hgrn2_in_gates) and the fused LayerNorm. False
     # keeps the split / PyTorch SiLU / PyTorch LayerNorm of before 2026-11-27 (bench_image.py --ab-hgru2).
     fuse_in_gates = True
+    # Non-causal: the reverse scan adds its output and gradients into the forward scan's inside the
+    # chunked kernels (kernels.hgrn2_scan_bidirectional) instead of by element-wise adds. Off until it
+    # has run on a GPU (written 2026-11-27, CPU-tested in the Triton interpreter; bench_image.py
+    # --ab-accum measures it).
+    accumulate_directions = False
 
     def __init__(
         self,
@@ -125,6 +130,8 @@ class HGRU2(BlockOpsSwitch, nn.Module):
         backend = resolve_backend(self.backend, q)
         if grid is not None:
             def both_ways(q_, v_, d_):
+                if self.accumulate_directions:
+                    return hgrn2_scan_bidirectional(q_, v_, d_, backend)
                 return hgrn2_scan(q_, v_, d_, None, False, backend)[0] + hgrn2_scan(q_, v_, d_, None, True, backend)[0]
 
             o = grid_scan(both_ways, (q, v, log_decay), grid)
@@ -132,11 +139,13 @@ class HGRU2(BlockOpsSwitch, nn.Module):
         if T == 1 and initial_state is not None and self.causal and q.is_cuda and backend == "triton":
             o, final = hgrn2_step(q[:, 0], v[:, 0], log_decay[:, 0], initial_state, backend=backend)
             o = o.unsqueeze(1)
+        elif not self.causal and self.accumulate_directions:
+            o, final = hgrn2_scan_bidirectional(q, v, log_decay, backend), None
         else:
             o, final = hgrn2_scan(q, v, log_decay, initial_state, False, backend)
-        if not self.causal:
-            o_r, _ = hgrn2_scan(q, v, log_decay, None, True, backend)
-            o = o + o_r
+            if not self.causal:
+                o_r, _ = hgrn2_scan(q, v, log_decay, None, True, backend)
+                o = o + o_r
         return self._out(o.reshape(B, T, self.dim)), (final if output_final_state else None)
 
     def _out(self, o: Tensor) -> Tensor:

@@ -91,6 +91,12 @@ def specialisations():
             out.append((f"hgrn2 bwd_dqdg {t}", c2.hgrn2_bwd_dqdg_kernel,
                         dict(h2, BK=32, REVERSE=rev, LOWP=lowp, FAST_ONLY=fast, REDO=redo), 8))
         out.append((f"hgrn2 bwd_dv {tag}", c2.hgrn2_bwd_dv_kernel, dict(h2, BK=128, REVERSE=rev, LOWP=flags), 8))
+        # ACCUM (the reverse direction adding into the forward one's tensors), at the image models' head 64
+        h64 = dict(h2, K=64, V=64, BV=64, REVERSE=rev, LOWP=True, FAST_ONLY=False, REDO=False, ACCUM=True)
+        out.append((f"hgrn2 fwd_output ACCUM K=64 {tag}", c2.hgrn2_fwd_output_kernel,
+                    dict(h64, BK=64, STORE_A=flags, PREFETCH=False), 4))
+        out.append((f"hgrn2 bwd_dqdg ACCUM K=64 {tag}", c2.hgrn2_bwd_dqdg_kernel, dict(h64, BK=64), 4))
+        out.append((f"hgrn2 bwd_dv ACCUM K=64 {tag}", c2.hgrn2_bwd_dv_kernel, dict(h64, BK=64), 8))
         out.append((f"hgrn2 chunk_outer {tag}", s2.hgrn2_chunk_outer_kernel,
                     dict(h2, BK=64, BV=64, REVERSE=rev, KEYS=flags, DOT_BF16=flags), 4))
         out.append((f"hgrn2 chunk_decay {tag}", s2.hgrn2_chunk_decay_kernel, dict(h2, BK=64, REVERSE=rev, KEYS=flags), 4))
@@ -126,7 +132,9 @@ def compile_sm90(fn, constexprs, num_warps):
         name = p.name
         if p.is_constexpr:
             signature[name] = "constexpr"
-            constants[(fn.arg_names.index(name),)] = constexprs[name]
+            # (a constexpr with a default, e.g. ACCUM, takes it unless the specialisation names it)
+            constants[(fn.arg_names.index(name),)] = constexprs[name] if name in constexprs or not p.has_default \
+                else p.default
         elif name in ints:
             signature[name] = "i32"
         elif name in _FLOATS:

@@ -386,6 +386,95 @@ def test_gpu_chunk_and_recurrent_agree_long():
 
 
 
+def _spy_accum(monkeypatch):
+    """Records, for every _chunk_fwd / _chunk_bwd call, whether it added into the other direction's
+    tensors (``add_to``), so that a test knows the ACCUM kernels ran."""
+    calls = []
+    for name in ("_chunk_fwd", "_chunk_bwd"):
+        real = getattr(hgrn2_triton, name)
+
+        def spy(*args, _real=real, _name=name, **kwargs):
+            calls.append((_name, kwargs.get("add_to") is not None))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(hgrn2_triton, name, spy)
+    return calls
+
+
+def check_bidirectional(q, v, g, tol, seed=1):
+    """hgrn2_fused_bidirectional's output and gradients against the float64 reference's two directions
+    summed."""
+    leaves = [x.detach().clone().requires_grad_() for x in (q, v, g)]
+    o = hgrn2_triton.hgrn2_fused_bidirectional(*leaves)
+    assert o.dtype == q.dtype and o.shape == v.shape
+    w = torch.randn(o.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    (o.double().cpu() * w).sum().backward()
+    ref = [x.detach().double().cpu().requires_grad_() for x in (q, v, g)]
+    ro = hgrn2_scan_reference(*ref, None, False)[0] + hgrn2_scan_reference(*ref, None, True)[0]
+    (ro * w).sum().backward()
+    errors = {"o": rel(o, ro), **{n: rel(x.grad, r.grad) for n, x, r in zip(("dq", "dv", "dg"), leaves, ref)}}
+    assert all(e < tol for e in errors.values()), errors
+
+
+@pytest.mark.parametrize("dtype,decay_scale", [(torch.float32, 1.0), (torch.bfloat16, 1.0), (torch.float32, 3.0)])
+def test_bidirectional_adds_inside_the_kernels(monkeypatch, dtype, decay_scale):
+    """The non-causal pair through the ACCUM kernels (the reverse scan adds its o, dq, dv and dg into the
+    forward scan's) against the float64 reference; decay 3x steeper sends chunks down every intra-chunk
+    path. Heads of 16 x 32 in the interpreter, 64 on the GPU."""
+    calls = _spy_accum(monkeypatch)
+    K, V = (16, 32) if INTERPRET else (64, 64)
+    q, v, g, _ = make_inputs(2, 130, 2, K, V, dtype, h0=False, decay_scale=decay_scale, seed=51)
+    check_bidirectional(q, v, g, BF16_TOL if dtype == torch.bfloat16 else FP32_TOL)
+    assert calls == [("_chunk_fwd", False), ("_chunk_fwd", True), ("_chunk_bwd", False), ("_chunk_bwd", True)]
+    with torch.no_grad():  # and without autograd
+        calls.clear()
+        o = hgrn2_triton.hgrn2_fused_bidirectional(q, v, g)
+    assert calls == [("_chunk_fwd", False), ("_chunk_fwd", True)]
+    ref = hgrn2_scan_reference(q.double().cpu(), v.double().cpu(), g.double().cpu(), None, False)[0] + \
+        hgrn2_scan_reference(q.double().cpu(), v.double().cpu(), g.double().cpu(), None, True)[0]
+    assert rel(o, ref) < (BF16_TOL if dtype == torch.bfloat16 else FP32_TOL)
+
+
+def test_bidirectional_falls_back_to_two_scans(monkeypatch):
+    """Outside the one-launch chunked scheme (the two-launch scheme: SPLIT_MIN_HEAD 0; short sequences:
+    the recurrent kernel) the two directions are summed, with the same numbers."""
+    calls = _spy_accum(monkeypatch)
+    monkeypatch.setattr(hgrn2_triton, "SPLIT_MIN_HEAD", 0)
+    q, v, g, _ = make_inputs(1, 70, 2, 16, 16, torch.float32, h0=False, seed=52)
+    check_bidirectional(q, v, g, FP32_TOL)
+    assert calls and not any(added for _, added in calls)
+    calls.clear()
+    q, v, g, _ = make_inputs(2, 9, 2, 8, 8, torch.float32, h0=False, seed=53)
+    check_bidirectional(q, v, g, FP32_TOL)
+    assert calls == []  # (recurrent)
+
+
+def test_chunk_bwd_refuses_to_add_with_two_launches():
+    q, v, g, _ = make_inputs(1, 8, 1, 4, 4, torch.float32, h0=False)
+    redo = torch.zeros(3, dtype=torch.int32)  # room for chunks: the two-launch scheme
+    with pytest.raises(ValueError, match="add_to needs the one-launch scheme"):
+        hgrn2_triton._chunk_bwd(q, v, g, None, None, None, redo, v, None, False, False, False, add_to=(q, v, g))
+
+
+@gpu_only
+def test_gpu_bidirectional_image_shape():
+    """hgrn2_vit_tiny's pair through the ACCUM kernels (128 x 196 patches x 3 heads of 64, bf16), after the
+    autotuner has timed the ACCUM launches (restore_value must hand them back their inputs): the first 4
+    rows against float64."""
+    q, v, g, _ = make_inputs(128, 196, 3, 64, 64, torch.bfloat16, h0=False, seed=15)
+    leaves = [x.detach().clone().requires_grad_() for x in (q, v, g)]
+    o = hgrn2_triton.hgrn2_fused_bidirectional(*leaves)
+    w = torch.randn(o.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    (o.double().cpu() * w).sum().backward()
+    torch.cuda.synchronize()
+    ref = [x[:4].detach().double().cpu().requires_grad_() for x in (q, v, g)]
+    ro = hgrn2_scan_reference(*ref, None, False)[0] + hgrn2_scan_reference(*ref, None, True)[0]
+    (ro * w[:4]).sum().backward()
+    assert rel(o[:4], ro) < BF16_TOL
+    for x, r in zip(leaves, ref):
+        assert torch.isfinite(x.grad).all() and rel(x.grad[:4], r.grad) < BF16_TOL
+
+
 def _intra_chunk_A_reference(q, g, BT):
     """A_ij = sum_c q_ic k_jc exp(b_ic - b_jc) (i >= j, 0 above) per chunk, float64, [B*H, NT, BT, BT]."""
     B, T, H, K = q.shape

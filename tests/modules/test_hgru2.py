@@ -164,6 +164,43 @@ def test_triton_backend_matches_reference_backend(causal):
 
 
 @pytest.mark.skipif(not INTERPRET, reason="runs the Triton backend on CPU through TRITON_INTERPRET=1")
+@pytest.mark.parametrize("grid", [None, (7, 10)])
+def test_accumulate_directions_matches_reference_backend(monkeypatch, grid):
+    """HGRU2.accumulate_directions, 1-D and 2-D, against backend='reference': output and every gradient.
+    1-D (70 steps, Triton backend in the interpreter): the chunked kernels' adding path ran. 2-D: that the
+    grid scan goes through hgrn2_scan_bidirectional, on the reference backend (the interpreter takes
+    ~30 s for the rows and columns; on the Triton backend they reach the same kernels as 1-D)."""
+    from hgrn_fairseq.kernels import hgrn2_triton
+    from hgrn_fairseq.modules import hgru2 as hgru2_module
+
+    added, bidir = [], []
+    real_fwd, real_bidir = hgrn2_triton._chunk_fwd, hgru2_module.hgrn2_scan_bidirectional
+    monkeypatch.setattr(hgrn2_triton, "_chunk_fwd",
+                        lambda *a, **k: added.append(k.get("add_to") is not None) or real_fwd(*a, **k))
+    monkeypatch.setattr(hgru2_module, "hgrn2_scan_bidirectional",
+                        lambda *a, **k: bidir.append(1) or real_bidir(*a, **k))
+    torch.manual_seed(4)
+    ref = HGRU2(16, 8, variant="lra", causal=False, backend="reference")
+    tri = HGRU2(16, 8, variant="lra", causal=False, backend="reference" if grid else "triton")
+    tri.accumulate_directions = True
+    tri.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 70, 16)
+    gamma = torch.rand(16) * 0.5
+    outs = []
+    for m in (ref, tri):
+        xi = x.clone().requires_grad_()
+        y, _ = m(xi, gamma, grid=grid)
+        y.square().sum().backward()
+        outs.append((y, xi.grad, {n: p.grad for n, p in m.named_parameters()}))
+    (y_r, dx_r, g_r), (y_t, dx_t, g_t) = outs
+    assert len(bidir) == (2 if grid else 1) and (grid is not None or any(added))
+    torch.testing.assert_close(y_t, y_r, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(dx_t, dx_r, rtol=1e-3, atol=1e-3)
+    for name in g_r:
+        torch.testing.assert_close(g_t[name], g_r[name], rtol=1e-3, atol=1e-3, msg=name)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="runs the Triton backend on CPU through TRITON_INTERPRET=1")
 def test_triton_backend_incremental():
     torch.manual_seed(4)
     m = HGRU2(16, 8, backend="triton")
