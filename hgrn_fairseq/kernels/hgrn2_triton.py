@@ -278,7 +278,8 @@ _fwd_output = triton.autotune(configs=_OUTPUT_CONFIGS, key=["K", "V", "STORE_A",
                               reset_to_zero=["redo"], restore_value=["o"],
                               prune_configs_by={"early_config_prune": _prune_output})(hgrn2_fwd_output_kernel)
 _bwd_dv = triton.autotune(configs=_DV_CONFIGS, key=["K", "V", "ACCUM"], restore_value=["dv"])(hgrn2_bwd_dv_kernel)
-_bwd_dqdg = triton.autotune(configs=_DQDG_CONFIGS, key=["K", "V", "LOWP", "FAST_ONLY", "ACCUM"], restore_value=["dq", "dg"],
+_bwd_dqdg = triton.autotune(configs=_DQDG_CONFIGS, key=["K", "V", "LOWP", "FAST_ONLY", "ACCUM"],
+                            restore_value=["dq", "dg"],
                             prune_configs_by={"early_config_prune": _prune_dqdg})(hgrn2_bwd_dqdg_kernel)
 # The REDO launches (chunks whose decay is too steep for the one-reference path: rare) are not
 # autotuned: one config each, sized to fit without spilling (offline sm_90 compiles).
