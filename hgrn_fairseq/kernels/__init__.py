@@ -5,6 +5,8 @@ Public API (batch-first; complex numbers as a trailing dimension of size 2, see 
 * ``hgru_scan(forget_logits, inputs, theta, lower_bound, initial_state, reverse, backend)``:
   gates + scan of one HGRU direction, returns ``(h, final_state)``.
 * ``hgrn2_scan(q, v, log_decay, initial_state, reverse, backend)``: HGRN2 recurrence.
+* ``hgrn2_scan_bidirectional(q, v, log_decay, backend)``: both directions summed (no state); on the
+  chunked kernels the reverse scan adds into the forward scan's output and gradients.
 * ``hgrn2_step(q, v, log_decay, state, backend)``: one HGRN2 decoding step.
 * ``real_scan(x, a, initial_state, reverse, backend)`` and
   ``complex_scan(x, a, theta, initial_state, reverse, backend)``: the bare HGRU recurrences.
