@@ -634,6 +634,16 @@ def test_gpu_every_autotune_config(monkeypatch, index, state_impl, shape, dtype)
                                 BF16_TOL if dtype == torch.bfloat16 else FP32_TOL, 1e-2)
 
 
+@gpu_only
+@pytest.mark.parametrize("index", [0, 1, 2, 3, 4])
+def test_gpu_every_autotune_config_bidirectional(index):
+    """The ACCUM launches (the reverse scan adding into the forward scan's tensors) with each config its
+    prune keeps at the HGRN2 image models' shape (8 x 196 x 3 heads of 64, bf16)."""
+    q, v, g, _ = make_inputs(8, 196, 3, 64, 64, torch.bfloat16, h0=False, seed=40 + index)
+    with pinned_configs(index, 64, 64):
+        check_bidirectional(q, v, g, BF16_TOL)
+
+
 def test_dqdg_configs_keep_bk16_only_for_small_heads():
     """BK 16 faulted in the dq/dg backward at head 64 on an H100 (hgrn2_triton._prune_dqdg)."""
     import triton
