@@ -43,7 +43,8 @@ REF_SEQS = 4
 
 # extra candidates beyond each autotune space (the space itself comes from hgrn2_triton)
 # Register caps on the adopted BK 64 / 4-warp configs (next to try; not yet timed). Offline sm_90 compiles
-# with Triton 3.6 (head 64, bf16, 2026-11-27): dq/dg uncapped 255 registers (two programs an SM),
+# with Triton 3.6 (head 64, bf16, 2026-11-27; `python -m tests.kernels.sm90_compile --match K=64 --resources
+# --maxnreg 168`, without TRITON_INTERPRET): dq/dg uncapped 255 registers (two programs an SM),
 # maxnreg 168: 168 and no spills (+9% SASS instructions; three programs an SM), maxnreg 128: 128 and no
 # spills (+19%; four an SM); the output kernel 255 -> 168 with no spills (+7%). Both kernels take 32 KiB of
 # shared memory a program, so registers are what limit them to two programs an SM today.

@@ -426,9 +426,10 @@ def _output_chunk(q, v, g, h, o, A, i_n, i_bh, T, H, NT,
         p_tv = pos[:, None] * (H * V) + o_v[None, :]
         b_v = _cast(tl.load(v + (i_b * T * H + i_h) * V + p_tv, mask=m_tv, other=0.0), DT, EMU)
         b_o += tl.dot(_cast(b_A, DT, EMU), b_v)
+        p_o = o + (i_b * T * H + i_h) * V + p_tv
         if ACCUM:
-            b_o += tl.load(o + (i_b * T * H + i_h) * V + p_tv, mask=m_tv, other=0.0).to(tl.float32)
-        tl.store(o + (i_b * T * H + i_h) * V + p_tv, b_o.to(o.dtype.element_ty), mask=m_tv)
+            b_o += tl.load(p_o, mask=m_tv, other=0.0).to(tl.float32)
+        tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_tv)
     return done
 
 
@@ -567,9 +568,10 @@ def hgrn2_bwd_dv_kernel(
         b_dv += tl.dot(tl.trans(_cast(b_A, DT, EMU)), b_do)
     else:
         b_dv += tl.dot(tl.trans(b_A), b_do.to(tl.float32))
+    p_dv = dv + (i_b * T * H + i_h) * V + p_tv
     if ACCUM:
-        b_dv += tl.load(dv + (i_b * T * H + i_h) * V + p_tv, mask=m_tv, other=0.0).to(tl.float32)
-    tl.store(dv + (i_b * T * H + i_h) * V + p_tv, b_dv.to(dv.dtype.element_ty), mask=m_tv)
+        b_dv += tl.load(p_dv, mask=m_tv, other=0.0).to(tl.float32)
+    tl.store(p_dv, b_dv.to(dv.dtype.element_ty), mask=m_tv)
 
 
 @triton.jit
@@ -709,11 +711,13 @@ def _dqdg_slice(q, v, g, h, do, dh, dA, dq, dg, i_k, i_n, i_bh, T, H, NT,
 
     b_db = b_q * b_dq - b_k * b_dk
     b_dg = tl.cumsum(b_db, axis=0, reverse=True) + b_dB[None, :] - tl.exp(b_g) * b_dk
+    p_dq = dq + (i_b * T * H + i_h) * K + p_qk
+    p_dg = dg + (i_b * T * H + i_h) * K + p_qk
     if ACCUM:
-        b_dq += tl.load(dq + (i_b * T * H + i_h) * K + p_qk, mask=m_qk, other=0.0).to(tl.float32)
-        b_dg += tl.load(dg + (i_b * T * H + i_h) * K + p_qk, mask=m_qk, other=0.0).to(tl.float32)
-    tl.store(dq + (i_b * T * H + i_h) * K + p_qk, b_dq.to(dq.dtype.element_ty), mask=m_qk)
-    tl.store(dg + (i_b * T * H + i_h) * K + p_qk, b_dg.to(dg.dtype.element_ty), mask=m_qk)
+        b_dq += tl.load(p_dq, mask=m_qk, other=0.0).to(tl.float32)
+        b_dg += tl.load(p_dg, mask=m_qk, other=0.0).to(tl.float32)
+    tl.store(p_dq, b_dq.to(dq.dtype.element_ty), mask=m_qk)
+    tl.store(p_dg, b_dg.to(dg.dtype.element_ty), mask=m_qk)
 
 
 @triton.jit(do_not_specialize=["T"])

@@ -91,12 +91,14 @@ def specialisations():
             out.append((f"hgrn2 bwd_dqdg {t}", c2.hgrn2_bwd_dqdg_kernel,
                         dict(h2, BK=32, REVERSE=rev, LOWP=lowp, FAST_ONLY=fast, REDO=redo), 8))
         out.append((f"hgrn2 bwd_dv {tag}", c2.hgrn2_bwd_dv_kernel, dict(h2, BK=128, REVERSE=rev, LOWP=flags), 8))
-        # ACCUM (the reverse direction adding into the forward one's tensors), at the image models' head 64
-        h64 = dict(h2, K=64, V=64, BV=64, REVERSE=rev, LOWP=True, FAST_ONLY=False, REDO=False, ACCUM=True)
-        out.append((f"hgrn2 fwd_output ACCUM K=64 {tag}", c2.hgrn2_fwd_output_kernel,
-                    dict(h64, BK=64, STORE_A=flags, PREFETCH=False), 4))
-        out.append((f"hgrn2 bwd_dqdg ACCUM K=64 {tag}", c2.hgrn2_bwd_dqdg_kernel, dict(h64, BK=64), 4))
-        out.append((f"hgrn2 bwd_dv ACCUM K=64 {tag}", c2.hgrn2_bwd_dv_kernel, dict(h64, BK=64), 8))
+        # the image models' head 64 with its BK 64 / 4-warp configs, ACCUM (the reverse direction adding into
+        # the forward one's tensors) with flags. `--match "K=64" --resources [--maxnreg N]`: their registers
+        h64 = dict(h2, K=64, V=64, BV=64, REVERSE=rev, LOWP=True, FAST_ONLY=False, REDO=False, ACCUM=flags)
+        t64 = f"K=64 ACCUM={flags} reverse={rev}"
+        out.append((f"hgrn2 fwd_output {t64}", c2.hgrn2_fwd_output_kernel,
+                    dict(h64, BK=64, STORE_A=True, PREFETCH=False), 4))
+        out.append((f"hgrn2 bwd_dqdg {t64}", c2.hgrn2_bwd_dqdg_kernel, dict(h64, BK=64), 4))
+        out.append((f"hgrn2 bwd_dv {t64}", c2.hgrn2_bwd_dv_kernel, dict(h64, BK=64), 8))
         out.append((f"hgrn2 chunk_outer {tag}", s2.hgrn2_chunk_outer_kernel,
                     dict(h2, BK=64, BV=64, REVERSE=rev, KEYS=flags, DOT_BF16=flags), 4))
         out.append((f"hgrn2 chunk_decay {tag}", s2.hgrn2_chunk_decay_kernel, dict(h2, BK=64, REVERSE=rev, KEYS=flags), 4))
@@ -119,7 +121,7 @@ def specialisations():
     return out
 
 
-def compile_sm90(fn, constexprs, num_warps):
+def compile_sm90(fn, constexprs, num_warps, maxnreg=None):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -143,7 +145,7 @@ def compile_sm90(fn, constexprs, num_warps):
             signature[name] = _PTR_TYPES.get(name, "*fp32" if name in fp32 else "*bf16")
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t.startswith("*")}
     return triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=num_warps))
+                          options=dict(num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {})))
 
 
 def resources(kernel) -> str:
@@ -174,6 +176,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--match", default="", help="only specialisations whose label contains this text")
     ap.add_argument("--resources", action="store_true", help="print registers, spills, shared memory, SASS size")
+    ap.add_argument("--warps", type=int, default=0, help="compile with this many warps instead of each's own")
+    ap.add_argument("--maxnreg", type=int, default=0, help="cap the registers a thread (ptxas maxnreg)")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("FAIL setup: TRITON_INTERPRET=1 is set; run without it")
@@ -182,7 +186,7 @@ def main(argv=None) -> int:
     specs = [spec for spec in specialisations() if args.match in spec[0]]
     for label, fn, constexprs, warps in specs:
         try:
-            kernel = compile_sm90(fn, constexprs, warps)
+            kernel = compile_sm90(fn, constexprs, args.warps or warps, args.maxnreg or None)
             print(f"OK {label}" + (f": {resources(kernel)}" if args.resources else ""), flush=True)
         except Exception as e:  # noqa: BLE001 - every failure is reported, with its message
             failed += 1
