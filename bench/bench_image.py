@@ -13,7 +13,8 @@ hgrn1d_vit_*, hgrn2_vit_* and deit_*_patch16_224 (built at that resolution), bf1
 Ratios are images/s of each model over the DeiT of the same size and resolution. The issue's goals:
 training at least DeiT's at 224 px and at least 1.5x it at 448 px. Results: OUT/bench_image.json and
 OUT/bench_image.md (GPU, versions, commit, date with the numbers). ``--modes eager,compile,graphs``
-adds rows where both sides use torch.compile, or CUDA graphs for the training step.
+adds rows where both sides use torch.compile, or CUDA graphs (training step and inference call; before
+2026-11-27 the graphs rows ran inference eagerly).
 
     python bench/bench_image.py --out results/bench_image
 """
@@ -56,8 +57,9 @@ def time_ms(fn: Callable[[], None], device: str, warmup: int, rep: int) -> float
 
 def build(name: str, res: int, device: str, mode: str = "eager"):
     """``(model, net)``: the timm model with 1000 classes at ``res`` px (drop-path 0.1) and the callable a
-    training step runs in ``mode`` (eager; compile: the HGRN blocks' option or torch.compile of DeiT;
-    graphs: the HGRN models' cuda_graphs option or DeiT through the same CUDA-graph cache)."""
+    training step and the inference call run in ``mode`` (eager; compile: the HGRN blocks' option or
+    torch.compile of DeiT; graphs: the HGRN models' cuda_graphs option or DeiT through the same CUDA-graph
+    caches, training and evaluation)."""
     import timm
 
     import hgrn_fairseq.image  # noqa: F401  (registers the HGRN models)
@@ -70,11 +72,15 @@ def build(name: str, res: int, device: str, mode: str = "eager"):
     net = model
     if mode == "compile" and not hgrn:
         net = torch.compile(model)
-    elif mode == "graphs" and not hgrn:  # the same CUDA-graph cache as the HGRN models' cuda_graphs option
-        from hgrn_fairseq.modules.cuda_graph import GraphedCallCache
+    elif mode == "graphs" and not hgrn:  # the same CUDA-graph caches as the HGRN models' cuda_graphs option
+        from hgrn_fairseq.modules.cuda_graph import GraphedCallCache, InferenceGraphCache
 
-        cache = GraphedCallCache(model, name=name)
-        net = lambda t: cache(t) if GraphedCallCache.usable(model, t) else model(t)  # noqa: E731
+        train_cache, eval_cache = GraphedCallCache(model, name=name), InferenceGraphCache(model, name=name)
+
+        def net(t):
+            if GraphedCallCache.usable(model, t):
+                return train_cache(t)
+            return eval_cache(t) if InferenceGraphCache.usable(model, t) else model(t)
     return model, net
 
 
@@ -187,8 +193,9 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--modes", default="eager", help="eager, compile, graphs (comma-separated). compile: the HGRN "
                    "blocks' torch.compile option (block_compile='train'; the scans stay ours) against "
-                   "torch.compile of the whole DeiT; graphs: training forward and backward replayed as CUDA "
-                   "graphs (the HGRN models' cuda_graphs option; DeiT through the same cache); inference eager")
+                   "torch.compile of the whole DeiT; graphs: training forward and backward, and the inference "
+                   "forward, replayed as CUDA graphs (the HGRN models' cuda_graphs option; DeiT through the "
+                   "same caches)")
     p.add_argument("--ab-hgru2", action="store_true", help="also measure each HGRN2 model with HGRU2.fuse_in_gates "
                    "off (v's SiLU, the split of the in-projection and the LayerNorm in PyTorch, as before "
                    f"2026-11-27): rows named MODEL{UNFUSED}")

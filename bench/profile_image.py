@@ -2,12 +2,15 @@
 """Where does a training step of the image models spend its GPU time? (issue 21's speed goals)
 
     python3 bench/profile_image.py --out $OUT [--models hgrn1d_vit_tiny,deit_tiny_patch16_224] [--res 224,448]
+    python3 bench/profile_image.py --out $OUT --phase infer --batch 256   # bench_image.py's inference call
 
 The training step of ``bench/bench_image.py`` (same models, batch 128 at 224 px scaled by the pixel
 count, bf16 autocast, AdamW) is traced with ``torch.profiler`` for 5 steps after warm-up. Per model and
 resolution: wall ms per step, GPU busy ms per step, kernel launches per step, the busy time by kind of
 kernel (matrix products, our scans, attention, norms, element-wise and the rest) and the top kernels.
-Writes ``profile_image.md`` / ``profile_image.json`` to ``--out``.
+Writes ``profile_image.md`` / ``profile_image.json`` to ``--out``. ``--phase infer`` traces the inference
+call of ``bench_image.py`` instead: eval mode, a forward under ``torch.no_grad`` with bf16 autocast (give
+``--batch 256``, its inference batch).
 """
 import argparse
 import collections
@@ -44,23 +47,30 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def profile(name: str, res: int, batch: int, mode: str):
+def profile(name: str, res: int, batch: int, mode: str, phase: str = "train"):
     import torch
     import torch.nn.functional as F
 
     model, net = bench_image.build(name, res, "cuda", mode)
-    model.train()
+    model.train(phase == "train")
     tb = max(1, int(batch * (224 * 224) / (res * res)))
     x = torch.randn(tb, 3, res, res, device="cuda")
     y = torch.randint(0, 1000, (tb,), device="cuda")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05)
 
-    def step():
+    def train_step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = F.cross_entropy(net(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+    @torch.no_grad()
+    def infer_step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            net(x)
+
+    step = train_step if phase == "train" else infer_step
 
     for _ in range(8):
         step()
@@ -93,7 +103,7 @@ def profile(name: str, res: int, batch: int, mode: str):
             count[key] += 1 / steps
             by_kind[kind_of(ev.get("name", "?"))] += ev.get("dur", 0) / 1e3 / steps
     gpu = sum(busy.values())
-    row = {"model": name, "res": res, "mode": mode, "batch": tb, "wall_ms": round(wall, 3),
+    row = {"model": name, "res": res, "mode": mode, "phase": phase, "batch": tb, "wall_ms": round(wall, 3),
            "img_s": round(tb * 1e3 / wall, 1), "gpu_busy_ms": round(gpu, 3), "launches": round(sum(count.values())),
            "by_kind": {k: round(v, 3) for k, v in by_kind.most_common()},
            "top": [{"kernel": k, "ms": round(v, 3), "calls": round(count[k]), "share": round(v / gpu, 4)}
@@ -111,6 +121,8 @@ def main():
     p.add_argument("--res", default="224,448")
     p.add_argument("--batch", type=int, default=128, help="at 224 px; scaled by the pixel count")
     p.add_argument("--modes", default="eager")
+    p.add_argument("--phase", choices=("train", "infer"), default="train",
+                   help="train: a training step; infer: bench_image.py's inference call (eval, no_grad)")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     rows = []
@@ -118,12 +130,13 @@ def main():
         for res in [int(r) for r in args.res.split(",")]:
             for name in args.models.split(","):
                 try:
-                    row = profile(name, res, args.batch, mode)
+                    row = profile(name, res, args.batch, mode, args.phase)
                 except Exception as e:  # one failing model must not hide the others' numbers
                     row = {"model": name, "res": res, "mode": mode, "error": f"{type(e).__name__}: {e}"[:400]}
                 print(json.dumps({k: v for k, v in row.items() if k != "top"}), flush=True)
                 rows.append(row)
-    lines = ["# Image training step profile (bench/profile_image.py)", "",
+    what = "training step" if args.phase == "train" else "inference call (eval, no_grad)"
+    lines = [f"# Image {what} profile (bench/profile_image.py --phase {args.phase})", "",
              "| res | model | mode | batch | img/s | wall ms | GPU busy ms | launches | busy by kind (ms) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:

@@ -18,10 +18,12 @@ split_pytest() {
   : > "$log.times"
   PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest -q --collect-only -p no:cacheprovider "$@" 2>/dev/null \
     | grep '::' > "/tmp/$name"
-  rm -f "/tmp/$name".??
+  rm -f "/tmp/$name".?? "/tmp/$name".??.log
   split -n r/"$procs" "/tmp/$name" "/tmp/$name."
   local pids=()
   for f in "/tmp/$name".??; do
+    # fewer tests than processes: an empty share would make xargs run pytest with no selection (every test)
+    [ -s "$f" ] || { rm -f "$f"; continue; }
     (OMP_NUM_THREADS=1 HGRN_TEST_TIMES="$log.times" PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout "$limit" xargs -a "$f" python3 -m pytest -q -p no:cacheprovider -rfEs \
        > "$f.log" 2>&1; echo "== $f rc=$?" >> "$f.log") &
     pids+=($!)

@@ -41,7 +41,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from ..kernels.block_ops import linear as ops_linear
 from ..modules.block import HgrnBlock, build_token_mixer, use_block_ops
 from ..modules.hgru import BlockOpsSwitch
-from ..modules.cuda_graph import GraphedCallCache
+from ..modules.cuda_graph import GraphedCallCache, InferenceGraphCache
 from ..modules.lower_bound import LayerLowerBounds
 from ..modules.transient import TransientAttrs
 
@@ -78,7 +78,9 @@ class HgrnVit(BlockOpsSwitch, TransientAttrs, nn.Module):
             ours); ``'none'`` (default): eager.
         cuda_graphs: on CUDA, record each training forward and backward (per input shape) as CUDA
             graphs and replay them (``modules/cuda_graph.py``, as the LM's ``--cuda-graphs``): the host
-            issues two launches a step instead of hundreds. Same numbers as eager; evaluation is eager.
+            issues two launches a step instead of hundreds. Same numbers as eager. In eval mode under
+            ``torch.no_grad`` the forward is recorded and replayed too (``InferenceGraphCache``: the
+            logits come back as a new tensor each call); eval mode with gradients runs eagerly.
         block_ops: the blocks' fused element-wise kernels (``modules.block.use_block_ops``: LayerNorm,
             gated activation, residual with stochastic depth, bias gradients (the patch embedding's
             too); HGRU2's gates and output LayerNorm) on the Triton path;
@@ -232,12 +234,14 @@ class HgrnVit(BlockOpsSwitch, TransientAttrs, nn.Module):
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
 
-    _TRANSIENT = ("_graphs",)  # built on first use, never pickled or deep-copied (modules/transient.py)
+    _TRANSIENT = ("_graphs", "_eval_graphs")  # built on first use, never pickled or deep-copied (modules/transient.py)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.cuda_graphs and GraphedCallCache.usable(self, x):
             # (the logits are the graph's output buffer: valid until the next training forward)
             return self._transient("_graphs", lambda: GraphedCallCache(_Eager(self), name=type(self).__name__))(x)
+        if self.cuda_graphs and InferenceGraphCache.usable(self, x):
+            return self._transient("_eval_graphs", lambda: InferenceGraphCache(_Eager(self), name=type(self).__name__))(x)
         return self.forward_head(self.forward_features(x))
 
 

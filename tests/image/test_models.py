@@ -399,3 +399,65 @@ def test_gpu_cuda_graphs_give_the_eager_numbers():
             torch.testing.assert_close(b.grad, a.grad, rtol=5e-2, atol=1e-3)
         opt_e.step(), opt_g.step(), opt_e.zero_grad(), opt_g.zero_grad()
     assert len(graphed.__dict__["_graphs"].graphed) == 1
+
+
+def test_evaluation_graphs_stay_out_of_cpu_and_gradient_calls():
+    """InferenceGraphCache only takes CUDA inputs in eval mode without gradients; anything else runs the
+    eager forward (on CPU the model with cuda_graphs gives the model's numbers and builds no cache)."""
+    from hgrn_fairseq.modules.cuda_graph import InferenceGraphCache
+
+    torch.manual_seed(8)
+    model = timm.create_model("hgrn1d_vit_tiny", num_classes=5, depth=1, embed_dim=32, glu_dim=64,
+                              cuda_graphs=True).eval()
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        assert not InferenceGraphCache.usable(model, x)  # CPU
+        y = model(x)
+        model.cuda_graphs = False
+        torch.testing.assert_close(y, model(x), rtol=0, atol=0)
+    assert "_eval_graphs" not in model.__dict__
+    model.cuda_graphs = True
+    assert not InferenceGraphCache.usable(model.train(), x)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available(),
+                    reason="GPU-only (CUDA, TRITON_INTERPRET unset)")
+@pytest.mark.parametrize("name", ["hgrn1d_vit_tiny", "hgrn2_vit_tiny", "hgrn2_2d_vit_tiny"])
+def test_gpu_evaluation_graphs_give_the_eager_numbers(name):
+    """Eval forwards under no_grad / inference_mode replayed from CUDA graphs: the eager logits for new
+    inputs at each call, a new tensor each time (earlier results unchanged), weights updated in place
+    seen at the next call, one graph per input shape, eager beyond max_graphs."""
+    torch.manual_seed(9)
+    kwargs = dict(num_classes=10, depth=2, embed_dim=64, glu_dim=128)
+    eager = timm.create_model(name, **kwargs).cuda().eval()
+    graphed = timm.create_model(name, cuda_graphs=True, **kwargs).cuda().eval()
+    graphed.load_state_dict(eager.state_dict())
+    p = graphed.patch_size
+    kept = []
+    for step in range(3):
+        x = torch.randn(4, 3, 4 * p, 6 * p, device="cuda")
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            ye, yg = eager(x), graphed(x)
+        torch.testing.assert_close(yg, ye, rtol=1e-2, atol=1e-2)
+        kept.append((yg, ye.clone()))
+        with torch.no_grad():  # an in-place update (an optimiser step, EMA) reaches the next replay
+            for a, b in zip(eager.parameters(), graphed.parameters()):
+                a.mul_(0.9)
+                b.mul_(0.9)
+    for yg, ye in kept:  # each call returned its own tensor
+        torch.testing.assert_close(yg, ye, rtol=1e-2, atol=1e-2)
+    cache = graphed.__dict__["_eval_graphs"]
+    assert len(cache.graphed) == 1
+    with torch.inference_mode():
+        x = torch.randn(3, 3, 4 * p, 4 * p, device="cuda")
+        torch.testing.assert_close(graphed(x), eager(x), rtol=1e-2, atol=1e-2)
+    assert len(cache.graphed) == 2
+    cache.max_graphs = 2
+    with torch.no_grad():
+        x = torch.randn(2, 3, 2 * p, 2 * p, device="cuda")
+        torch.testing.assert_close(graphed(x), eager(x), rtol=1e-2, atol=1e-2)
+    assert len(cache.graphed) == 2  # (ran eagerly)
+    ye = eager(x)  # gradients enabled: eager, nothing captured
+    torch.testing.assert_close(graphed(x), ye, rtol=1e-2, atol=1e-2)
+    assert len(cache.graphed) == 2 and "_graphs" not in graphed.__dict__

@@ -436,11 +436,15 @@ def test_bidirectional_adds_inside_the_kernels(monkeypatch, dtype, decay_scale):
 
 
 def test_bidirectional_falls_back_to_two_scans(monkeypatch):
-    """Outside the one-launch chunked scheme (the two-launch scheme: SPLIT_MIN_HEAD 0; short sequences:
-    the recurrent kernel) the two directions are summed, with the same numbers."""
+    """Outside the one-launch chunked scheme (the two-launch scheme: heads of SPLIT_MIN_HEAD; short
+    sequences: the recurrent kernel) the two directions are summed, with the same numbers. Heads of 16
+    in the interpreter (SPLIT_MIN_HEAD lowered to 16), 128 on the GPU: the two-launch scheme at head 16,
+    which the package never makes (SPLIT_MIN_HEAD is 128), ended in an illegal memory access on an H200
+    with Triton 3.6 (2026-11-27; not investigated further)."""
     calls = _spy_accum(monkeypatch)
-    monkeypatch.setattr(hgrn2_triton, "SPLIT_MIN_HEAD", 0)
-    q, v, g, _ = make_inputs(1, 70, 2, 16, 16, torch.float32, h0=False, seed=52)
+    K = 16 if INTERPRET else hgrn2_triton.SPLIT_MIN_HEAD
+    monkeypatch.setattr(hgrn2_triton, "SPLIT_MIN_HEAD", K)
+    q, v, g, _ = make_inputs(1, 70, 2, K, K, torch.float32, h0=False, seed=52)
     check_bidirectional(q, v, g, FP32_TOL)
     assert calls and not any(added for _, added in calls)
     calls.clear()
