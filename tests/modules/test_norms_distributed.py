@@ -1,4 +1,5 @@
-"""``MaskedBatchNorm(sync=True)`` (the LRA recipes' ``syncbatch``) over two processes (gloo, CPU), against
+"""``MaskedBatchNorm(sync=True)`` (the LRA recipes' ``syncbatch``) over two processes (gloo on CPU; NCCL on
+two GPUs where there are two), against
 batch norm written out in float64 over the union of both processes' valid positions: outputs, the
 gradients of the inputs (through the all-reduce) and of the affine parameters, and the running statistics.
 The two processes hold different numbers of valid positions, so averaging per-process statistics (or not
@@ -36,21 +37,25 @@ def _params():
             0.5 * torch.randn(DIM, generator=g, dtype=torch.float64))
 
 
-def _worker(rank, world, folder, sync):
-    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world)
+def _worker(rank, world, folder, sync, backend):
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world)
     try:
-        bn = MaskedBatchNorm(DIM, eps=EPS, momentum=MOMENTUM, sync=sync).double().train()
+        bn = MaskedBatchNorm(DIM, eps=EPS, momentum=MOMENTUM, sync=sync).double().train().to(device)
         weight, bias = _params()
         with torch.no_grad():
             bn.weight.copy_(weight)
             bn.bias.copy_(bias)
-        x, pads, w = _inputs(rank)
+        x, pads, w = (t.to(device) for t in _inputs(rank))
         x.requires_grad_()
         y = bn(x, pads)
         (y * w).sum().backward()
-        torch.save({"y": y.detach(), "dx": x.grad, "dweight": bn.weight.grad, "dbias": bn.bias.grad,
-                    "running_mean": bn.running_mean, "running_var": bn.running_var},
-                   os.path.join(folder, f"rank{rank}.pt"))
+        out = {"y": y.detach(), "dx": x.grad, "dweight": bn.weight.grad, "dbias": bn.bias.grad,
+               "running_mean": bn.running_mean, "running_var": bn.running_var}
+        torch.save({k: v.cpu() for k, v in out.items()}, os.path.join(folder, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -76,15 +81,21 @@ def _reference():
                  running_mean=running_mean, running_var=running_var) for r in range(2)]
 
 
-def _run(tmp_path, sync):
+def _run(tmp_path, sync, backend="gloo"):
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.fail("torch.distributed with gloo is needed for this test")
-    mp.spawn(_worker, args=(2, str(tmp_path), sync), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, str(tmp_path), sync, backend), nprocs=2, join=True)
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
 
 
-def test_sync_batch_norm_over_two_processes_is_batch_norm_over_their_union(tmp_path):
-    got, want = _run(tmp_path, sync=True), _reference()
+TWO_GPUS = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.device_count() < 2 or not dist.is_nccl_available(),
+    reason="needs 2 GPUs and NCCL (TRITON_INTERPRET unset)")
+
+
+@pytest.mark.parametrize("backend", ["gloo", pytest.param("nccl", marks=[pytest.mark.gpu, TWO_GPUS])])
+def test_sync_batch_norm_over_two_processes_is_batch_norm_over_their_union(tmp_path, backend):
+    got, want = _run(tmp_path, sync=True, backend=backend), _reference()
     for rank in range(2):
         for key in want[rank]:
             torch.testing.assert_close(got[rank][key], want[rank][key], rtol=1e-10, atol=1e-12,

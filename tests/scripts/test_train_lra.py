@@ -353,6 +353,43 @@ def test_cpu_run_end_to_end_and_resume(tmp_path):
     assert r["accuracy_alone"] == r["accuracy_padded"] == r["accuracy_padded_by"]["1"]
 
 
+def _gpus() -> int:
+    import torch
+
+    return 0 if os.environ.get("TRITON_INTERPRET") == "1" else torch.cuda.device_count()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_gpus() < 2, reason="needs 2 GPUs (torchrun + NCCL; TRITON_INTERPRET unset)")
+def test_two_gpu_run_end_to_end_and_resume(tmp_path):
+    """The entry point on 2 GPUs: torchrun starts two processes, the recipe's sync-batch norms all-reduce
+    over NCCL inside DDP, the run trains, saves, resumes on a longer plan and writes the test JSON."""
+    import torch
+
+    data = str(tmp_path / "data")
+    write_tiny(data, "listops", sizes=(128, 24, 20))
+    save = tmp_path / "runs" / "listops_hgrn1"
+    env = {"NUM_GPUS": "2", "MAX_UPDATE": "12", "SAVE_DIR": str(save), "SAVE_INTERVAL_UPDATES": "6",
+           "NUM_WORKERS": "0"}
+    tiny = ["--encoder-embed-dim", "16", "--encoder-layers", "2", "--batch-size", "16", "--batch-size-valid", "16"]
+    p = run(["listops", "hgrn1", data, *tiny], env=env, timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-3000:]
+    assert "torch.distributed.run --standalone --nproc_per_node 2" in open(save / "logs" / "command.txt").read()
+    assert "training on 2 devices" in out, out[-3000:]
+    state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert state["cfg"]["distributed_training"]["distributed_world_size"] == 2
+    norms = [m for k, m in state["model"].items() if k.endswith("running_mean")]
+    assert norms and state["cfg"]["model"].norm == "syncbatch"
+    result = json.load(open(save / "test_result.json"))
+    assert result["examples"] == 20 and result["num_updates"] == 12 and (save / "finished_max_update_12").is_file()
+    p = run(["listops", "hgrn1", data, *tiny], env=dict(env, SKIP_TEST="1", MAX_UPDATE="14"), timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-3000:]
+    assert re.search(r"Loaded checkpoint \S+checkpoint_last.pt \(epoch \d+ @ 12 updates\)", out), out[-3000:]
+    assert "Stopping training due to num_updates: 14 >= max_update: 14" in open(save / "logs" / "train.log").read()
+
+
 def test_bench_lra_smoke(tmp_path):
     bench = load_script(os.path.join(REPO, "bench", "bench_lra.py"))
     assert bench.main(["--out", str(tmp_path), "--quick", "--device", "cpu", "--steps", "1", "--tasks",
