@@ -6,9 +6,12 @@ The fixes are narrow and idempotent; ``install()`` runs when the plugin is impor
    objects fairseq stores next to the weights (configs, optimizer history, meters). fairseq calls
    ``torch.load`` without the argument, so ``fairseq-train`` resume, ``fairseq-eval-lm`` and
    ``fairseq-generate`` fail. We give fairseq's checkpoint module a ``torch`` whose ``load``
-   defaults to ``weights_only=False``, the behaviour fairseq was written for; nothing outside
-   ``fairseq.checkpoint_utils`` is affected. As with any fairseq checkpoint, load only files you
-   trust: a checkpoint is a pickle.
+   defaults to ``weights_only=False``, the behaviour fairseq was written for, and the same to
+   ``fairseq.distributed.utils``: on several GPUs only rank 0 reads the checkpoint and sends it to
+   the others as a pickle (``broadcast_object``), which they unpickled with the new default and
+   refused (found on 2 H200s, 2026-11-27: every multi-GPU resume failed with "Unsupported global:
+   omegaconf.dictconfig.DictConfig"). Nothing outside those two modules is affected. As with any
+   fairseq checkpoint, load only files you trust: a checkpoint is a pickle.
 2. numpy 2 removed ``numpy.compat``; fairseq's ``TokenBlockDataset`` still reads
    ``np.compat.long`` (the inference datasets of ``fairseq-interactive`` / ``-generate`` for LMs).
    We restore that one alias (``int``, its value in numpy 1.x) when it is missing.
@@ -65,9 +68,11 @@ class _TorchForFairseqCheckpoints:
 
 def install() -> None:
     from fairseq import checkpoint_utils
+    from fairseq.distributed import utils as distributed_utils
 
-    if not isinstance(checkpoint_utils.torch, _TorchForFairseqCheckpoints):
-        checkpoint_utils.torch = _TorchForFairseqCheckpoints()
+    for module in (checkpoint_utils, distributed_utils):
+        if not isinstance(module.torch, _TorchForFairseqCheckpoints):
+            module.torch = _TorchForFairseqCheckpoints()
     if not hasattr(np, "compat"):
         np.compat = types.SimpleNamespace(long=int)
     install_bf16_fix()

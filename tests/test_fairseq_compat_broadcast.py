@@ -1,0 +1,39 @@
+"""fairseq_compat fix 1 on several processes: with DDP only rank 0 reads a checkpoint and sends it to the
+others as a pickle (``fairseq.distributed.utils.broadcast_object``); torch >= 2.6 unpickled it with
+``weights_only=True`` and refused fairseq's configs, so every multi-GPU resume failed (2 H200s,
+2026-11-27). Two gloo processes on CPU send a checkpoint-like object with an omegaconf config."""
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _worker(rank, folder):
+    import hgrn_fairseq  # noqa: F401  (the plugin's import installs the compat fixes, as --user-dir does)
+    from fairseq.distributed import utils as distributed_utils
+    from omegaconf import OmegaConf
+
+    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=2)
+    try:
+        sent = None
+        if rank == 0:
+            sent = {"cfg": OmegaConf.create({"model": {"norm": "syncbatch"}, "optimization": {"lr": [5e-4]}}),
+                    "model": {"w": torch.arange(6.0).reshape(2, 3)}, "extra_state": {"epoch": 3}}
+        got = distributed_utils.broadcast_object(sent, src_rank=0, group=dist.group.WORLD)
+        torch.save({"norm": got["cfg"].model.norm, "lr": list(got["cfg"].optimization.lr), "w": got["model"]["w"],
+                    "epoch": got["extra_state"]["epoch"]}, os.path.join(folder, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_broadcast_checkpoint_reaches_the_other_ranks(tmp_path):
+    pytest.importorskip("fairseq")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.fail("torch.distributed with gloo is needed for this test")
+    mp.spawn(_worker, args=(str(tmp_path),), nprocs=2, join=True)
+    for rank in range(2):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert got["norm"] == "syncbatch" and got["lr"] == [5e-4] and got["epoch"] == 3
+        torch.testing.assert_close(got["w"], torch.arange(6.0).reshape(2, 3), rtol=0, atol=0)
