@@ -8,7 +8,8 @@ optimizers, gradient accumulation, clipping and DDP's hooks see nothing differen
 
 What a caller must respect (:meth:`GraphedCallCache.usable` checks the first point):
 
-* CUDA, training mode, gradients enabled: evaluation and decoding run the module eagerly;
+* CUDA, training mode, gradients enabled: evaluation and decoding run the module eagerly (or, where
+  the owner asks for it, through :class:`InferenceGraphCache` below);
 * the tensors the module returns are the graph's static buffers: they hold their values until the
   same shape is replayed again, i.e. until the next training forward, which is after the backward;
 * parameters are updated in place (every torch and fairseq optimizer does); a module moved or cast
