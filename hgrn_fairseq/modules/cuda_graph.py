@@ -128,20 +128,25 @@ class GraphedCallCache:
         first_param = next(self.module.parameters())
         return shapes, _autocast_state(), first_param.dtype, first_param.data_ptr()
 
+    _KIND = ""  # (the warning's word for what was captured: "evaluation " in InferenceGraphCache)
+
     def __call__(self, *inputs: torch.Tensor):
         key = self._key(inputs)
-        graphed = self.graphed.get(key)
-        if graphed is None:
+        entry = self.graphed.get(key)
+        if entry is None:
             if len(self.graphed) >= self.max_graphs:
                 if not self._warned:
                     logger.warning(
-                        f"cuda graphs: {self.name} already has {self.max_graphs} captured shapes; "
+                        f"cuda graphs: {self.name} already has {self.max_graphs} captured {self._KIND}shapes; "
                         f"shape {[tuple(t.shape) for t in inputs]} and later new ones run without a graph"
                     )
                     self._warned = True
                 return self.module(*inputs)
-            graphed = self._capture(inputs)
-            self.graphed[key] = graphed
+            entry = self._capture(inputs)
+            self.graphed[key] = entry
+        return self._replay(entry, inputs)
+
+    def _replay(self, graphed: Callable, inputs):
         return graphed(*inputs)
 
     def _capture(self, inputs) -> Callable:
@@ -156,20 +161,15 @@ class GraphedCallCache:
             return graph_with_parameter_aliases(self.module, samples, make_graphed_thread_local)
 
 
-class InferenceGraphCache:
+class InferenceGraphCache(GraphedCallCache):
     """Graphed no-grad forwards of ``module`` (which shares the owner's parameters), one per (input
-    shapes and dtypes, autocast state, dtype and address of the module's first parameter).
+    shapes and dtypes, autocast state, inference mode, dtype and address of the module's first parameter).
 
     The parameters are read in place at each replay, so weights loaded or updated in place (an
     optimiser step, ``load_state_dict``, an EMA update) are what the next call uses; a module moved or
     cast gets new graphs. The module must return a tensor or a tuple of tensors."""
 
-    def __init__(self, module: nn.Module, max_graphs: int = 4, name: str = "module"):
-        self.module = module
-        self.max_graphs = max_graphs
-        self.name = name
-        self.graphed: Dict[tuple, tuple] = {}
-        self._warned = False
+    _KIND = "evaluation "
 
     @staticmethod
     def usable(module: nn.Module, *inputs: torch.Tensor) -> bool:
@@ -186,20 +186,7 @@ class InferenceGraphCache:
         # (buffers made under inference_mode cannot be written outside it, and the other way round)
         return shapes, _autocast_state(), torch.is_inference_mode_enabled(), first_param.dtype, first_param.data_ptr()
 
-    def __call__(self, *inputs: torch.Tensor):
-        key = self._key(inputs)
-        entry = self.graphed.get(key)
-        if entry is None:
-            if len(self.graphed) >= self.max_graphs:
-                if not self._warned:
-                    logger.warning(
-                        f"cuda graphs: {self.name} already has {self.max_graphs} captured evaluation shapes; "
-                        f"shape {[tuple(t.shape) for t in inputs]} and later new ones run without a graph"
-                    )
-                    self._warned = True
-                return self.module(*inputs)
-            entry = self._capture(inputs)
-            self.graphed[key] = entry
+    def _replay(self, entry: tuple, inputs):
         graph, static_inputs, static_output = entry
         for buffer, t in zip(static_inputs, inputs):
             buffer.copy_(t)

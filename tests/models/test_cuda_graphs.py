@@ -206,6 +206,24 @@ def test_capture_limit_falls_back_to_eager(caplog):
     assert any("run without a graph" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize("cls", ["GraphedCallCache", "InferenceGraphCache"])
+def test_caches_past_their_limit_run_eagerly_and_warn_once(caplog, cls):
+    """Both caches, full (max_graphs 0): a call runs the module eagerly, captures nothing and warns once
+    (CPU: nothing here needs a GPU)."""
+    from hgrn_fairseq.modules import cuda_graph
+
+    module = torch.nn.Linear(3, 2)
+    cache = getattr(cuda_graph, cls)(module, max_graphs=0, name="tiny")
+    x = torch.randn(4, 3)
+    with caplog.at_level(logging.WARNING), torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(cache(x), module(x), rtol=0, atol=0)
+    assert cache.graphed == {}
+    warnings = [r.getMessage() for r in caplog.records if "run without a graph" in r.getMessage()]
+    assert len(warnings) == 1 and "tiny already has 0 captured" in warnings[0]
+    assert ("evaluation shapes" in warnings[0]) == (cls == "InferenceGraphCache")
+
+
 @needs_cuda
 def test_graphed_dropout_draws_new_masks_each_step():
     _, graphed = twin_models("hgrn_lm_tiny", dropout=0.3)
