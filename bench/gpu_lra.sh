@@ -25,7 +25,10 @@
 # e.g. MODEL:SEED:unmasked+eos+fixed2001 in TASK_MODEL_sSEED_unmasked_eos_fixed2001; MODEL:SEED:scanpads
 # (--scan-padding: the scans see the pads, the batch norms and pooling do not; with fixedN) e.g.
 # MODEL:SEED:scanpads+eos+fixed2001. MODEL:SEED:layernorm: layer norms instead of the arch's batch norms
-# (--norm layer; no batch statistics at all), e.g. MODEL:SEED:layernorm+eos.
+# (--norm layer; no batch statistics at all), e.g. MODEL:SEED:layernorm+eos. hgrn1:SEED:repocfg (ListOps only):
+# the public OpenNLPLab/lra repository's configs/experiment/hgrn-lra-listops.yaml instead of the paper's table:
+# d 128, GLU 2x, layer norms, lr 1e-3, weight decay 0.01, warm-up 1,000, batch 50, cosine over 50,000
+# updates (its own --max-update: LRA_LISTOPS_UPDATES does not apply), e.g. hgrn1:2222:repocfg+eos.
 # (Since the recipe appends <eos>, a new MODEL:SEED:unmasked run has it too, but
 # its name is that of the finished no-<eos> ablation: restored from LRA_CARRY, that run's checkpoint is refused
 # by the data fingerprint, which records append_eos. Name such runs with the flags they have.)
@@ -156,8 +159,15 @@ spec_args() {  # SPEC: the fairseq-train arguments it adds (--seed N, --unmasked
             scratch[1-9]|scratch[1-9][0-9]) echo "--scratch-positions ${flag#scratch}" ;;
             scanpads) echo "--scan-padding" ;;
             layernorm) echo "--norm layer" ;;
+            repocfg)  # the public OpenNLPLab/lra repository's configs/experiment/hgrn-lra-listops.yaml (HGRN1)
+                if [ "$model" != hgrn1 ]; then
+                    echo "gpu_lra.sh: '$1' in LRA_MODELS: 'repocfg' is the public repository's HGRN1 ListOps config (model hgrn1)" >&2
+                    return 1
+                fi
+                echo "--encoder-embed-dim 128 --glu-multiple 2 --norm layer --lr 0.001 --weight-decay 0.01" \
+                     "--warmup-updates 1000 --batch-size 50 --batch-size-valid 50 --max-update 50000" ;;
             fixed[1-9][0-9]|fixed[1-9][0-9][0-9]|fixed[1-9][0-9][0-9][0-9]) echo "--pad-to-length ${flag#fixed}" ;;
-            *) echo "gpu_lra.sh: '$1' in LRA_MODELS: the third field can only be 'unmasked', 'eos', 'noeos', 'scratchK' (K 1-99), 'fixedN' (N 10-9999), 'scanpads' or 'layernorm' (several joined by '+')" >&2; return 1 ;;
+            *) echo "gpu_lra.sh: '$1' in LRA_MODELS: the third field can only be 'unmasked', 'eos', 'noeos', 'scratchK' (K 1-99), 'fixedN' (N 10-9999), 'scanpads', 'layernorm' or 'repocfg' (several joined by '+')" >&2; return 1 ;;
         esac
     done
     [ -n "$seed" ] && echo "--seed $seed"
@@ -181,6 +191,10 @@ train_one() {  # TASK UPDATES SPEC: one model (SPEC: see run_id), shortened reci
     local task=$1 updates=$2 model=${3%%:*} id run cap seed plan minutes kill
     id=$(run_id "$task" "$3")
     seed=$(spec_args "$3") || return 1
+    if [[ "+${3##*:}+" == *"+repocfg+"* && "$task" != listops ]]; then
+        echo "gpu_lra.sh: '$3': 'repocfg' is a ListOps config; task $task" >&2
+        return 1
+    fi
     run=$WORK/runs/$id
     plan=$(slice_plan)
     if [ "$plan" = none ]; then

@@ -231,7 +231,7 @@ def test_gpu_lra_model_specs_name_their_runs_and_flags():
         0, "listops_hgrn1_s2222_unmasked_eos", "--unmasked-padding --append-eos --max-positions 2048 --seed 2222", "")
     assert gpu_lra_spec("hgrn1:2222:unmasked+noeos") == (0, "listops_hgrn1_s2222_unmasked_noeos", "--unmasked-padding --seed 2222", "")
     rc, _, _, err = gpu_lra_spec("hgrn1:2:pads")
-    assert rc == 1 and "'hgrn1:2:pads' in LRA_MODELS: the third field can only be 'unmasked', 'eos', 'noeos', 'scratchK' (K 1-99), 'fixedN' (N 10-9999), 'scanpads' or 'layernorm'" in err
+    assert rc == 1 and "'hgrn1:2:pads' in LRA_MODELS: the third field can only be 'unmasked', 'eos', 'noeos', 'scratchK' (K 1-99), 'fixedN' (N 10-9999), 'scanpads', 'layernorm' or 'repocfg'" in err
     # scratch positions after the token (masked padding): scratchK, K 1-99
     assert gpu_lra_spec("hgrn1:2222:scratch16") == (0, "listops_hgrn1_s2222_scratch16", "--scratch-positions 16 --seed 2222", "")
     # every batch padded to a fixed length: fixedN, N 10-9999
@@ -244,6 +244,13 @@ def test_gpu_lra_model_specs_name_their_runs_and_flags():
     # layer norms instead of the arch's batch norms
     assert gpu_lra_spec("hgrn1:2222:layernorm+eos") == (
         0, "listops_hgrn1_s2222_layernorm_eos", "--norm layer --append-eos --max-positions 2048 --seed 2222", "")
+    # the public repository's HGRN1 ListOps config (its own schedule and size; HGRN1 only)
+    assert gpu_lra_spec("hgrn1:2222:repocfg+eos") == (
+        0, "listops_hgrn1_s2222_repocfg_eos",
+        "--encoder-embed-dim 128 --glu-multiple 2 --norm layer --lr 0.001 --weight-decay 0.01 --warmup-updates 1000 "
+        "--batch-size 50 --batch-size-valid 50 --max-update 50000 --append-eos --max-positions 2048 --seed 2222", "")
+    rc, _, _, err = gpu_lra_spec("hgrn2:2222:repocfg")
+    assert rc == 1 and "'repocfg' is the public repository's HGRN1 ListOps config (model hgrn1)" in err
     for bad in ("layer", "scratch", "scratch0", "scratch100", "scratchx", "fixed", "fixed0", "fixed9", "fixed10000", "fixed01"):
         rc, _, _, err = gpu_lra_spec(f"hgrn1:2:{bad}")
         assert rc == 1 and "the third field can only be" in err, bad
