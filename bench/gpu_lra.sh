@@ -334,6 +334,13 @@ if [ "${LRA_SAVE_STATE:-0}" != 0 ] && [ "$TRAINED" = 1 ]; then
         trained) runs=("${TRAINED_RUNS[@]}") ;;
     esac
     mapfile -t files < <(state_files "$WORK/runs" "${runs[@]}")
+    # a best checkpoint is only evaluated: its optimizer state (two more copies of the weights) stays here
+    bests=()
+    for f in "${files[@]}"; do [[ $f == */checkpoint_best.pt ]] && bests+=("$WORK/runs/$f"); done
+    if [ ${#bests[@]} -gt 0 ]; then
+        python3 bench/lra_strip_best.py "${bests[@]}" > "$OUT/lra_strip_best.log" 2>&1 ||
+            echo "== lra_strip_best.py failed (rc $?): the bests go as they are; see lra_strip_best.log"
+    fi
     tar -cf - -C "$WORK/runs" "${files[@]}" | split -b 15M -d - "$OUT/lra_state.tar.part"
     echo "== state saved: ${files[*]} -> $(ls "$OUT"/lra_state.tar.part* | wc -l) part(s) of lra_state.tar (they replace bench/results/lra_state/*: commit them)"
 fi

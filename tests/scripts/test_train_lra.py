@@ -5,6 +5,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -334,6 +335,24 @@ def test_cpu_run_end_to_end_and_resume(tmp_path):
     assert (tmp_path / "runs" / "results.md").is_file() and (tmp_path / "runs" / "results.csv").is_file()
     assert (tmp_path / "runs" / "listops_hgrn1" / "logs" / "train.log").is_file()
     assert (tmp_path / "runs" / "listops_hgrn1" / "finished_max_update_12").is_file()
+    # bench/lra_strip_best.py (gpu_lra.sh packs the bests so): the optimizer state goes, the test result stays
+    best = tmp_path / "stripped" / "checkpoint_best.pt"
+    best.parent.mkdir()
+    shutil.copy(tmp_path / "runs" / "listops_hgrn1" / "checkpoint_best.pt", best)
+    strip = [sys.executable, os.path.join(REPO, "bench", "lra_strip_best.py")]
+    s = subprocess.run(strip + [str(best)], capture_output=True, text=True, timeout=120)
+    assert s.returncode == 0 and "optimizer state dropped" in s.stdout, s.stdout + s.stderr
+    assert best.stat().st_size < (tmp_path / "runs" / "listops_hgrn1" / "checkpoint_best.pt").stat().st_size
+    s = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "lra_eval.py"), str(best), "--data", data,
+                        "--split", "test", "--cpu", "--json", str(best.parent / "result.json")],
+                       capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert s.returncode == 0, (s.stdout + s.stderr)[-3000:]
+    again = json.load(open(best.parent / "result.json"))
+    assert (again["correct"], again["examples"], again["num_updates"]) == (
+        result["correct"], result["examples"], result["num_updates"])
+    s = subprocess.run(strip + [str(tmp_path / "runs" / "listops_hgrn1" / "checkpoint_last.pt")],
+                       capture_output=True, text=True, timeout=120)
+    assert s.returncode == 2 and "is not a checkpoint_best.pt" in s.stderr
     # 12 updates = 3 epochs of 4, validations at each epoch end and the save at 6: once each (fairseq 0.12
     # alone writes epoch n's lines n times into --log-file)
     log = open(tmp_path / "runs" / "listops_hgrn1" / "logs" / "train.log").read().splitlines()
