@@ -22,8 +22,9 @@ Run on an H200 on 2026-11-27 (bench/results/image_h200_2026-11-27/hgrn2_image_sc
 4 warps won for both kernels and is now in their spaces for K = V = 64 (hgrn2_triton._small_head_only);
 dq/dg BK 32 / 4 warps hit an illegal address. The later runs of the day (`..._dv.md`,
 `..._extras_small224.md`: stages, PREFETCH, 2 warps, dv warps) found nothing faster around the adopted
-configs. Next (EXTRA, not yet timed): the adopted configs with their registers capped (maxnreg 168 / 128,
-no spills offline), i.e. three or four programs an SM instead of two. One call, ~3 minutes:
+configs. The register caps in EXTRA (maxnreg 168 / 128 on the adopted configs: three or four programs
+an SM instead of two, no spills offline) were slower (H200 08:44, `..._regcaps.md`: dq/dg 0.80-0.92x,
+output 0.97-1.01x): nothing cheap is left at head 64. One call runs EXTRA alone (~3 minutes):
 `SCAN_CONFIGS_ARGS="--kernels dqdg,output --shapes tiny224,small224 --extras-only" OUT=$OUT bash
 bench/gpu_session.sh scan_configs:300` (one process per kernel and config, every shape in it). Without
 `--extras-only` every config of the autotune spaces is timed too (~25 s a process).
@@ -42,7 +43,8 @@ SHAPES = {"tiny224": (128, 196, 3), "small224": (128, 196, 6), "tiny448": (32, 7
 REF_SEQS = 4
 
 # extra candidates beyond each autotune space (the space itself comes from hgrn2_triton)
-# Register caps on the adopted BK 64 / 4-warp configs (next to try; not yet timed). Offline sm_90 compiles
+# Register caps on the adopted BK 64 / 4-warp configs (timed on an H200 2026-11-27: slower, see the
+# docstring; kept as the last extras measured). Offline sm_90 compiles
 # with Triton 3.6 (head 64, bf16, 2026-11-27; `python -m tests.kernels.sm90_compile --match K=64 --resources
 # --maxnreg 168`, without TRITON_INTERPRET): dq/dg uncapped 255 registers (two programs an SM),
 # maxnreg 168: 168 and no spills (+9% SASS instructions; three programs an SM), maxnreg 128: 128 and no

@@ -504,6 +504,14 @@ class _ChunkFunction(torch.autograd.Function):
         return dq, dv, dg, dh0, None
 
 
+def _bi_chunk_fwd(q, v, g, store_a, lowp):
+    """Both directions' chunked forwards, the reverse one adding into the forward one's o: ``(o, (h, A,
+    redo) forwards, (h, A, redo) backwards)``."""
+    o, _, h_f, A_f, redo_f = _chunk_fwd(q, v, g, None, False, store_a=store_a, lowp=lowp)
+    o, _, h_r, A_r, redo_r = _chunk_fwd(q, v, g, None, True, store_a=store_a, lowp=lowp, add_to=o)
+    return o, (h_f, A_f, redo_f), (h_r, A_r, redo_r)
+
+
 class _BiChunkFunction(torch.autograd.Function):
     """o = scan(q, v, g) + scan(q, v, g, reverse) through the chunked kernels (no initial state), the
     reverse direction's output and gradients added inside its kernels (ACCUM) rather than by separate
@@ -512,8 +520,7 @@ class _BiChunkFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, v, g):
         lowp = _intra_lowp()
-        o, _, h_f, A_f, redo_f = _chunk_fwd(q, v, g, None, False, store_a=True, lowp=lowp)
-        o, _, h_r, A_r, redo_r = _chunk_fwd(q, v, g, None, True, store_a=True, lowp=lowp, add_to=o)
+        o, (h_f, A_f, redo_f), (h_r, A_r, redo_r) = _bi_chunk_fwd(q, v, g, True, lowp)
         ctx.save_for_backward(q, v, g, h_f, A_f, redo_f, h_r, A_r, redo_r)
         ctx.lowp = lowp
         return o
@@ -712,9 +719,7 @@ def hgrn2_fused_bidirectional(q: Tensor, v: Tensor, log_decay: Tensor, *, impl: 
         q, v, log_decay = q.contiguous(), v.contiguous(), log_decay.contiguous()
         if torch.is_grad_enabled() and any(x.requires_grad for x in (q, v, log_decay)):
             return _BiChunkFunction.apply(q, v, log_decay)
-        lowp = _intra_lowp()
-        o = _chunk_fwd(q, v, log_decay, None, False, store_a=False, lowp=lowp)[0]
-        return _chunk_fwd(q, v, log_decay, None, True, store_a=False, lowp=lowp, add_to=o)[0]
+        return _bi_chunk_fwd(q, v, log_decay, False, _intra_lowp())[0]
     return (hgrn2_fused(q, v, log_decay, None, False, impl=impl)[0]
             + hgrn2_fused(q, v, log_decay, None, True, impl=impl)[0])
 

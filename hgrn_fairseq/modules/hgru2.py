@@ -47,9 +47,9 @@ class HGRU2(BlockOpsSwitch, nn.Module):
     # keeps the split / PyTorch SiLU / PyTorch LayerNorm of before 2026-11-27 (bench_image.py --ab-hgru2).
     fuse_in_gates = True
     # Non-causal: the reverse scan adds its output and gradients into the forward scan's inside the
-    # chunked kernels (kernels.hgrn2_scan_bidirectional) instead of by element-wise adds. Off until it
-    # has run on a GPU (written 2026-11-27, CPU-tested in the Triton interpreter; bench_image.py
-    # --ab-accum measures it).
+    # chunked kernels (kernels.hgrn2_scan_bidirectional) instead of by element-wise adds. Off: on an
+    # H200 (2026-11-27, bench_image.py --ab-accum) it gave +1% training images/s, within the run-to-run
+    # spread, for 0.25-0.39 GiB more peak memory (docs/image.md, Speed).
     accumulate_directions = False
 
     def __init__(
