@@ -10,8 +10,9 @@ Installed by ``fairseq_compat.install()`` (so by ``--user-dir hgrn_fairseq``); i
 * **Resume from the newest intact checkpoint.** A kill between fairseq's first write of a save and its
   copy to ``checkpoint_last.pt`` leaves that file missing or older than the save; a damaged one (written
   by something else, a full disk) cannot be loaded. In each case the run resumes from the newest intact
-  ``checkpoint*.pt`` of the save directory and says so (a damaged file is kept as
-  ``checkpoint_last.pt.damaged``).
+  ``checkpoint*.pt`` of the save directory that holds optimizer state, and says so (a damaged file is kept
+  as ``checkpoint_last.pt.damaged``). A checkpoint without optimizer state (a best stripped for
+  evaluation) is never resumed from: fairseq would restart the run at update 0.
 * **One run per save directory.** The master process holds an exclusive lock on
   ``SAVE_DIR/.hgrn_train.lock`` for its lifetime (released by the system when it ends, however it ends); a
   second run on the same directory stops with a message naming the first one's process id.
@@ -78,16 +79,35 @@ def _updates_of(path: str) -> int:
     return int(m.group(1)) if m else -1
 
 
-def newest_intact_checkpoint(save_dir: str) -> Optional[str]:
-    """The most recently written intact ``checkpoint*.pt`` of ``save_dir`` (None when there is none)."""
+def has_optimizer_state(path: str) -> bool:
+    """True when the checkpoint at ``path`` holds the optimizer state a run resumes with. A checkpoint
+    saved without it (``--no-save-optimizer-state``, or a best stripped for evaluation by
+    ``bench/lra_strip_best.py``) loads, but fairseq then restarts at update 0: the learning-rate schedule
+    and the optimizer's moments from scratch. Read memory-mapped: the tensors' bytes are not loaded."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except (RuntimeError, OSError, ValueError):  # an old (non-zip) format cannot be memory-mapped
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    return isinstance(state, dict) and state.get("last_optimizer_state") is not None
+
+
+def newest_intact_checkpoint(save_dir: str, resumable: bool = False) -> Optional[str]:
+    """The most recently written intact ``checkpoint*.pt`` of ``save_dir`` (None when there is none);
+    with ``resumable``, the most recent one that also holds optimizer state (``has_optimizer_state``)."""
     candidates = glob.glob(os.path.join(save_dir, "checkpoint*.pt"))
     # newest first; at equal times checkpoint_last.pt, then the most updates
     candidates.sort(key=lambda p: (os.path.getmtime(p), "checkpoint_last" in os.path.basename(p), _updates_of(p)),
                     reverse=True)
     for path in candidates:
-        if is_intact(path):
+        if not is_intact(path):
+            logger.warning("%s is damaged (not a complete checkpoint): skipped", path)
+        elif resumable and not has_optimizer_state(path):
+            logger.warning("%s holds no optimizer state (resuming from it would restart the learning-rate "
+                           "schedule at update 0): not resumed from", path)
+        else:
             return path
-        logger.warning("%s is damaged (not a complete checkpoint): skipped", path)
     return None
 
 
@@ -97,13 +117,19 @@ def resume_choice(save_dir: str, last: str, master: bool) -> Optional[str]:
     same save (fairseq writes one file, then copies it to the others, ``last`` at the end)."""
     if not os.path.isdir(save_dir):
         return None
-    newest = newest_intact_checkpoint(save_dir)
+    if os.path.exists(last) and is_intact(last) and not any(
+            os.path.getmtime(p) > os.path.getmtime(last) for p in glob.glob(os.path.join(save_dir, "checkpoint*.pt"))):
+        return None  # the usual case, decided without reading any checkpoint
+    # A checkpoint without optimizer state is never resumed from (has_optimizer_state): a best stripped for
+    # evaluation after the last was written is newer than it, and resuming from it restarted a run at
+    # update 0 with the best's weights (two LRA calls on 2026-11-27).
+    newest = newest_intact_checkpoint(save_dir, resumable=True)
     if os.path.exists(last) and not is_intact(last):
         if master:
             os.replace(last, last + ".damaged")
         if newest is None:
-            logger.warning("%s is damaged (kept as %s.damaged) and the save directory holds no intact checkpoint: "
-                           "training starts from scratch", last, last)
+            logger.warning("%s is damaged (kept as %s.damaged) and the save directory holds no intact checkpoint "
+                           "with optimizer state: training starts from scratch", last, last)
         else:
             logger.warning("%s is damaged (kept as %s.damaged): resuming from %s, the newest intact checkpoint",
                            last, last, newest)

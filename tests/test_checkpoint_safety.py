@@ -134,6 +134,26 @@ def test_damaged_last_checkpoint_resumes_from_the_newest_intact_one(data, launch
     assert num_updates(last) == 6
 
 
+def test_a_best_without_optimizer_state_newer_than_last_is_not_resumed_from(data, launcher, tmp_path):
+    # What two LRA calls hit on 2026-11-27: checkpoint_best.pt rewritten without its optimizer state (for
+    # evaluation only) after checkpoint_last.pt, so the newer file; resuming from it restarted at update 0
+    save = tmp_path / "save"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    first = run(train_cmd(launcher, data, save, 4), env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    best = save / "checkpoint_best.pt"
+    state = torch.load(best, map_location="cpu", weights_only=False)
+    del state["last_optimizer_state"]
+    torch.save(state, best)
+    os.utime(best, (time.time() + 5, time.time() + 5))
+    again = run(train_cmd(launcher, data, save, 6), env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    out = again.stdout + again.stderr
+    assert "checkpoint_last.pt (epoch" in out and "@ 4 updates" in out, out[-3000:]
+    assert "checkpoint_best.pt holds no optimizer state" in out, out[-3000:]
+    assert num_updates(save / "checkpoint_last.pt") == 6
+
+
 def test_a_second_run_on_a_save_directory_in_use_is_refused(data, launcher, tmp_path):
     save = tmp_path / "save"
     log = tmp_path / "copies.log"

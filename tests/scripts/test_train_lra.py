@@ -339,9 +339,11 @@ def test_cpu_run_end_to_end_and_resume(tmp_path):
     best = tmp_path / "stripped" / "checkpoint_best.pt"
     best.parent.mkdir()
     shutil.copy(tmp_path / "runs" / "listops_hgrn1" / "checkpoint_best.pt", best)
+    os.utime(best, (1_000_000_000, 1_000_000_000))
     strip = [sys.executable, os.path.join(REPO, "bench", "lra_strip_best.py")]
     s = subprocess.run(strip + [str(best)], capture_output=True, text=True, timeout=120)
     assert s.returncode == 0 and "optimizer state dropped" in s.stdout, s.stdout + s.stderr
+    assert best.stat().st_mtime == 1_000_000_000  # kept: a best newer than the last once got resumed from
     assert best.stat().st_size < (tmp_path / "runs" / "listops_hgrn1" / "checkpoint_best.pt").stat().st_size
     s = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "lra_eval.py"), str(best), "--data", data,
                         "--split", "test", "--cpu", "--json", str(best.parent / "result.json")],
@@ -362,7 +364,12 @@ def test_cpu_run_end_to_end_and_resume(tmp_path):
     p = run(["listops", "hgrn1", data, *tiny], env=dict(env, SKIP_TEST="1"), timeout=300)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     assert "training already reached --max-update 12" in p.stderr
-    # a longer plan resumes from checkpoint_last.pt at update 12
+    # a longer plan resumes from checkpoint_last.pt at update 12, also after gpu_lra.sh's strip of the best in
+    # place and a best that is the newer file (the resume used to pick it and restart at update 0)
+    run_best = tmp_path / "runs" / "listops_hgrn1" / "checkpoint_best.pt"
+    s = subprocess.run(strip + [str(run_best)], capture_output=True, text=True, timeout=120)
+    assert s.returncode == 0 and "optimizer state dropped" in s.stdout, s.stdout + s.stderr
+    os.utime(run_best, (time.time() + 5, time.time() + 5))
     p = run(["listops", "hgrn1", data, *tiny], env=dict(env, SKIP_TEST="1", MAX_UPDATE="14"), timeout=300)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     assert re.search(r"Loaded checkpoint \S+checkpoint_last.pt \(epoch \d+ @ 12 updates\)", p.stdout + p.stderr)
