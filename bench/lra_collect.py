@@ -25,7 +25,13 @@ Before filing anything it checks that every log resumed where the run's filed sl
 "Loaded checkpoint ... @ N updates"; "No existing checkpoint found" is 0): a call that found a fresh
 machine and was given no state starts its runs from 0, and such a log is refused with one line.
 ``--restarted RUN_ID ...`` files it as the run's first slice after renaming the run's filed slices and
-test JSONs ``discarded_restarted_*``.
+test JSONs ``discarded_restarted_*``. A log that loaded a checkpoint at update 0 resumed from one without
+optimizer state (2026-11-27: a stripped best, before checkpoint_safety refused those): the schedule started
+again on the best's weights, so it is no continuation either. ``--discard RUN_ID ...`` files such a log as
+``<dest>/discarded_<prefix>train_<A>-<B>_<tag>.log`` for the record (A where it started, B its last
+validation; no slice, no test JSON) and keeps the run's checkpoints of ``--state``, not the call's.
+``--drop RUN_ID ...`` leaves runs out of the new state (finished or abandoned ones, to make room in the
+run tool's 64 MiB; their checkpoints stay in git history).
 
 """
 from __future__ import annotations
@@ -67,19 +73,24 @@ def last_slice(dest: str, prefix: str) -> Tuple[int, int]:
     return best
 
 
-RESUMED = re.compile(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)")
+RESUMED = re.compile(r"Loaded checkpoint (\S+) \(epoch \d+ @ (\d+) updates\)")
 
 
 def resumed_from(text: str) -> Optional[int]:
     """The update a training log started from: fairseq's "Loaded checkpoint ... @ N updates", 0 for its
     "No existing checkpoint found", None when the log says neither (the first runs' logs)."""
+    return resumed_checkpoint(text)[0]
+
+
+def resumed_checkpoint(text: str) -> Tuple[Optional[int], Optional[str]]:
+    """(update, checkpoint path) a training log started from: (0, None) for a fresh start."""
     for line in text.splitlines():
         m = RESUMED.search(line)
         if m:
-            return int(m.group(1))
+            return int(m.group(2)), m.group(1)
         if "No existing checkpoint found" in line:
-            return 0
-    return None
+            return 0, None
+    return None, None
 
 
 def discard_run_files(dest: str, prefix: str, dry_run: bool) -> List[str]:
@@ -132,26 +143,56 @@ def merged_parts(old_paths: List[str], new_paths: List[str]) -> Tuple[List[bytes
     new, old = read_parts(new_paths), read_parts(old_paths)
     new_runs = {name.split("/", 1)[0] for name in new}
     kept = {name: v for name, v in old.items() if name.split("/", 1)[0] not in new_runs}
+    return pack_members({**kept, **new}), sorted({n.split("/", 1)[0] for n in kept})
+
+
+def selected_parts(old_paths: List[str], new_paths: List[str], keep_other_runs: bool, discard: Sequence[str],
+                   drop: Sequence[str]) -> Tuple[List[bytes], List[str], List[str], List[str]]:
+    """The call's runs but the discarded ones; from the old state the discarded runs (and with keep_other_runs
+    every run the call's parts do not hold); without the dropped runs: (parts, runs from the call, runs from the
+    old state, dropped runs)."""
+    run_of = lambda name: name.split("/", 1)[0]  # noqa: E731
+    new = {n: v for n, v in read_parts(new_paths).items() if run_of(n) not in discard}
+    old = read_parts(old_paths) if old_paths else {}
+    new_runs = {run_of(n) for n in new}
+    kept = {n: v for n, v in old.items()
+            if run_of(n) in discard or (keep_other_runs and run_of(n) not in new_runs)}
+    merged = {**kept, **new}
+    unknown = sorted(set(drop) - {run_of(n) for n in merged})
+    if unknown:
+        raise CollectError(f"--drop {' '.join(unknown)}: the new state would hold no such run "
+                           f"(it holds {', '.join(sorted({run_of(n) for n in merged}))})")
+    merged = {n: v for n, v in merged.items() if run_of(n) not in drop}
+    return (pack_members(merged), sorted(new_runs - set(drop)), sorted({run_of(n) for n in kept} - set(drop)),
+            sorted(set(drop)))
+
+
+def pack_members(members: Dict[str, Tuple[tarfile.TarInfo, bytes]]) -> List[bytes]:
+    """A tar of the members (their times kept), split in parts of PART_BYTES as gpu_lra.sh splits it."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:") as tar:
-        for name, (info, data) in sorted({**kept, **new}.items()):
+        for name, (info, data) in sorted(members.items()):
             info.name, info.size = name, len(data)
             tar.addfile(info, io.BytesIO(data))
     raw = buf.getvalue()
-    return [raw[i: i + PART_BYTES] for i in range(0, len(raw), PART_BYTES)], sorted({n.split("/", 1)[0] for n in kept})
+    return [raw[i: i + PART_BYTES] for i in range(0, len(raw), PART_BYTES)]
 
 
 def collect(files_at: str, tag: str, dest_root: str, state: str, gpu_log: Optional[str], dry_run: bool,
-            keep_other_runs: bool = False, restarted: Sequence[str] = ()) -> List[str]:
+            keep_other_runs: bool = False, restarted: Sequence[str] = (), discard: Sequence[str] = (),
+            drop: Sequence[str] = ()) -> List[str]:
     done: List[str] = []
     members = read_session(files_at)
     runs = sorted(m for m in members if re.fullmatch(r"lra/runs/train_[a-z]+_[^/]+\.log", m))
     if not runs:
         raise CollectError(f"the session archive in {files_at} has no lra/runs/train_*.log: was it a gpu_lra.sh call?")
     run_ids = [os.path.basename(m)[len("train_"):-len(".log")] for m in runs]
-    unknown = sorted(set(restarted) - set(run_ids))
-    if unknown:
-        raise CollectError(f"--restarted {' '.join(unknown)}: the call trained no such run (it trained {', '.join(run_ids)})")
+    for option, names in (("--restarted", restarted), ("--discard", discard)):
+        unknown = sorted(set(names) - set(run_ids))
+        if unknown:
+            raise CollectError(f"{option} {' '.join(unknown)}: the call trained no such run (it trained {', '.join(run_ids)})")
+    if set(restarted) & set(discard):
+        raise CollectError(f"{' '.join(sorted(set(restarted) & set(discard)))}: give a run --restarted or --discard, not both")
     # Check every log before filing any: a log that did not resume where the filed slices end would be filed as
     # their continuation with a wrong update range (a call that found a fresh machine and was given no state
     # starts its runs from 0).
@@ -159,21 +200,44 @@ def collect(files_at: str, tag: str, dest_root: str, state: str, gpu_log: Option
         task = run_id.split("_", 1)[0]
         dest = os.path.join(dest_root, f"lra_{task}_full")
         _, start = last_slice(dest, prefix_of(run_id, task))
-        began = resumed_from(members[member].decode("utf-8", "replace"))
-        if began is None or began == start or (began == 0 and run_id in restarted):
+        began, loaded = resumed_checkpoint(members[member].decode("utf-8", "replace"))
+        if began is None or began == start or (began == 0 and run_id in restarted) or run_id in discard:
             continue
+        if began == 0 and loaded is not None:
+            raise CollectError(f"{run_id}: its log loaded {loaded} at update 0 (a checkpoint without optimizer "
+                               f"state: the schedule started again on its weights) while its filed slices end at "
+                               f"{start}: no continuation; pass --discard {run_id} to keep the log as discarded_* "
+                               f"and the run's checkpoints of the old state")
         if began == 0:
             raise CollectError(f"{run_id}: its log starts from update 0 (no checkpoint was restored: the call was not "
                                f"given the state?) while its filed slices end at {start}: pass --restarted {run_id} "
                                f"to rename them discarded_restarted_* and file this log as the run's first slice")
         raise CollectError(f"{run_id}: its log resumed from update {began} while its filed slices end at {start} "
                            f"(the call was given another state than the last filed one): file it by hand")
+    parts = sorted(glob.glob(os.path.join(files_at, "lra_state.tar.part*")))
+    old_parts = sorted(glob.glob(os.path.join(state, "lra_state.tar.part*")))
+    selected = None  # the new state with --discard / --drop, made (and checked) before anything is filed
+    if parts and (discard or drop):
+        selected = selected_parts(old_parts, parts, keep_other_runs, discard, drop)
     dests = set()
     for member, run_id in zip(runs, run_ids):
         task = run_id.split("_", 1)[0]
         dest = os.path.join(dest_root, f"lra_{task}_full")
         dests.add(dest)
         prefix = prefix_of(run_id, task)
+        if run_id in discard:
+            text = members[member].decode("utf-8", "replace")
+            began, end = resumed_from(text) or 0, last_update(text)
+            target = os.path.join(dest, f"discarded_{prefix}train_{began}-{end}_{tag}.log")
+            if os.path.exists(target):
+                raise CollectError(f"{target} exists already: move it away by hand, then collect again")
+            done.append(f"{run_id}: discarded ({began}-{end}) -> {os.path.relpath(target, REPO)}; "
+                        f"the state keeps its old checkpoints")
+            if not dry_run:
+                os.makedirs(dest, exist_ok=True)
+                with open(target, "wb") as f:
+                    f.write(members[member])
+            continue
         if run_id in restarted:
             moved = discard_run_files(dest, prefix, dry_run)
             done.append(f"{run_id}: restarted from 0; {len(moved)} filed file(s) renamed discarded_restarted_*")
@@ -202,10 +266,13 @@ def collect(files_at: str, tag: str, dest_root: str, state: str, gpu_log: Option
                 if not dry_run:
                     with open(target, "wb") as f:
                         f.write(result)
-    parts = sorted(glob.glob(os.path.join(files_at, "lra_state.tar.part*")))
     if parts:
-        old_parts = sorted(glob.glob(os.path.join(state, "lra_state.tar.part*")))
-        if keep_other_runs and old_parts:
+        if selected is not None:
+            data, taken, kept, dropped = selected
+            done.append(f"state: from the call {', '.join(taken) or 'no run'}; from the old state "
+                        f"{', '.join(kept) or 'no run'}{'; left out ' + ', '.join(dropped) if dropped else ''}: "
+                        f"{len(data)} part(s) in {os.path.relpath(state, REPO)}/lra_state.tar.part*")
+        elif keep_other_runs and old_parts:
             data, kept = merged_parts(old_parts, parts)
             done.append(f"state: the call's runs and {', '.join(kept) or 'no other run'} from the old state, "
                         f"{len(data)} part(s) in {os.path.relpath(state, REPO)}/lra_state.tar.part*")
@@ -246,13 +313,18 @@ def main(argv=None) -> int:
     ap.add_argument("--restarted", nargs="+", default=[], metavar="RUN_ID",
                     help="runs (e.g. listops_hgrn1_s2222_layernorm_eos) that this call started again from 0: "
                          "their filed slices and test JSONs are renamed discarded_restarted_*, the log is slice 1")
+    ap.add_argument("--discard", nargs="+", default=[], metavar="RUN_ID",
+                    help="runs whose log this call must not file as a slice (they resumed at update 0 from a "
+                         "checkpoint without optimizer state): kept as discarded_*, the state keeps their old checkpoints")
+    ap.add_argument("--drop", nargs="+", default=[], metavar="RUN_ID",
+                    help="runs to leave out of the new state (finished or abandoned; git history keeps them)")
     args = ap.parse_args(argv)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.tag):
         print(f"lra_collect: --tag {args.tag!r} goes into file names: letters, digits, '_', '.', '-' only", file=sys.stderr)
         return 2
     try:
         for line in collect(args.files_at, args.tag, args.dest_root, args.state, args.gpu_log, args.dry_run,
-                            args.keep_other_runs, args.restarted):
+                            args.keep_other_runs, args.restarted, args.discard, args.drop):
             print(line)
     except CollectError as e:
         print(f"lra_collect: {e}", file=sys.stderr)

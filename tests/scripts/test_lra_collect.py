@@ -192,3 +192,61 @@ def test_a_log_that_did_not_resume_where_the_slices_end_is_refused_or_filed_as_r
         assert "--restarted listops_nope: the call trained no such run" in str(e)
     else:
         raise AssertionError("--restarted accepted a run the call did not train")
+
+
+def test_a_log_resumed_at_0_from_a_checkpoint_is_refused_then_discarded_and_finished_runs_dropped(tmp_path):
+    """2026-11-27: a run resumed from a best stripped of its optimizer state ('Loaded checkpoint .../checkpoint_best.pt
+    (epoch 22 @ 0 updates)'): the schedule restarted on the best's weights, no continuation of the filed slices.
+    Refused with a line naming --discard; --discard keeps the log as discarded_* (no slice, no test JSON) and the
+    run's old checkpoints in the new state, not the call's; --drop leaves runs out of the new state."""
+    results, state = tmp_path / "results", tmp_path / "state"
+    listops = results / "lra_listops_full"
+    os.makedirs(listops)
+    os.makedirs(state)
+    (listops / "hgrn2_s2222_layernorm_eos_train_slice2_updates_9000-15761_a.log").write_text("x")
+    old = {"listops_hgrn2_s2222_layernorm_eos/checkpoint_last.pt": b"ln-15761",
+           "listops_done/checkpoint_best.pt": b"done", "listops_done/finished_max_update_37500": b"37500"}
+    for i, part in enumerate(tar_parts(old)):
+        (state / f"lra_state.tar.part{i:02d}").write_bytes(part)
+    stripped = ("2026-11-27 11:18:07 | INFO | fairseq.trainer | Loaded checkpoint "
+                "/tmp/r/listops_hgrn2_s2222_layernorm_eos/checkpoint_best.pt (epoch 22 @ 0 updates)\n")
+    call = tmp_path / "call"
+    new = {"listops_hgrn2_s2222_layernorm_eos/checkpoint_last.pt": b"ln-restarted-3031",
+           "listops_hgrn1_s2222_repocfg_eos/checkpoint_last.pt": b"repo-3947"}
+    write_call(str(call), {
+        "lra/runs/train_listops_hgrn2_s2222_layernorm_eos.log": stripped + valid_line(500) + valid_line(3031),
+        "lra/runs/listops_hgrn2_s2222_layernorm_eos.test_result.json": json.dumps({"num_updates": 3031, "accuracy": 46.1}),
+        "lra/runs/train_listops_hgrn1_s2222_repocfg_eos.log": resumed_line(0) + valid_line(3947),
+        "lra/runs/listops_hgrn1_s2222_repocfg_eos.test_result.json": json.dumps({"num_updates": 3947, "accuracy": 36.1}),
+        "lra.log": "x\n",
+    }, tar_parts(new))
+    before = sorted(os.listdir(listops))
+    try:
+        collect.collect(str(call), "c", str(results), str(state), None, False, keep_other_runs=True)
+    except collect.CollectError as e:
+        assert "listops_hgrn2_s2222_layernorm_eos: its log loaded" in str(e) and "at update 0" in str(e)
+        assert "--discard listops_hgrn2_s2222_layernorm_eos" in str(e)
+    else:
+        raise AssertionError("a log that restarted at update 0 from a checkpoint was filed as the next slice")
+    assert sorted(os.listdir(listops)) == before
+    lines = collect.collect(str(call), "c", str(results), str(state), None, False, keep_other_runs=True,
+                            discard=["listops_hgrn2_s2222_layernorm_eos"], drop=["listops_done"])
+    assert (listops / "discarded_hgrn2_s2222_layernorm_eos_train_0-3031_c.log").is_file()
+    assert not (listops / "hgrn2_s2222_layernorm_eos_test_result_after_3031.json").exists()
+    assert (listops / "hgrn1_s2222_repocfg_eos_train_slice1_updates_0-3947_c.log").is_file()
+    assert untar(state) == {"listops_hgrn2_s2222_layernorm_eos/checkpoint_last.pt": b"ln-15761",
+                            "listops_hgrn1_s2222_repocfg_eos/checkpoint_last.pt": b"repo-3947"}
+    assert ("state: from the call listops_hgrn1_s2222_repocfg_eos; from the old state listops_hgrn2_s2222_layernorm_eos; "
+            "left out listops_done: 1 part(s)") in "\n".join(lines), lines
+    # --drop of a run the new state would not hold, --discard of a run the call did not train: one line each
+    for kwargs, message in (({"drop": ["listops_nope"]}, "--drop listops_nope: the new state would hold no such run"),
+                            ({"discard": ["listops_nope"]}, "--discard listops_nope: the call trained no such run")):
+        try:
+            collect.collect(str(call), "c2", str(results), str(state), None, False, keep_other_runs=True,
+                            **{"discard": ["listops_hgrn2_s2222_layernorm_eos", "listops_hgrn1_s2222_repocfg_eos"],
+                               **kwargs})
+        except collect.CollectError as e:
+            assert message in str(e), str(e)
+        else:
+            raise AssertionError(f"{kwargs} was accepted")
+        assert not any(name.startswith("discarded_") and "_c2." in name for name in os.listdir(listops))
