@@ -112,8 +112,9 @@ def last_update(text: str) -> Optional[int]:
     return max(found) if found else None
 
 
-def read_parts(paths: List[str], mode: str = "r:") -> Dict[str, Tuple[tarfile.TarInfo, bytes]]:
-    """The files of an archive split into parts (joined in order), by name: (member, bytes)."""
+def read_parts(paths: List[str], mode: str = "r:*") -> Dict[str, Tuple[tarfile.TarInfo, bytes]]:
+    """The files of an archive split into parts (joined in order), by name: (member, bytes); plain or
+    compressed (the state is gzip-compressed since 2026-11-27)."""
     out: Dict[str, Tuple[tarfile.TarInfo, bytes]] = {}
     data = b"".join(open(p, "rb").read() for p in paths)
     try:
@@ -168,9 +169,10 @@ def selected_parts(old_paths: List[str], new_paths: List[str], keep_other_runs: 
 
 
 def pack_members(members: Dict[str, Tuple[tarfile.TarInfo, bytes]]) -> List[bytes]:
-    """A tar of the members (their times kept), split in parts of PART_BYTES as gpu_lra.sh splits it."""
+    """A gzip-compressed tar of the members (their times kept), split in parts of PART_BYTES as gpu_lra.sh
+    writes it."""
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:") as tar:
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for name, (info, data) in sorted(members.items()):
             info.name, info.size = name, len(data)
             tar.addfile(info, io.BytesIO(data))

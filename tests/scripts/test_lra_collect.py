@@ -96,7 +96,7 @@ def tar_parts(files, part_bytes=None):
 
 def untar(folder):
     data = b"".join(open(os.path.join(folder, p), "rb").read() for p in sorted(os.listdir(folder)))
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
         return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
 
 
@@ -116,6 +116,7 @@ def test_keep_other_runs_merges_the_paused_runs_into_the_new_state(tmp_path):
     assert untar(state) == {"listops_a/checkpoint_last.pt": b"a-new", "listops_b/checkpoint_last.pt": b"b-new",
                             "listops_paused/checkpoint_last.pt": b"p" * 3000, "listops_paused/checkpoint_best.pt": b"q"}
     assert any("listops_paused from the old state" in line for line in lines)
+    assert (state / "lra_state.tar.part00").read_bytes()[:2] == b"\x1f\x8b"  # repacked gzip-compressed, as gpu_lra.sh packs
     # without the option: the call's parts alone
     collect.collect(str(call), "t2", str(results), str(state), None, False)
     assert untar(state) == new

@@ -386,6 +386,54 @@ def test_cpu_run_end_to_end_and_resume(tmp_path):
     assert r["accuracy_alone"] == r["accuracy_padded"] == r["accuracy_padded_by"]["1"]
 
 
+def test_gpu_lra_state_hands_a_paused_run_to_a_fresh_machine(tmp_path):
+    """bench/gpu_lra.sh's hand-off between GPU calls, on CPU: a call stopped by its time cap packs the run
+    (gzip-compressed parts, the best stripped of its optimizer state); a call on a "fresh machine" (another
+    work folder, the data regenerated) given those parts resumes from checkpoint_last.pt at the update the
+    first call reached. The state's best is made the newer file, as in the state committed on 2026-11-27: the
+    resume picked it then and restarted at update 0, which lost two GPU calls."""
+    import io
+    import tarfile
+
+    import torch
+
+    env = dict(os.environ, LRA_LISTOPS_ARGS="--train 200 --valid 30 --test 30", LRA_NUM_GPUS="0",
+               LRA_LISTOPS_UPDATES="100000", LRA_TRAIN_MINUTES="0.05", LRA_MODELS="hgrn1", LRA_SAVE_STATE="trained",
+               LRA_TRAIN_EXTRA="--encoder-embed-dim 8 --encoder-layers 1 --batch-size 16 --batch-size-valid 16",
+               OMP_NUM_THREADS="1")
+    env.pop("LRA_CARRY", None)
+    first = subprocess.run(["bash", "bench/gpu_lra.sh"], cwd=REPO, capture_output=True, text=True, timeout=400,
+                           env=dict(env, OUT=str(tmp_path / "out1"), LRA_WORK=str(tmp_path / "work1")))
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    parts = sorted((tmp_path / "out1").glob("lra_state.tar.part*"))
+    raw = b"".join(p.read_bytes() for p in parts)
+    assert raw[:2] == b"\x1f\x8b"  # gzip
+    with tarfile.open(fileobj=io.BytesIO(raw), mode="r:gz") as tar:
+        files = {m.name: (m, tar.extractfile(m).read()) for m in tar.getmembers() if m.isfile()}
+    assert set(files) == {"listops_hgrn1/checkpoint_last.pt", "listops_hgrn1/checkpoint_best.pt"}
+    last = torch.load(io.BytesIO(files["listops_hgrn1/checkpoint_last.pt"][1]), map_location="cpu", weights_only=False)
+    best = torch.load(io.BytesIO(files["listops_hgrn1/checkpoint_best.pt"][1]), map_location="cpu", weights_only=False)
+    reached = last["optimizer_history"][-1]["num_updates"]
+    assert reached > 0 and last["last_optimizer_state"] is not None and "last_optimizer_state" not in best
+    carry = tmp_path / "carry"
+    carry.mkdir()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, (info, data) in files.items():
+            if name.endswith("checkpoint_best.pt"):
+                info.mtime = files["listops_hgrn1/checkpoint_last.pt"][0].mtime + 30
+            tar.addfile(info, io.BytesIO(data))
+    (carry / "lra_state.tar.part00").write_bytes(buf.getvalue())
+    second = subprocess.run(["bash", "bench/gpu_lra.sh"], cwd=REPO, capture_output=True, text=True, timeout=400,
+                            env=dict(env, OUT=str(tmp_path / "out2"), LRA_WORK=str(tmp_path / "work2"),
+                                     LRA_CARRY=str(carry)))
+    assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+    assert "state restored from" in second.stdout
+    log = (tmp_path / "out2" / "runs" / "train_listops_hgrn1.log").read_text()
+    assert re.search(rf"Loaded checkpoint \S+/work2/runs/listops_hgrn1/checkpoint_last.pt \(epoch \d+ @ {reached} "
+                     rf"updates\)", log), log[-3000:]
+
+
 def _gpus() -> int:
     import torch
 
