@@ -20,6 +20,8 @@
 # Environment: IMG_STAGES  IMG_EPOCHS [60]  IMG_RES [112]  IMG_MODELS [hgrn1d_vit_tiny,hgrn2_vit_tiny,
 #   deit_tiny_patch16_224]  IMG_WORKERS [12]  IMG_DATA [digits]  IMG_TRAIN_S [150: limit per model]
 #   IMG_EXTRA (more KEY=VALUE overrides for every evidence run, word-split)
+#   IMG_TEST_PATHS [tests/image/test_models.py tests/kernels/test_block_ops.py]  IMG_TESTS_S [240: their limit;
+#   with tests/models/test_cuda_graphs.py give ~420: its fairseq-train tests did not fit 240 on 2026-11-27]
 #   IMG_BENCH_ARGS [--modes eager,graphs] (compile: + torch.compile rows, minutes of compiling)  IMG_BENCH_S [300]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -49,7 +51,7 @@ fi
 cat "$OUT/env.txt"
 
 if [[ ",$STAGES," == *",tests,"* ]]; then
-  OMP_NUM_THREADS=4 timeout 240 python3 -m pytest -q -p no:cacheprovider -rfEs ${IMG_TEST_PATHS:-tests/image/test_models.py tests/kernels/test_block_ops.py} \
+  OMP_NUM_THREADS=4 timeout "${IMG_TESTS_S:-240}" python3 -m pytest -q -p no:cacheprovider -rfEs ${IMG_TEST_PATHS:-tests/image/test_models.py tests/kernels/test_block_ops.py} \
     > "$OUT/gpu_tests.log" 2>&1
   echo "tests rc=$? at $(el)s"; tail -4 "$OUT/gpu_tests.log"
 fi
