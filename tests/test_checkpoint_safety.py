@@ -117,11 +117,17 @@ def test_kill_while_a_checkpoint_is_written_then_the_same_command_resumes(data, 
     assert num_updates(save / "checkpoint_last.pt") == 6
 
 
-def test_damaged_last_checkpoint_resumes_from_the_newest_intact_one(data, launcher, tmp_path):
+def trained_to_4(launcher, data, tmp_path):
+    """A run's save directory after 4 updates (saves at 2 and 4), and the environment to go on with."""
     save = tmp_path / "save"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     first = run(train_cmd(launcher, data, save, 4), env=env)
     assert first.returncode == 0, first.stderr[-3000:]
+    return save, env
+
+
+def test_damaged_last_checkpoint_resumes_from_the_newest_intact_one(data, launcher, tmp_path):
+    save, env = trained_to_4(launcher, data, tmp_path)
     last = save / "checkpoint_last.pt"
     data_bytes = last.read_bytes()
     last.write_bytes(data_bytes[: len(data_bytes) // 2])  # as a kill mid-write by some other tool leaves it
@@ -137,10 +143,7 @@ def test_damaged_last_checkpoint_resumes_from_the_newest_intact_one(data, launch
 def test_a_best_without_optimizer_state_newer_than_last_is_not_resumed_from(data, launcher, tmp_path):
     # What two LRA calls hit on 2026-11-27: checkpoint_best.pt rewritten without its optimizer state (for
     # evaluation only) after checkpoint_last.pt, so the newer file; resuming from it restarted at update 0
-    save = tmp_path / "save"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    first = run(train_cmd(launcher, data, save, 4), env=env)
-    assert first.returncode == 0, first.stderr[-3000:]
+    save, env = trained_to_4(launcher, data, tmp_path)
     best = save / "checkpoint_best.pt"
     state = torch.load(best, map_location="cpu", weights_only=False)
     del state["last_optimizer_state"]
