@@ -75,7 +75,10 @@
 #                      $OUT/lra_state.tar.part* (gzip-compressed tar since 2026-11-27; gpu_session.sh returns them;
 #                      they replace the old parts);
 #   LRA_CARRY=DIR      a folder with such parts from an earlier call (the run tool's carry, e.g.
-#                      results/lra_carry): runs with no checkpoint on this machine continue from them.
+#                      results/lra_carry): runs with no checkpoint on this machine continue from them. On a
+#                      machine with no runs yet, bench/lra_state_check.py first checks that each would resume
+#                      where its slices filed in LRA_RESULTS_ROOT (bench/results) end, and the call stops
+#                      (exit 2) before training when not; LRA_STATE_CHECK=0 skips the check.
 # On a warm machine /tmp/lra_evidence still holds the runs and the data (a part finds its data-bin
 # there and skips the generator); a fresh machine regenerates the data (seeded: the same examples, the
 # same dictionary, so the checkpoints' data fingerprints match).
@@ -116,6 +119,20 @@ trap 'kill "$IO_WATCH" 2>/dev/null' EXIT
 if [ -n "${LRA_CARRY:-}" ]; then  # checkpoints of earlier calls; a run this machine already has wins
     mkdir -p "$WORK/runs"
     if ls "$LRA_CARRY"/lra_state.tar.part* > /dev/null 2>&1; then
+        # A fresh machine resumes every run from the carried state: first check (bench/lra_state_check.py, the
+        # resume code itself) that each would resume where its filed slices in LRA_RESULTS_ROOT end, and stop
+        # before any GPU time is spent when not (2026-11-27: two calls resumed from a stripped best at update 0).
+        # A warm machine's runs win over the state, so there the check would be beside the point.
+        if [ -z "$(ls -A "$WORK/runs")" ] && [ "${LRA_STATE_CHECK:-1}" != 0 ]; then
+            if ! python3 bench/lra_state_check.py --state "$LRA_CARRY" --dest-root "${LRA_RESULTS_ROOT:-bench/results}" \
+                    > "$OUT/lra_state_check.log" 2>&1; then
+                cat "$OUT/lra_state_check.log"
+                echo "== gpu_lra.sh: the carried state would not resume where the filed slices end (above): stopped" \
+                     "before training; file the last call (bench/lra_collect.py) or pass LRA_STATE_CHECK=0"
+                exit 2
+            fi
+            grep "^|" "$OUT/lra_state_check.log"
+        fi
         # gzip-compressed since 2026-11-27 (GNU tar does not detect it on a pipe); plain tar before
         z=; [ "$(od -An -N2 -tx1 "$(ls "$LRA_CARRY"/lra_state.tar.part* | head -1)" | tr -d ' \n')" = 1f8b ] && z=z
         cat "$LRA_CARRY"/lra_state.tar.part* | tar -x$z -C "$WORK/runs" --skip-old-files \

@@ -391,7 +391,8 @@ def test_gpu_lra_state_hands_a_paused_run_to_a_fresh_machine(tmp_path):
     (gzip-compressed parts, the best stripped of its optimizer state); a call on a "fresh machine" (another
     work folder, the data regenerated) given those parts resumes from checkpoint_last.pt at the update the
     first call reached. The state's best is made the newer file, as in the state committed on 2026-11-27: the
-    resume picked it then and restarted at update 0, which lost two GPU calls."""
+    resume picked it then and restarted at update 0, which lost two GPU calls. Before training, a fresh machine
+    checks that the state resumes where the filed slices end, and stops at once when it does not."""
     import io
     import tarfile
 
@@ -424,10 +425,23 @@ def test_gpu_lra_state_hands_a_paused_run_to_a_fresh_machine(tmp_path):
                 info.mtime = files["listops_hgrn1/checkpoint_last.pt"][0].mtime + 30
             tar.addfile(info, io.BytesIO(data))
     (carry / "lra_state.tar.part00").write_bytes(buf.getvalue())
+    # the slices filed so far (lra_collect.py's names; this run id keeps the first runs' empty prefix): a fresh
+    # machine first checks that the state resumes where they end (bench/lra_state_check.py), else stops at once
+    filed = tmp_path / "results" / "lra_listops_full"
+    filed.mkdir(parents=True)
+    (filed / f"train_slice1_updates_0-{reached + 5}_t.log").write_text("x")
+    wrong = subprocess.run(["bash", "bench/gpu_lra.sh"], cwd=REPO, capture_output=True, text=True, timeout=400,
+                           env=dict(env, OUT=str(tmp_path / "out_wrong"), LRA_WORK=str(tmp_path / "work_wrong"),
+                                    LRA_CARRY=str(carry), LRA_RESULTS_ROOT=str(tmp_path / "results")))
+    assert wrong.returncode == 2, (wrong.stdout + wrong.stderr)[-3000:]
+    assert f"listops_hgrn1: would resume at update {reached} while its filed slices end at {reached + 5}" in wrong.stdout
+    assert "stopped before training" in wrong.stdout and "listops data" not in wrong.stdout
+    (filed / f"train_slice1_updates_0-{reached + 5}_t.log").rename(filed / f"train_slice1_updates_0-{reached}_t.log")
     second = subprocess.run(["bash", "bench/gpu_lra.sh"], cwd=REPO, capture_output=True, text=True, timeout=400,
                             env=dict(env, OUT=str(tmp_path / "out2"), LRA_WORK=str(tmp_path / "work2"),
-                                     LRA_CARRY=str(carry)))
+                                     LRA_CARRY=str(carry), LRA_RESULTS_ROOT=str(tmp_path / "results")))
     assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+    assert f"| listops_hgrn1 | checkpoint_last.pt | {reached} | yes | {reached} |" in second.stdout
     assert "state restored from" in second.stdout
     log = (tmp_path / "out2" / "runs" / "train_listops_hgrn1.log").read_text()
     assert re.search(rf"Loaded checkpoint \S+/work2/runs/listops_hgrn1/checkpoint_last.pt \(epoch \d+ @ {reached} "
