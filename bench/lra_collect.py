@@ -219,6 +219,9 @@ def collect(files_at: str, tag: str, dest_root: str, state: str, gpu_log: Option
     parts = sorted(glob.glob(os.path.join(files_at, "lra_state.tar.part*")))
     old_parts = sorted(glob.glob(os.path.join(state, "lra_state.tar.part*")))
     selected = None  # the new state with --discard / --drop, made (and checked) before anything is filed
+    if drop and not parts:
+        raise CollectError(f"--drop {' '.join(drop)}: {files_at} has no lra_state.tar.part* (the call packed no state), "
+                           f"so there is no new state to leave them out of")
     if parts and (discard or drop):
         selected = selected_parts(old_parts, parts, keep_other_runs, discard, drop)
     dests = set()

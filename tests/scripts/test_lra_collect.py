@@ -251,3 +251,13 @@ def test_a_log_resumed_at_0_from_a_checkpoint_is_refused_then_discarded_and_fini
         else:
             raise AssertionError(f"{kwargs} was accepted")
         assert not any(name.startswith("discarded_") and "_c2." in name for name in os.listdir(listops))
+    # --drop on a call that packed no state: one line, nothing filed
+    bare = tmp_path / "bare"
+    write_call(str(bare), {"lra/runs/train_listops_hgrn1_s2222_repocfg_eos.log": valid_line(5000), "lra.log": "x\n"}, [])
+    try:
+        collect.collect(str(bare), "c3", str(results), str(state), None, False, drop=["listops_done"])
+    except collect.CollectError as e:
+        assert "--drop listops_done:" in str(e) and "packed no state" in str(e)
+    else:
+        raise AssertionError("--drop without state parts was accepted")
+    assert not any("_c3" in name for name in os.listdir(listops))
