@@ -141,10 +141,8 @@ PART_BYTES = 15 * 1024 * 1024  # gpu_lra.sh: split -b 15M
 
 def merged_parts(old_paths: List[str], new_paths: List[str]) -> Tuple[List[bytes], List[str]]:
     """The call's state plus the runs (top-level folders) only the old state holds: (parts, kept runs)."""
-    new, old = read_parts(new_paths), read_parts(old_paths)
-    new_runs = {name.split("/", 1)[0] for name in new}
-    kept = {name: v for name, v in old.items() if name.split("/", 1)[0] not in new_runs}
-    return pack_members({**kept, **new}), sorted({n.split("/", 1)[0] for n in kept})
+    parts, _, kept, _ = selected_parts(old_paths, new_paths, True, (), ())
+    return parts, kept
 
 
 def selected_parts(old_paths: List[str], new_paths: List[str], keep_other_runs: bool, discard: Sequence[str],

@@ -26,17 +26,13 @@ import subprocess
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, REPO)
+import lra_collect as collect  # noqa: E402  (its slice names and state parts)
+
 LIMIT = 64 * 1024 * 1024  # what the run tool copies to the GPU machine (tree + carry)
-
-
-def _collect_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("lra_collect", os.path.join(REPO, "bench", "lra_collect.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def check_state(state: str, dest_root: str):
@@ -45,7 +41,6 @@ def check_state(state: str, dest_root: str):
 
     from hgrn_fairseq.checkpoint_safety import has_optimizer_state, resume_choice
 
-    collect = _collect_module()
     parts = sorted(glob.glob(os.path.join(state, "lra_state.tar.part*")))
     if not parts:
         return [], [f"{state} has no lra_state.tar.part* files"]
