@@ -46,7 +46,8 @@
 #               against one at a time: compare the logs' "ups" with the solo rates of docs/lra.md).
 #   listops_data  only the ListOps data of the listops part (kept in /tmp/lra_evidence for later calls).
 #   speed       bench/lra_train_speed.sh on the ListOps data (listops_data first): LRA_SPEED_TREES
-#               ("old=DIR new=$PWD"), LRA_SPEED_UPDATES (600), LRA_SPEED_MODELS ("hgrn1 hgrn2").
+#               ("old=DIR new=$PWD", or one tree with options: "eager=$PWD graphs=$PWD@--cuda-graphs,--pad-to-length,2001"),
+#               LRA_SPEED_UPDATES (600), LRA_SPEED_MODELS ("hgrn1 hgrn2").
 #   profile     bench/profile_lra_step.py on the ListOps data for each of LRA_MODELS: data, whole update,
 #               forward+backward, torch.profiler tables ($OUT/profile_lra_step_listops_MODEL.md).
 #   LRA_JOBS="TASK/SPEC ..." (TASK listops or pathfinder, SPEC as in LRA_MODELS) trains runs of both tasks

@@ -25,7 +25,10 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import ARCH_CONFIG_REGISTRY, BaseFairseqModel, register_model, register_model_architecture
 from fairseq.utils import safe_getattr
 
+from torch import nn
+
 from ..kernels import BACKENDS
+from ..modules.cuda_graph import GraphedCallCache
 from ..modules.lra_encoder import (
     LRA_MIXERS,
     POSITIONS,
@@ -35,6 +38,7 @@ from ..modules.lra_encoder import (
     LraPairClassifier,
 )
 from ..modules.norms import NORMS
+from ..modules.transient import TransientAttrs
 
 
 @dataclass
@@ -82,6 +86,13 @@ class HgrnLraConfig(FairseqDataclass):
     compile_blocks: bool = field(
         default=False, metadata={"help": "torch.compile each block for training (our scan kernels stay eager)"}
     )
+    cuda_graphs: bool = field(
+        default=False,
+        metadata={"help": "CUDA training steps replay the classifier's forward and backward as CUDA graphs, one "
+                  "capture per batch shape (up to 8; more run eagerly): the host issues a few launches instead of "
+                  "~1,300. Give token tasks the task's --pad-to-length so that the batches share one shape. "
+                  "Evaluation and CPU run eagerly; so do sync-batch norms over several GPUs"},
+    )
 
 
 def validate_config(cfg) -> None:
@@ -107,6 +118,9 @@ def validate_config(cfg) -> None:
     if get("token_mixer") == "hgru2" and get("encoder_embed_dim") % get("expand_ratio") != 0:
         raise ValueError(f"hgrn_lra: --expand-ratio={get('expand_ratio')} does not divide --encoder-embed-dim="
                          f"{get('encoder_embed_dim')}: pick a divisor of the model width")
+    if get("cuda_graphs") and get("compile_blocks"):
+        raise ValueError("hgrn_lra: --cuda-graphs and --compile-blocks do not combine (a graph records the eager "
+                         "kernels): pick one")
     if get("token_mixer") == "attention":
         if get("encoder_embed_dim") % get("attention_heads") != 0:
             raise ValueError(f"hgrn_lra: --attention-heads={get('attention_heads')} does not divide "
@@ -116,7 +130,7 @@ def validate_config(cfg) -> None:
 
 
 @register_model("hgrn_lra", dataclass=HgrnLraConfig)
-class HgrnLraModel(BaseFairseqModel):
+class HgrnLraModel(TransientAttrs, BaseFairseqModel):
     """LRA classifier: ``forward(**net_input) -> logits [B, num_classes]``.
 
     net_input: ``src_tokens [B, T]`` (+ ``src_tokens1`` for document pairs) for token tasks, padded
@@ -180,29 +194,70 @@ class HgrnLraModel(BaseFairseqModel):
         return cls(cfg, head(encoder, info["num_classes"]), info.get("padding_idx"), grid, info["pair"],
                    info.get("scratch_idx"))
 
+    _TRANSIENT = ("_graphs",)  # built on first use, never pickled or deep-copied (modules/transient.py)
+
     def forward(self, src_tokens=None, src_lengths=None, src_tokens1=None, src_lengths1=None, pixels=None,
                 padded=None, **unused):
         """``padded`` (the collater's host-side flag): False when no example of the batch is padded, so
         the unmasked kernels run; None (unknown) masks the pad positions."""
         if pixels is not None:
-            return self.classifier(pixels, None, self.grid)
-        if src_tokens is None:
+            inputs, masked = (pixels,), False
+        elif src_tokens is None:
             raise ValueError("hgrn_lra: the batch has neither src_tokens nor pixels (use --task lra_text or lra_image)")
-        masked = padded is None or bool(padded)
-        mask = src_tokens.eq(self.padding_idx) if masked else None
-        if self.pair:
+        elif self.pair:
             if src_tokens1 is None:
                 raise ValueError("hgrn_lra: a pair model (retrieval data) got one document per example")
+            inputs, masked = (src_tokens, src_tokens1), padded is None or bool(padded)
+        else:
+            inputs, masked = (src_tokens,), padded is None or bool(padded)
+        if safe_getattr(self.cfg, "cuda_graphs", False) and GraphedCallCache.usable(self, *inputs) \
+                and not self._sync_across_gpus():
+            # (the logits are the graph's output buffer: valid until the next training forward of this shape)
+            caches = self._transient("_graphs", dict)
+            cache = caches.get(masked)
+            if cache is None:
+                cache = caches[masked] = GraphedCallCache(_Eager(self, masked), max_graphs=8, name="hgrn_lra")
+            return cache(*inputs)
+        return self.logits(masked, *inputs)
+
+    def logits(self, masked: bool, *inputs):
+        """The classifier's eager forward: ``inputs`` are (pixels,), (src_tokens,) or (src_tokens,
+        src_tokens1); ``masked``: token inputs' pad positions are masked."""
+        if len(inputs) == 1 and inputs[0].is_floating_point():
+            return self.classifier(inputs[0], None, self.grid)
+        src_tokens = inputs[0]
+        mask = src_tokens.eq(self.padding_idx) if masked else None
+        if len(inputs) == 2:
+            src_tokens1 = inputs[1]
             return self.classifier(src_tokens, mask, src_tokens1, src_tokens1.eq(self.padding_idx) if masked else None,
                                    pad_value=self.padding_idx, exclude_value=self.scratch_idx)
         exclude = None if self.scratch_idx is None else src_tokens.eq(self.scratch_idx)
         return self.classifier(src_tokens, mask, None, exclude)
+
+    def _sync_across_gpus(self) -> bool:
+        """Sync-batch norms over several GPUs (their all-reduce is not captured: such steps run eagerly)."""
+        import torch.distributed as dist
+
+        return (str(self.cfg.norm) == "syncbatch" and dist.is_available() and dist.is_initialized()
+                and dist.get_world_size() > 1)
 
     def max_positions(self):
         return self.cfg.max_positions
 
     def get_targets(self, sample, net_output):
         return sample["target"]
+
+
+class _Eager(nn.Module):
+    """The eager forward of an ``HgrnLraModel`` (whose parameters it shares) for one padding mode: what a
+    CUDA graph records."""
+
+    def __init__(self, model: HgrnLraModel, masked: bool):
+        super().__init__()
+        self.model, self.masked = model, masked
+
+    def forward(self, *inputs):
+        return self.model.logits(self.masked, *inputs)
 
 
 def _set_defaults(args, **defaults):
@@ -267,9 +322,9 @@ LRA_ARCHS = {f"{m}_lra_{t}": _register(m, t) for m in ("hgrn1", "hgrn2") for t i
 
 # Model options a result records on their own ("norm", "unmasked_padding", "scan_padding"), and those that do
 # not change what the model computes: max_positions only bounds the lengths (the sinusoidal table is made per
-# length), the kernel backend and compilation change the kernels, not the function.
+# length), the kernel backend, compilation and CUDA graphs change the kernels or their launch, not the function.
 _RECORDED_APART = ("norm", "unmasked_padding", "scan_padding")
-_SAME_FUNCTION = ("max_positions", "kernel_backend", "compile_blocks")
+_SAME_FUNCTION = ("max_positions", "kernel_backend", "compile_blocks", "cuda_graphs")
 
 
 def same_option(a, b) -> bool:
@@ -305,15 +360,22 @@ def resume_changes(saved_cfg, args) -> list:
     """What resuming an LRA checkpoint with the parsed command line ``args`` would change from the settings
     it trained with: ``["--norm syncbatch (now layer)", ...]``, empty when nothing. The arch, the task, every
     model option that changes the function (not max_positions, the kernel backend or compilation) and the
-    task options that define the run (<eos>, scratch positions, fixed-width padding, augmentation)."""
+    task options that define the run (<eos>, scratch positions, fixed-width padding, augmentation).
+    Fixed-width padding counts only where the padding reaches the layers (``--unmasked-padding`` /
+    ``--scan-padding``, saved or now): a model that masks its padding computes the same function at any
+    padded width, so such a run may go on with ``--pad-to-length`` (the one batch shape ``--cuda-graphs``
+    wants) or without it."""
     model, task = saved_cfg["model"], saved_cfg["task"]
+    sees_padding = any(bool(safe_getattr(model, name, False)) or bool(getattr(args, name, False))
+                       for name in ("unmasked_padding", "scan_padding"))
+    task_settings = _TASK_SETTINGS if sees_padding else tuple(n for n in _TASK_SETTINGS if n != "pad_to_length")
     out = []
     if not same_option(safe_getattr(model, "_name", None), getattr(args, "arch", None)):
         out.append(f"--arch {safe_getattr(model, '_name', None)} (now {getattr(args, 'arch', None)})")
     if not same_option(safe_getattr(task, "_name", None), getattr(args, "task", None)):
         out.append(f"--task {safe_getattr(task, '_name', None)} (now {getattr(args, 'task', None)})")
     names = [f.name for f in dataclasses.fields(HgrnLraConfig) if f.name not in _SAME_FUNCTION]
-    for section, keys in ((model, names), (task, _TASK_SETTINGS)):
+    for section, keys in ((model, names), (task, task_settings)):
         for name in keys:
             if name not in section or not hasattr(args, name):
                 continue

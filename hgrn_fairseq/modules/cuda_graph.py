@@ -17,6 +17,8 @@ What a caller must respect (:meth:`GraphedCallCache.usable` checks the first poi
   dtype and the address of the first one;
 * the module has no host synchronisation and no data-dependent shapes inside;
 * dropout is fine: the graph draws fresh random numbers on every replay;
+* buffers updated in place in training (batch norm's running statistics) are updated by every replay,
+  as by an eager step; the capture's warm-up runs do not count (their buffer values are put back);
 * autocast: the capture runs under the caller's autocast device type and dtype, with autocast's
   weight cache off, as :func:`torch.cuda.make_graphed_callables` requires;
 * DDP (fairseq's distributed training): the captures use the ``"thread_local"`` error mode, so NCCL's
@@ -157,8 +159,15 @@ class GraphedCallCache:
         )
         # sample inputs of the same shapes; their values do not matter (warm-up and capture only)
         samples = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs)
+        # the warm-up runs the module a few times for real: buffers it updates in training (a batch norm's
+        # running statistics) get their values back, so that only the replays count, as eager steps would
+        buffers = [(b, b.clone()) for b in self.module.buffers()]
         with torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=False):
-            return graph_with_parameter_aliases(self.module, samples, make_graphed_thread_local)
+            graphed = graph_with_parameter_aliases(self.module, samples, make_graphed_thread_local)
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+        return graphed
 
 
 class InferenceGraphCache(GraphedCallCache):

@@ -718,3 +718,6 @@ def test_resuming_with_other_settings_is_refused_in_one_line(runs):
     assert "--arch hgrn1_lra_listops (now hgrn1_lra_text)" in check(arch="hgrn1_lra_text")
     # options that do not change the function are not settings
     assert check(["--max-positions", "4096", "--kernel-backend", "reference"]) is None
+    # nor is fixed-width padding for a model that masks its padding (the one shape --cuda-graphs wants)
+    assert check(["--pad-to-length", "40", "--cuda-graphs"]) is None
+    assert check(["--scan-padding", "--pad-to-length", "40"]).count("(now ") == 2
