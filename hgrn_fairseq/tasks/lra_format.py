@@ -38,8 +38,10 @@ with one line per problem (the file and the fix); ``load_split(dest, split)`` op
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import struct
@@ -149,17 +151,21 @@ def build_dictionary(token_lists: Iterable[Sequence[str]], min_count: int = 1):
 
     if min_count < 1:
         raise ValueError(f"min_count must be >= 1, got {min_count}")
-    d = Dictionary()
+    counts: collections.Counter = collections.Counter()
     for tokens in token_lists:
-        for tok in tokens:
-            d.add_symbol(tok)
+        counts.update(tokens)  # (counted in C; finalize sorts, so the order of insertion does not matter)
+    d = Dictionary()
+    for tok, n in counts.items():
+        d.add_symbol(tok, n)
     d.finalize(threshold=min_count, padding_factor=1)
     return d
 
 
 def encode(dictionary, tokens: Sequence[str]) -> np.ndarray:
     """Dictionary indices of ``tokens`` (unknown symbols -> ``<unk>``), int64, no BOS/EOS."""
-    return np.fromiter((dictionary.index(t) for t in tokens), dtype=np.int64, count=len(tokens))
+    # (Dictionary.index(t) is indices.get(t, unk_index); looked up here without a Python call per token)
+    return np.fromiter(map(dictionary.indices.get, tokens, itertools.repeat(dictionary.unk_index, len(tokens))),
+                       dtype=np.int64, count=len(tokens))
 
 
 def write_dictionary(dest: str, dictionary) -> None:

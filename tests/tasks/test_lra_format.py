@@ -100,6 +100,20 @@ def test_round_trip_pixels_and_atomic_writes(tmp_path):
     assert not lf.is_complete(dest, "sha256:test")
 
 
+def test_dictionary_order_counts_threshold_and_encoding():
+    """Most frequent first, ties in symbol order, counts kept, symbols under min_count left out; encoding
+    maps them (and unseen symbols) to <unk>. Expected values written out by hand."""
+    docs = [["b", "a", "c", "c"], ["a", "b", "d"], ["c", "e"]]
+    d = lf.build_dictionary(docs)
+    assert d.symbols[d.nspecial:] == ["c", "a", "b", "d", "e"] and d.count[d.nspecial:] == [3, 2, 2, 1, 1]
+    d2 = lf.build_dictionary(docs, min_count=2)
+    assert d2.symbols[d2.nspecial:] == ["c", "a", "b"] and len(d2) == d2.nspecial + 3
+    unk = d2.unk()
+    got = lf.encode(d2, ["a", "d", "c", "zz", "b"])
+    assert got.dtype == np.int64 and got.tolist() == [5, unk, 4, unk, 6] and d2.nspecial == 4
+    assert lf.encode(d2, []).tolist() == []
+
+
 def test_dictionary_symbols_must_survive_the_text_format(tmp_path):
     d = lf.build_dictionary([["a", "line\nbreak"]])
     with pytest.raises(lf.LraDataError, match="do not survive fairseq's dict.txt format"):
