@@ -162,12 +162,13 @@ class GraphedCallCache:
         # the warm-up runs the module a few times for real: buffers it updates in training (a batch norm's
         # running statistics) get their values back, so that only the replays count, as eager steps would
         buffers = [(b, b.clone()) for b in self.module.buffers()]
-        with torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=False):
-            graphed = graph_with_parameter_aliases(self.module, samples, make_graphed_thread_local)
-        with torch.no_grad():
-            for b, saved in buffers:
-                b.copy_(saved)
-        return graphed
+        try:
+            with torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=False):
+                return graph_with_parameter_aliases(self.module, samples, make_graphed_thread_local)
+        finally:  # (a failed capture leaves them as it found them too)
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
 
 
 class InferenceGraphCache(GraphedCallCache):
