@@ -37,7 +37,7 @@ from ..modules.lra_encoder import (
     LraEncoder,
     LraPairClassifier,
 )
-from ..modules.norms import NORMS
+from ..modules.norms import NORMS, syncs_across_processes
 from ..modules.transient import TransientAttrs
 
 
@@ -89,7 +89,7 @@ class HgrnLraConfig(FairseqDataclass):
     cuda_graphs: bool = field(
         default=False,
         metadata={"help": "CUDA training steps replay the classifier's forward and backward as CUDA graphs, one "
-                  "capture per batch shape (up to 8; more run eagerly): the host issues a few launches instead of "
+                  "capture per batch shape (up to 8 per padding mode; more run eagerly): the host issues a few launches instead of "
                   "~1,300. Give token tasks the task's --pad-to-length so that the batches share one shape. "
                   "Evaluation and CPU run eagerly; so do sync-batch norms over several GPUs"},
     )
@@ -236,10 +236,7 @@ class HgrnLraModel(TransientAttrs, BaseFairseqModel):
 
     def _sync_across_gpus(self) -> bool:
         """Sync-batch norms over several GPUs (their all-reduce is not captured: such steps run eagerly)."""
-        import torch.distributed as dist
-
-        return (str(self.cfg.norm) == "syncbatch" and dist.is_available() and dist.is_initialized()
-                and dist.get_world_size() > 1)
+        return str(self.cfg.norm) == "syncbatch" and syncs_across_processes()
 
     def max_positions(self):
         return self.cfg.max_positions

@@ -19,6 +19,12 @@ Tensor = torch.Tensor
 NORMS = ("layer", "batch", "syncbatch")
 
 
+def syncs_across_processes() -> bool:
+    """Whether a ``sync=True`` batch norm all-reduces its sums now: a distributed group of more than one process."""
+    return (torch.distributed.is_available() and torch.distributed.is_initialized()
+            and torch.distributed.get_world_size() > 1)
+
+
 class MaskedBatchNorm(nn.Module):
     """Batch norm over the channels of ``[B, T, C]`` (or ``[N, C]``), statistics from the positions
     where ``padding_mask`` (``[B, T]`` bool, True = padding) is False. Padded outputs are zero.
@@ -54,8 +60,7 @@ class MaskedBatchNorm(nn.Module):
         else:
             count = xs.new_full((), float(xs.shape[0]))  # a fill on the device, not a host copy
             s1, s2 = xs.sum(0), (xs * xs).sum(0)
-        if self.sync and torch.distributed.is_available() and torch.distributed.is_initialized() \
-                and torch.distributed.get_world_size() > 1:
+        if self.sync and syncs_across_processes():
             from torch.distributed.nn.functional import all_reduce
 
             packed = all_reduce(torch.cat([s1, s2, count.reshape(1)]))
