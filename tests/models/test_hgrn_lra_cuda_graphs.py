@@ -95,6 +95,53 @@ def batch_norm_state(model):
             for m in model.modules() if isinstance(m, MaskedBatchNorm)]
 
 
+def relative_errors(eager, graphed, values):
+    """{name: max |a - b| / scale} over the twins' parameters (``values``: the parameter's data or its
+    gradient), the scale being the tensor's own largest value but at least 1e-2 of the largest over all
+    tensors: the biases a batch norm follows have a true gradient of zero (the norm removes any
+    per-channel constant), so theirs are float noise (~1e-8) whose relative error means nothing."""
+    pairs = [(name, values(p).float(), values(q).float())
+             for (name, p), q in zip(eager.named_parameters(), graphed.parameters())]
+    floor = 1e-2 * max(a.abs().max().item() for _, a, _ in pairs)
+    return {name: (a - b).abs().max().item() / max(a.abs().max().item(), floor, 1e-12) for name, a, b in pairs}
+
+
+def train_twins(eager, graphed, case, device, bf16):
+    """Six optimizer steps of each twin on the same batches: one shape four times (the capture, then
+    replays that must see the optimizer's in-place updates), the same shape unpadded (token tasks: the
+    unmasked kernels, a second cache), a second shape. Returns [(eager loss, graphed loss)] and the
+    largest relative gradient error of each step.
+
+    SGD with momentum, not Adam: Adam divides each gradient by its own running RMS, which turns the
+    float noise of a zero true gradient (the biases before a batch norm) into full-size steps of either
+    sign, so eager and graphed twins drift apart in exactly those parameters (H200, 2026-11-27:
+    out_proj.bias 2.4e-2 relative after six Adam steps, every loss within 1e-5). SGD is linear in the
+    gradients and updates the weights in place as Adam does."""
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (eager, graphed)]
+    g = torch.Generator().manual_seed(2)
+    pixels = CASES[case][1].info["input"] == "pixels"
+    shapes = [(8, 64, True)] * 4 + [(8, 64, False), (4, 64 if pixels else 32, True)]  # (pixels: the 8 x 8 grid)
+    labels = CASES[case][1].info["num_classes"]
+    losses, grad_errors = [], []
+    for batch, length, padded in shapes:
+        net_input = inputs_of(case, batch, length, padded, g)
+        net_input = {k: v.to(device) if torch.is_tensor(v) else v for k, v in net_input.items()}
+        if "pixels" in net_input and bf16:
+            net_input["pixels"] = net_input["pixels"].to(torch.bfloat16)
+        target = torch.randint(0, labels, (batch,), generator=g).to(device)
+        pair = []
+        for model, opt in zip((eager, graphed), opts):
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(**net_input).float(), target)
+            loss.backward()
+            pair.append(loss.item())
+        grad_errors.append(max(relative_errors(eager, graphed, lambda p: p.grad).items(), key=lambda kv: kv[1]))
+        for opt in opts:
+            opt.step()
+        losses.append(tuple(pair))
+    return losses, grad_errors, net_input, shapes
+
+
 @needs_cuda
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_graphed_training_matches_eager(case):
@@ -102,33 +149,14 @@ def test_graphed_training_matches_eager(case):
     bf16 = case.startswith("hgrn2")
     if bf16:  # as fairseq's --bf16 runs HGRN2's recipes: weights and activations in bf16
         eager, graphed = eager.to(torch.bfloat16), graphed.to(torch.bfloat16)
-    opts = [torch.optim.Adam(m.parameters(), lr=3e-3) for m in (eager, graphed)]
-    g = torch.Generator().manual_seed(2)
-    # one shape four times (capture, then replays that must see Adam's in-place updates), then the same
-    # shape unpadded (token tasks: the unmasked kernels, a second cache), then a second shape
     pixels = CASES[case][1].info["input"] == "pixels"
-    shapes = [(8, 64, True)] * 4 + [(8, 64, False), (4, 64 if pixels else 32, True)]  # (pixels: the 8 x 8 grid)
-    labels = CASES[case][1].info["num_classes"]
-    losses = []
-    for batch, length, padded in shapes:
-        net_input = inputs_of(case, batch, length, padded, g)
-        net_input = {k: v.cuda() if torch.is_tensor(v) else v for k, v in net_input.items()}
-        if "pixels" in net_input and bf16:
-            net_input["pixels"] = net_input["pixels"].to(torch.bfloat16)
-        target = torch.randint(0, labels, (batch,), generator=g).cuda()
-        pair = []
-        for model, opt in zip((eager, graphed), opts):
-            opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(**net_input).float(), target)
-            loss.backward()
-            opt.step()
-            pair.append(loss.item())
-        losses.append(tuple(pair))
+    losses, grad_errors, net_input, shapes = train_twins(eager, graphed, case, "cuda", bf16)
     tol = 2e-2 if bf16 else 1e-4
     for step, (a, b) in enumerate(losses):
         assert abs(a - b) <= tol * abs(a), f"step {step}: eager loss {a} vs graphed {b}"
-    for (name, p), q in zip(eager.named_parameters(), graphed.parameters()):
-        err = (p.float() - q.float()).abs().max().item() / max(p.float().abs().max().item(), 1e-6)
+    for step, (name, err) in enumerate(grad_errors):
+        assert err <= 10 * tol, f"step {step}: {name}.grad relative difference {err:.2e}"
+    for name, err in relative_errors(eager, graphed, lambda p: p.detach()).items():
         assert err <= 10 * tol, f"{name}: relative difference {err:.2e} after {len(shapes)} steps"
     # batch norms: every replay updated the running statistics once, as an eager step; the captures'
     # warm-up runs did not
