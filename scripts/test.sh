@@ -3,7 +3,8 @@
 # test suite. CPU only: Triton kernels run through TRITON_INTERPRET=1 (tests/conftest.py sets it
 # when there is no GPU). Extra arguments go to pytest, e.g. `bash scripts/test.sh -k hgru -x`.
 # The tests run in TEST_WORKERS processes (pytest-xdist; default 2, one per core of the CI machine),
-# a test file per process (module fixtures are built once); TEST_WORKERS=0 runs them in this process.
+# a test file per process (module fixtures are built once), the slowest files first; TEST_WORKERS=0 runs
+# them in this process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -15,5 +16,6 @@ echo "== running the tests"
 WORKERS=${TEST_WORKERS:-2}
 case "$WORKERS" in '' | *[!0-9]*) echo "test.sh: TEST_WORKERS='$WORKERS' is not a number (0: no worker processes)" >&2; exit 2 ;; esac
 PARALLEL=()
-if [ "$WORKERS" -gt 0 ]; then PARALLEL=(-n "$WORKERS" --dist loadfile); fi
+# (files in collection order, which tests/conftest.py starts with the slowest: see SLOW_FILES_FIRST)
+if [ "$WORKERS" -gt 0 ]; then PARALLEL=(-n "$WORKERS" --dist loadfile --no-loadscope-reorder); fi
 exec $PYTHON -m pytest -q --durations=15 ${PARALLEL[@]+"${PARALLEL[@]}"} "$@"

@@ -32,3 +32,29 @@ def pytest_runtest_logstart(nodeid, location):
 def pytest_runtest_logreport(report):
     if _TIMES and (report.when == "call" or report.outcome != "passed"):
         _log_time(f"{report.duration:8.1f} {report.when}:{report.outcome} {report.nodeid}")
+
+
+# The files that hold the suite's slowest tests (2 CPU cores, 2026-11-27: 60-225 s each), run first.
+# scripts/test.sh hands files to its worker processes in collection order (--dist loadfile
+# --no-loadscope-reorder): pytest-xdist's own order, most tests first, had left the one-test sm90 file
+# (224 s) to run last on one worker while the other sat idle.
+SLOW_FILES_FIRST = (
+    "tests/kernels/test_sm90_compile.py",
+    "tests/scripts/test_train_lra.py",
+    "tests/tasks/test_mqar.py",
+    "tests/tasks/test_lra.py",
+    "tests/models/test_hgrn_lm.py",
+    "tests/tasks/test_checked_language_modeling.py",
+    "tests/test_checkpoint_safety.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {path: i for i, path in enumerate(SLOW_FILES_FIRST)}
+    root = str(config.rootpath)
+
+    def file_rank(item):
+        path = os.path.relpath(str(item.path), root).replace(os.sep, "/")
+        return rank.get(path, len(SLOW_FILES_FIRST))
+
+    items.sort(key=file_rank)  # (stable: each file's tests keep their order, the other files theirs)
