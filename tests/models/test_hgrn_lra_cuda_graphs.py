@@ -109,8 +109,8 @@ def relative_errors(eager, graphed, values):
 def train_twins(eager, graphed, case, device, bf16):
     """Six optimizer steps of each twin on the same batches: one shape four times (the capture, then
     replays that must see the optimizer's in-place updates), the same shape unpadded (token tasks: the
-    unmasked kernels, a second cache), a second shape. Returns [(eager loss, graphed loss)] and the
-    largest relative gradient error of each step.
+    unmasked kernels, a second cache), a second shape. Returns the losses [(eager, graphed)], each step's
+    largest relative gradient error (parameter name, error), the last batch and the shapes.
 
     SGD with momentum, not Adam: Adam divides each gradient by its own running RMS, which turns the
     float noise of a zero true gradient (the biases before a batch norm) into full-size steps of either
