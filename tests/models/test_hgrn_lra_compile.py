@@ -7,17 +7,7 @@ CUDA-graph twins': six SGD steps let float noise grow a little. The GPU A/B of t
 import pytest
 import torch
 
-from tests.models.test_hgrn_lra_cuda_graphs import CASES, batch_norm_state, train_twins
-from tests.models.test_hgrn_lra import build
-
-
-def compile_twins(case):
-    arch, task, overrides = CASES[case]
-    torch.manual_seed(0)
-    eager = build(arch, task, kernel_backend="auto", **overrides)
-    compiled = build(arch, task, kernel_backend="auto", compile_blocks=True, **overrides)
-    compiled.load_state_dict(eager.state_dict())
-    return eager.train(), compiled.train()
+from tests.models.test_hgrn_lra_cuda_graphs import batch_norm_state, train_twins, twin_models
 
 
 # both mixers, token batches (masked and unmasked) and a 2-D pixel grid; (the pair head and HGRN2 on tokens go
@@ -26,7 +16,7 @@ def compile_twins(case):
 def test_compiled_blocks_train_as_eager(case, monkeypatch):
     monkeypatch.setenv("HGRN_COMPILE_BACKEND", "aot_eager")
     torch._dynamo.reset()
-    eager, compiled = compile_twins(case)
+    eager, compiled = twin_models(case, compile_blocks=True)
     blocks = [m for m in compiled.modules() if getattr(m, "compile_mode", None) is not None]
     assert blocks and all(b.compile_mode == "train" for b in blocks)
     losses, grad_errors, net_input, shapes = train_twins(eager, compiled, case, "cpu", bf16=False)

@@ -54,13 +54,15 @@ def inputs_of(case, batch, length, padded, g):
     return net_input
 
 
-def twin_models(case, device="cpu"):
+def twin_models(case, device="cpu", **option):
+    """The case's model and a twin built with ``option`` (default ``cuda_graphs=True``; the compile test
+    passes ``compile_blocks=True``) that starts from the same weights and buffers, both in training mode."""
     arch, task, overrides = CASES[case]
     torch.manual_seed(0)
     eager = build(arch, task, kernel_backend="auto", **overrides)
-    graphed = copy.deepcopy(eager)
-    graphed.cfg = argparse.Namespace(**dict(vars(eager.cfg), cuda_graphs=True))
-    return eager.to(device).train(), graphed.to(device).train()
+    twin = build(arch, task, kernel_backend="auto", **(option or {"cuda_graphs": True}), **overrides)
+    twin.load_state_dict(eager.state_dict())
+    return eager.to(device).train(), twin.to(device).train()
 
 
 def test_flag_reaches_the_model_config_and_refuses_compile_blocks():
