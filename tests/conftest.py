@@ -34,18 +34,18 @@ def pytest_runtest_logreport(report):
         _log_time(f"{report.duration:8.1f} {report.when}:{report.outcome} {report.nodeid}")
 
 
-# The files that hold the suite's slowest tests (2 CPU cores, 2026-11-27: 60-225 s each), run first.
+# The files that take longest (2 CPU cores, 2026-11-27, after tests/pyrun.py: 75-225 s each), run first.
 # scripts/test.sh hands files to its worker processes in collection order (--dist loadfile
 # --no-loadscope-reorder): pytest-xdist's own order, most tests first, had left the one-test sm90 file
 # (224 s) to run last on one worker while the other sat idle.
 SLOW_FILES_FIRST = (
     "tests/kernels/test_sm90_compile.py",
-    "tests/scripts/test_train_lra.py",
     "tests/tasks/test_mqar.py",
+    "tests/kernels/test_hgru_triton.py",
+    "tests/kernels/test_hgrn2_triton.py",
+    "tests/kernels/test_hgru_triton_lookback.py",
+    "tests/scripts/test_train_lra.py",
     "tests/tasks/test_lra.py",
-    "tests/models/test_hgrn_lm.py",
-    "tests/tasks/test_checked_language_modeling.py",
-    "tests/test_checkpoint_safety.py",
 )
 
 

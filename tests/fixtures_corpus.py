@@ -14,6 +14,7 @@ import subprocess
 import sys
 import zipfile
 from typing import Dict, List, Optional, Sequence
+from tests import pyrun
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA_PREP = os.path.join(REPO, "data_prep")
@@ -31,7 +32,7 @@ def subprocess_env() -> Dict[str, str]:
     env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONWARNINGS", "ignore")
-    return env
+    return pyrun.script_env(env)  # (the scripts' python commands from tests/pyrun.py's warm interpreter)
 
 
 def _sentence(rng: random.Random, n_min: int = 6, n_max: int = 18) -> str:
@@ -156,8 +157,8 @@ def train_checkpoint(data: str, save_dir: str, arch_args: Sequence[str], tokens_
         "--cpu", "--num-workers", "0", "--seed", "1", "--save-dir", save_dir,
         "--no-epoch-checkpoints", "--disable-validation", "--log-format", "none", *extra,
     ]
-    proc = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+    proc = pyrun.run(cmd, cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE,
+                     stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         raise RuntimeError("fairseq-train failed:\n" + proc.stdout[-3000:])
     path = os.path.join(save_dir, "checkpoint_last.pt")

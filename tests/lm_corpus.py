@@ -5,9 +5,9 @@ anything at all gets far below the uniform perplexity.
 """
 import os
 import random
-import subprocess
 import sys
 from typing import Dict
+from tests import pyrun
 
 SPLITS = {"train": 1500, "valid": 120, "test": 120}
 
@@ -34,5 +34,5 @@ def binarise(text_dir: str, dest: str, splits=("train", "valid", "test")) -> str
     cmd = [sys.executable, "-m", "fairseq_cli.preprocess", "--only-source", "--destdir", dest, "--workers", "1"]
     for split in splits:
         cmd += [prefs[split], os.path.join(text_dir, f"{split}.txt")]
-    subprocess.run(cmd, check=True, capture_output=True)
+    pyrun.run(cmd, check=True, capture_output=True)
     return dest

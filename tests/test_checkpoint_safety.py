@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import hgrn_fairseq
+from tests import pyrun
 from tests.lm_corpus import binarise, write_corpus
 
 PLUGIN = os.path.dirname(os.path.abspath(hgrn_fairseq.__file__))
@@ -69,7 +70,7 @@ def launcher(tmp_path):
 
 
 def run(cmd, env=None, timeout=300):
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return pyrun.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def slow_env(log, pause="0.05"):

@@ -1,12 +1,12 @@
 """fairseq_compat fix 3: ``--bf16`` trains in bfloat16 on the given device instead of asking for a TPU."""
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
 
 from tests.fixtures_corpus import REPO, build_lm_data, subprocess_env
+from tests import pyrun
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def _train(data, save_dir, entry, extra=()):
         "--lr", "1e-3", "--max-update", "2", "--cpu", "--num-workers", "0", "--save-dir", save_dir,
         "--no-epoch-checkpoints", "--disable-validation", "--log-format", "simple", *extra,
     ]
-    return subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    return pyrun.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize("entry", ["module", "console"])

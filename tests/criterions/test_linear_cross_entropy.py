@@ -28,6 +28,7 @@ from fairseq.models import build_model
 from hgrn_fairseq.criterions.linear_cross_entropy import LinearCrossEntropyCriterion, output_weight
 from tests.fixtures_corpus import subprocess_env
 from tests.lm_corpus import binarise, write_corpus
+from tests import pyrun
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VOCAB = 101  # 4 specials + 97 words: not a power of two
@@ -171,8 +172,8 @@ def train_losses(data, save_dir, criterion):
         "--optimizer", "adam", "--lr", "3e-3", "--max-update", "3", "--cpu", "--num-workers", "0", "--seed", "1",
         "--save-dir", save_dir, "--no-save", "--disable-validation", "--log-format", "json", "--log-interval", "1",
     ]
-    proc = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=300)
+    proc = pyrun.run(cmd, cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                     text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:]
     inner = [line.split("| train_inner | ", 1)[1] for line in proc.stdout.splitlines() if "| train_inner | " in line]
     return [float(json.loads(record)["loss"]) for record in inner], proc.stdout

@@ -3,7 +3,6 @@ import csv
 import os
 import random
 import statistics
-import subprocess
 import sys
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from tests import fixtures_corpus  # noqa: F401  (puts data_prep/ on sys.path)
 
 import lra_listops as lo
+from tests import pyrun
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "data_prep", "lra_listops.py")
 
@@ -158,10 +158,10 @@ def test_same_seed_same_files_any_workers(generated, tmp_path):
 def test_cli_rerun_is_up_to_date_and_bad_options_are_one_line(tmp_path):
     cmd = [sys.executable, SCRIPT, "--dest", str(tmp_path), "--train", "5", "--valid", "2", "--test", "2",
            "--workers", "1", "--no-progress"]
-    first = subprocess.run(cmd, capture_output=True, text=True)
+    first = pyrun.run(cmd, capture_output=True, text=True)
     assert first.returncode == 0, first.stderr
-    again = subprocess.run(cmd, capture_output=True, text=True)
+    again = pyrun.run(cmd, capture_output=True, text=True)
     assert again.returncode == 0 and "up to date" in again.stdout
-    bad = subprocess.run(cmd + ["--max-args", "1"], capture_output=True, text=True)
+    bad = pyrun.run(cmd + ["--max-args", "1"], capture_output=True, text=True)
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "--max-args 1" in bad.stderr

@@ -1,7 +1,6 @@
 """The offline Pathfinder generator (data_prep/lra_pathfinder.py): images, labels, layout."""
 import math
 import os
-import subprocess
 import sys
 from collections import deque
 
@@ -10,6 +9,7 @@ import pytest
 
 from tests import fixtures_corpus  # noqa: F401  (puts data_prep/ on sys.path)
 import lra_pathfinder as pf
+from tests import pyrun
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "data_prep", "lra_pathfinder.py")
 
@@ -193,7 +193,7 @@ def test_rerun_resume_and_changed_options(dataset, tmp_path):
 
 
 def test_cli_bad_size_is_one_line(tmp_path):
-    r = subprocess.run([sys.executable, SCRIPT, "--dest", str(tmp_path), "--num", "2", "--size", "48",
+    r = pyrun.run([sys.executable, SCRIPT, "--dest", str(tmp_path), "--num", "2", "--size", "48",
                         "--no-progress"], capture_output=True, text=True)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "--size 48" in r.stderr

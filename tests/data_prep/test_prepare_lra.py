@@ -3,7 +3,6 @@ import hashlib
 import json
 import os
 import pickle
-import subprocess
 import sys
 import tarfile
 
@@ -13,6 +12,7 @@ import pytest
 from tests import fixtures_corpus  # noqa: F401  (puts data_prep/ on sys.path)
 import lra_listops
 import prepare_lra as pl
+from tests import pyrun
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "data_prep", "prepare_lra.py")
 
@@ -104,8 +104,8 @@ def test_missing_files_say_where_they_come_from(tmp_path):
         pl.prepare("retrieval", str(tmp_path), str(tmp_path / "out"), log=quiet)
     with pytest.raises(pl.PrepError, match="aclImdb_v1.tar.gz: download from"):
         pl.prepare("text", str(tmp_path / "nowhere.tar.gz"), str(tmp_path / "out"), log=quiet)
-    r = subprocess.run([sys.executable, SCRIPT, "image", "--source", str(tmp_path), "--dest", str(tmp_path / "o")],
-                       capture_output=True, text=True)
+    r = pyrun.run([sys.executable, SCRIPT, "image", "--source", str(tmp_path), "--dest", str(tmp_path / "o")],
+                  capture_output=True, text=True)
     assert r.returncode == 2
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("prepare_lra.py: ") and "cifar-10-python.tar.gz: download from" in last

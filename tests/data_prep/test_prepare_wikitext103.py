@@ -1,12 +1,12 @@
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from tests import fixtures_corpus
 import prepare_wikitext103 as pw
+from tests import pyrun
 
 
 def _lines(path):
@@ -103,7 +103,7 @@ def test_missing_gpt2_files_name_the_file_and_url(wikitext, tmp_path):
 
 
 def test_missing_dataset_names_the_file_and_url(tmp_path):
-    proc = subprocess.run(
+    proc = pyrun.run(
         [sys.executable, os.path.join(fixtures_corpus.DATA_PREP, "prepare_wikitext103.py"),
          "--source", str(tmp_path / "wikitext-103-raw-v1.zip"), "--dest", str(tmp_path / "d")],
         capture_output=True, text=True, env=fixtures_corpus.subprocess_env(),
@@ -149,7 +149,7 @@ def test_damaged_encoder_ends_the_preparation_at_once(wikitext, tmp_path):
     with open(files["encoder.json"], "wb") as f:
         f.write(data[: len(data) // 2])
     start = time.time()
-    proc = subprocess.run(
+    proc = pyrun.run(
         [sys.executable, os.path.join(fixtures_corpus.DATA_PREP, "prepare_wikitext103.py"), "--source", wikitext,
          "--dest", str(tmp_path / "d"), "--gpt2-dir", str(tmp_path / "gpt2"), "--custom-gpt2", "--workers", "2"],
         capture_output=True, text=True, env=fixtures_corpus.subprocess_env(), timeout=120,

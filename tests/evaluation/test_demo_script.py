@@ -1,20 +1,20 @@
 """scripts/demo.sh: argument handling (the full run takes minutes; it is timed by hand, see the
 issue note). Bad options must fail at once, before any work, with a one-line reason."""
 import os
-import subprocess
 
 from tests import fixtures_corpus
+from tests import pyrun
 
 DEMO = os.path.join(fixtures_corpus.REPO, "scripts", "demo.sh")
 
 
 def _run(*args):
-    return subprocess.run(["bash", DEMO, *args], capture_output=True, text=True, timeout=60,
-                          env=fixtures_corpus.subprocess_env())
+    return pyrun.run(["bash", DEMO, *args], capture_output=True, text=True, timeout=60,
+                     env=fixtures_corpus.subprocess_env())
 
 
 def test_syntax_and_help():
-    assert subprocess.run(["bash", "-n", DEMO]).returncode == 0
+    assert pyrun.run(["bash", "-n", DEMO]).returncode == 0
     proc = _run("--help")
     assert proc.returncode == 0 and "--workdir" in proc.stdout and "--max-update" in proc.stdout
 

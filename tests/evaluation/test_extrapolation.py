@@ -8,7 +8,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -16,6 +15,7 @@ import torch
 
 from tests import fixtures_corpus
 from hgrn_fairseq.evaluation import extrapolation as ex
+from tests import pyrun
 
 TRAIN_LEN = 32
 TRANSFORMER_ARGS = [
@@ -185,11 +185,11 @@ def test_plot_is_skipped_without_matplotlib(monkeypatch, tmp_path):
 
 def test_shell_entry_point(setup, tmp_path):
     script = os.path.join(fixtures_corpus.REPO, "scripts", "eval_extrapolation.sh")
-    proc = subprocess.run(["bash", script, setup["hgrn"], setup["data"], "--lengths", "48", "--mode", "stateless",
+    proc = pyrun.run(["bash", script, setup["hgrn"], setup["data"], "--lengths", "48", "--mode", "stateless",
                            "--out-dir", str(tmp_path / "sh"), "--no-plot", "--no-progress"],
-                          capture_output=True, text=True, env=fixtures_corpus.subprocess_env())
+                     capture_output=True, text=True, env=fixtures_corpus.subprocess_env())
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| 48 |" in proc.stdout
-    bad = subprocess.run(["bash", script, setup["hgrn"], setup["data"], "--lengths", "0"],
-                         capture_output=True, text=True, env=fixtures_corpus.subprocess_env())
+    bad = pyrun.run(["bash", script, setup["hgrn"], setup["data"], "--lengths", "0"],
+                    capture_output=True, text=True, env=fixtures_corpus.subprocess_env())
     assert bad.returncode == 2 and "L=0 is invalid" in bad.stderr

@@ -20,7 +20,6 @@ the model per sequence (float64 sums), independently of the code under test:
 import json
 import re
 import os
-import subprocess
 import sys
 from argparse import Namespace
 
@@ -33,6 +32,7 @@ import hgrn_fairseq  # noqa: E402,F401
 from hgrn_fairseq.evaluation import lm_eval as ours  # noqa: E402
 from tests.fixtures_corpus import subprocess_env, write_byte_level_gpt2_files  # noqa: E402
 from tests.lm_corpus import write_corpus  # noqa: E402
+from tests import pyrun
 
 PLUGIN = os.path.dirname(os.path.abspath(hgrn_fairseq.__file__))
 TPS = 32  # hgrn_lm's training length
@@ -293,10 +293,10 @@ def test_command_runs_offline_on_a_local_task(trained, tmp_path):
     env = subprocess_env()
     env.pop("HF_DATASETS_OFFLINE", None)
     env.pop("HF_HUB_OFFLINE", None)
-    proc = subprocess.run([sys.executable, "-m", "hgrn_fairseq.evaluation.lm_eval", "--path", ckpts["hgrn"],
+    proc = pyrun.run([sys.executable, "-m", "hgrn_fairseq.evaluation.lm_eval", "--path", ckpts["hgrn"],
                            "--data", data, "--tokenizer", "space", "--device", "cpu", "--tasks", "local_mc",
                            "--include-path", include, "--output", str(out)],
-                          capture_output=True, text=True, timeout=600, env=env)
+                     capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| model | local_mc | AVG |" in proc.stdout and "| this checkpoint: acc |" in proc.stdout
     assert "0 not in the dictionary" in proc.stdout
@@ -361,7 +361,7 @@ def test_eval_zero_shot_script_refuses_bad_arguments(trained, tmp_path):
                                      ([str(tmp_path / "none.pt"), data], {}, "checkpoint .*none.pt not found"),
                                      ([ckpts["hgrn"], str(tmp_path)], {}, "dict.txt not found"),
                                      ([ckpts["hgrn"], data], {"TASK_LISTS": "glue"}, "'glue' is not commonsense or superglue")]:
-        proc = subprocess.run(["bash", script, *argv], capture_output=True, text=True, env=dict(env, **extra_env))
+        proc = pyrun.run(["bash", script, *argv], capture_output=True, text=True, env=dict(env, **extra_env))
         assert proc.returncode == 2 and re.search(message, proc.stderr), proc.stderr
 
 

@@ -2,7 +2,6 @@
 sharded evaluation (every validation image counted once) and the checkpoint written by rank 0."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -10,6 +9,7 @@ import torch
 
 pytest.importorskip("timm")
 from tests.image.test_train import TINY, make_image_folder  # noqa: E402
+from tests import pyrun
 
 
 def test_torchrun_two_processes(tmp_path):
@@ -20,7 +20,7 @@ def test_torchrun_two_processes(tmp_path):
            "optim.warmup_epochs=0", *[a for a in TINY if not a.startswith("optim.batch_size")],
            "optim.batch_size=8", "optim.max_batch_per_gpu=2"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+    res = pyrun.run(cmd, capture_output=True, text=True, env=env, timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
     log = [json.loads(line) for line in open(out / "log.jsonl")]
     start = log[0]

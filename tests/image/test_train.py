@@ -4,7 +4,6 @@ one training update and one evaluation, resume, the run lock, the data errors, u
 import json
 import math
 import os
-import subprocess
 import sys
 
 import pytest
@@ -14,6 +13,7 @@ pytest.importorskip("timm")
 from hgrn_fairseq.image import data as image_data  # noqa: E402
 from hgrn_fairseq.image import train  # noqa: E402
 from tests.script_module import load_script  # noqa: E402
+from tests import pyrun
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 make_image_folder = load_script(os.path.join(REPO, "scripts", "make_image_folder.py"))
@@ -278,14 +278,14 @@ def test_make_image_folder_is_deterministic_and_up_to_date(tmp_path, capsys):
 
 
 def test_train_imagenet_sh_picks_the_recipe(folder, tmp_path):
-    env = dict(os.environ, NUM_GPUS="0", PYTHON=sys.executable, OUTPUT_DIR=str(tmp_path / "o"))
-    res = subprocess.run(["bash", os.path.join(REPO, "scripts", "train_imagenet.sh"), "hgrn2_vit_small", str(folder),
+    env = pyrun.script_env(dict(os.environ, NUM_GPUS="0", OUTPUT_DIR=str(tmp_path / "o")))
+    res = pyrun.run(["bash", os.path.join(REPO, "scripts", "train_imagenet.sh"), "hgrn2_vit_small", str(folder),
                           *TINY, "+model.kwargs.expand_ratio=4", "--dry-run"], capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "recipe hgrn2_small" in res.stderr and "weight_decay: 0.1" in res.stdout
     assert "name: hgrn2_vit_small" in res.stdout and "dry run: nothing trained" in res.stdout
-    res = subprocess.run(["bash", os.path.join(REPO, "scripts", "train_imagenet.sh"), "hgrn1d_vit_tiny"],
-                         capture_output=True, text=True, env=env)
+    res = pyrun.run(["bash", os.path.join(REPO, "scripts", "train_imagenet.sh"), "hgrn1d_vit_tiny"],
+                    capture_output=True, text=True, env=env)
     assert res.returncode == 1 and "usage" in res.stderr
 
 

@@ -15,6 +15,7 @@ from fairseq.data import Dictionary
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.models import build_model
 from tests.lm_corpus import write_corpus
+from tests import pyrun
 
 PLUGIN = os.path.dirname(os.path.abspath(hgrn_fairseq.__file__))
 V, d, L = 50264, 512, 6
@@ -160,8 +161,8 @@ def runs(tmp_path_factory):
         jobs.append((name, "train", train_argv(data, str(root / name), arch, flags)))
     jobs.append(("bf16_slow_lr", "train", train_argv(data, str(root / "bf16"), "lru_lm_tiny",
                                                      ["--lru-slow-lr-scale", "0.5", "--bf16"], max_update=2)))
-    proc = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(jobs)], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = pyrun.run([sys.executable, "-c", DRIVER, json.dumps(jobs)], stdout=subprocess.PIPE,
+                     stderr=subprocess.STDOUT, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
     out = proc.stdout  # one stream, in order: fairseq logs to stderr
     results = {}
     for name, _, argv in jobs:

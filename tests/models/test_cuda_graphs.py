@@ -19,6 +19,7 @@ from fairseq import options
 from hgrn_fairseq.modules.cuda_graph import GraphedCallCache
 from tests.lm_corpus import binarise, write_corpus
 from tests.models.test_hgrn_lm import build as build_lm, gpt2_sized_dictionary
+from tests import pyrun
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU (run on the GPU machine)")
@@ -264,7 +265,7 @@ def fairseq_train(tmp_path, *extra, gpus=1, updates=20):
         "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "5", "--max-update", str(updates),
         "--save-dir", str(tmp_path / "ckpt"), "--no-save", "--disable-validation",
         "--log-interval", "1", "--log-format", "simple", "--num-workers", "0", "--seed", "3", *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = pyrun.run(cmd, capture_output=True, text=True, timeout=600)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     # ("... | train_inner | epoch 001: ... loss=9.1, ..." or "INFO:train_inner:epoch 001: ... loss=9.1, ...")

@@ -18,6 +18,7 @@ from fairseq.models import ARCH_CONFIG_REGISTRY
 
 from hgrn_fairseq.models.hgrn_lm import HgrnLanguageModel, UNBOUNDED_POSITIONS
 from tests.lm_corpus import binarise, write_corpus
+from tests import pyrun
 
 PLUGIN = os.path.dirname(os.path.abspath(hgrn_fairseq.__file__))
 
@@ -167,7 +168,7 @@ LR, WARMUP = 3e-3, 10
 
 def fairseq(tool, *args, check=True, timeout=300):
     cmd = [sys.executable, "-m", f"fairseq_cli.{tool}", *map(str, args)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = pyrun.run(cmd, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
@@ -265,7 +266,7 @@ def test_interactive_and_generate_produce_text(trained):
     words = {line.split()[0] for line in open(os.path.join(data, "dict.txt"))}
     cmd = [sys.executable, "-m", "fairseq_cli.interactive", data, "--user-dir", PLUGIN, "--task",
            "hgrn_language_modeling", "--path", str(ckpt), "--beam", "3", "--max-len-b", "12", "--cpu"]
-    proc = subprocess.run(cmd, input="w5 w6 w7\nw40\n", capture_output=True, text=True, timeout=300)
+    proc = pyrun.run(cmd, input="w5 w6 w7\nw40\n", capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     hyps = [line.split("\t")[2].split() for line in proc.stdout.splitlines() if line.startswith("H-")]
     assert len(hyps) == 2

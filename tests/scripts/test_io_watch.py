@@ -2,6 +2,7 @@
 import os
 import subprocess
 import time
+from tests import pyrun
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "bench", "io_watch.sh")
@@ -31,11 +32,11 @@ def test_summary_flags_pressure_and_writeback(tmp_path):
                    "21:48:10 5000 204800 80.5 75.25 0\n"  # writeback 200 MiB, I/O stalled
                    "21:48:20 100 10 12.00 11.00 0\n"      # pressure only
                    "21:48:30 100 0 0.00 0.00 98\n")
-    out = subprocess.run(["bash", SCRIPT, "--summary", str(log)], capture_output=True, text=True,
-                         timeout=30).stdout
+    out = pyrun.run(["bash", SCRIPT, "--summary", str(log)], capture_output=True, text=True,
+                    timeout=30).stdout
     assert "io_watch: 4 samples, max writeback 204800 kB, max I/O pressure full avg10 75.2%" in out
     flagged = out.split("samples with full avg10 >= 10% or writeback >= 100 MiB:")[1].split("\n")
     assert [line.split()[0] for line in flagged if line.strip()] == ["21:48:10", "21:48:20"]
     empty = tmp_path / "none.log"
-    assert "io_watch: no samples" in subprocess.run(["bash", SCRIPT, "--summary", str(empty)],
-                                                    capture_output=True, text=True, timeout=30).stdout
+    assert "io_watch: no samples" in pyrun.run(["bash", SCRIPT, "--summary", str(empty)],
+                                               capture_output=True, text=True, timeout=30).stdout

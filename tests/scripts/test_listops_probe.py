@@ -1,12 +1,12 @@
 """bench/listops_ngram_baseline.py (the token-statistics level of a ListOps curve) on a hand-written TSV,
 and the probe script's syntax and part names."""
 import os
-import subprocess
 import sys
 
 import pytest
 
 from tests.script_module import load_script
+from tests import pyrun
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytest.importorskip("sklearn")
@@ -36,14 +36,14 @@ def test_ngram_baseline_reads_the_models_tokens_and_scores_the_test_split(tmp_pa
 
 
 def test_ngram_baseline_names_a_missing_file(tmp_path):
-    r = subprocess.run([sys.executable, os.path.join(REPO, "bench", "listops_ngram_baseline.py"), str(tmp_path)],
-                       capture_output=True, text=True)
+    r = pyrun.run([sys.executable, os.path.join(REPO, "bench", "listops_ngram_baseline.py"), str(tmp_path)],
+                  capture_output=True, text=True)
     assert r.returncode == 1 and "basic_train.tsv is missing" in r.stderr and r.stderr.count("\n") == 1
 
 
 def test_probe_script_parses_and_refuses_an_unknown_part(tmp_path):
     script = os.path.join(REPO, "bench", "lra_listops_probe.sh")
-    assert subprocess.run(["bash", "-n", script]).returncode == 0
-    r = subprocess.run(["bash", script], capture_output=True, text=True,
-                       env=dict(os.environ, OUT=str(tmp_path), PROBE_PARTS="deep"))
+    assert pyrun.run(["bash", "-n", script]).returncode == 0
+    r = pyrun.run(["bash", script], capture_output=True, text=True,
+                  env=pyrun.script_env(dict(os.environ, OUT=str(tmp_path), PROBE_PARTS="deep")))
     assert r.returncode == 2 and "unknown part 'deep'" in r.stderr

@@ -3,9 +3,9 @@
 own; the full run needs a GPU and is reported in the README.)"""
 import json
 import os
-import subprocess
 
 from tests.fixtures_corpus import REPO, subprocess_env, write_source_tree
+from tests import pyrun
 
 SCRIPT = os.path.join(REPO, "scripts", "lm_evidence.sh")
 
@@ -13,7 +13,7 @@ SCRIPT = os.path.join(REPO, "scripts", "lm_evidence.sh")
 def _run(env_extra, tmp_path):
     env = subprocess_env()
     env.update({k: str(v) for k, v in env_extra.items()})
-    return subprocess.run(["bash", SCRIPT], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    return pyrun.run(["bash", SCRIPT], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
 
 
 def test_prep_only_builds_corpus_and_bpe_from_the_given_sources(tmp_path):

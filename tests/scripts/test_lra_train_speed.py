@@ -2,7 +2,7 @@
 its own extra options (commas between them), and the table names them. A stand-in train_lra.sh records
 its arguments and writes fairseq-like log lines (no training here)."""
 import os
-import subprocess
+from tests import pyrun
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -18,7 +18,7 @@ def test_each_side_gets_its_own_options(tmp_path):
     (tree / "scripts").mkdir(parents=True)
     (tree / "scripts" / "train_lra.sh").write_text(FAKE_TRAIN_LRA)
     out = tmp_path / "out"
-    r = subprocess.run(
+    r = pyrun.run(
         ["bash", os.path.join(REPO, "bench", "lra_train_speed.sh"), "listops", "/data/listops", "50", "hgrn1",
          f"eager={tree}", f"graphs={tree}@--cuda-graphs,--pad-to-length,2001"],
         env=dict(os.environ, OUT=str(out)), capture_output=True, text=True, timeout=60)

@@ -6,7 +6,6 @@ import argparse
 import csv
 import json
 import os
-import subprocess
 import sys
 import threading
 
@@ -14,6 +13,7 @@ import pytest
 
 from tests.fixtures_corpus import REPO, subprocess_env
 from tests.script_module import load_script
+from tests import pyrun
 
 SWEEP = os.path.join(REPO, "scripts", "mqar_sweep.py")
 
@@ -113,8 +113,8 @@ def test_runs_of_one_width_rotate_over_model_and_lr(sweep):
 
 def run_mqar_sh(env, *args):
     """scripts/run_mqar.sh with ``args`` under ``env`` (PYTHON=echo in the callers: it prints the command)."""
-    return subprocess.run(["bash", os.path.join(REPO, "scripts", "run_mqar.sh"), *args], env=env,
-                          capture_output=True, text=True)
+    return pyrun.run(["bash", os.path.join(REPO, "scripts", "run_mqar.sh"), *args], env=env,
+                     capture_output=True, text=True)
 
 
 def budget_args(**kw):
@@ -331,7 +331,7 @@ def test_report_only_reads_old_run_jsons(sweep, tmp_path):
                                     "bench/gpu_baselines.sh", "bench/gpu_mqar.sh", "bench/gpu_mps.sh",
                                     "bench/gpu_lra.sh"])
 def test_shell_syntax(script):
-    r = subprocess.run(["bash", "-n", os.path.join(REPO, script)], capture_output=True, text=True)
+    r = pyrun.run(["bash", "-n", os.path.join(REPO, script)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
 
@@ -572,7 +572,7 @@ def test_committed_gpu_tables_come_back_from_their_run_records(tmp_path, folder,
     shutil.copytree(os.path.join(src, "runs"), tmp_path / "runs")
     env = subprocess_env()
     env.update(OUT=str(tmp_path), BATCH_SIZE="64", VALIDATE_EVERY="1000", TRAIN_SIZE="100000",
-               PYTHON=sys.executable, **grid)
+               PYTHON=pyrun.script_env()["PYTHON"], **grid)
     r = run_mqar_sh(env, "--report-only", "--no-plot")
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "table.md").read_text() == open(os.path.join(src, "table.md")).read()

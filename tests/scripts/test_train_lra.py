@@ -6,7 +6,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 
@@ -16,6 +15,7 @@ import hgrn_fairseq  # noqa: F401
 from tests.script_module import load_script
 
 from ..tasks.test_lra_format import write_tiny
+from tests import pyrun
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "scripts", "train_lra.sh")
@@ -40,8 +40,8 @@ SPEC = {
 
 
 def run(args, env=None, timeout=120):
-    return subprocess.run(["bash", SCRIPT, *args], capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHON=sys.executable, **(env or {})), cwd=REPO)
+    return pyrun.run(["bash", SCRIPT, *args], capture_output=True, text=True, timeout=timeout,
+                     env=pyrun.script_env(dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))), cwd=REPO)
 
 
 def flag(cmd, name):
@@ -207,8 +207,8 @@ def gpu_lra_slice_plan(minutes, now, call_s=None, end_s=None):
         env["LRA_CALL_S"] = str(call_s)
     if end_s is not None:
         env["LRA_END_S"] = str(end_s)
-    r = subprocess.run(["bash", "-c", f"el() {{ echo {now}; }}\n{func}\nslice_plan"], capture_output=True,
-                       text=True, env=env, timeout=30)
+    r = pyrun.run(["bash", "-c", f"el() {{ echo {now}; }}\n{func}\nslice_plan"], capture_output=True,
+                  text=True, env=env, timeout=30)
     assert r.returncode == 0, r.stderr
     return r.stdout.split()
 
@@ -216,8 +216,8 @@ def gpu_lra_slice_plan(minutes, now, call_s=None, end_s=None):
 def gpu_lra_spec(spec, task="listops"):
     """bench/gpu_lra.sh's run_id and spec_args for one LRA_MODELS entry, cut out of the script."""
     funcs = gpu_lra_functions("run_id", "spec_args")
-    r = subprocess.run(["bash", "-c", f'{funcs}\nrun_id "$1" "$2"; spec_args "$2"', "x", task, spec],
-                       capture_output=True, text=True, timeout=30)
+    r = pyrun.run(["bash", "-c", f'{funcs}\nrun_id "$1" "$2"; spec_args "$2"', "x", task, spec],
+                  capture_output=True, text=True, timeout=30)
     return r.returncode, r.stdout.split("\n")[0], " ".join(r.stdout.split("\n")[1:]).strip(), r.stderr.strip()
 
 
@@ -267,7 +267,7 @@ def test_gpu_lra_noeos_spec_sets_no_eos(spec, expected):
     """train_one's NO_EOS for the spec: 1 exactly when 'noeos' is one of its flags."""
     text = open(os.path.join(REPO, "bench", "gpu_lra.sh")).read()
     expr = re.search(r'NO_EOS=(\$\(case .*?esac\))', text).group(1)
-    r = subprocess.run(["bash", "-c", f'set -- a b "$1"; echo {expr}', "x", spec], capture_output=True, text=True, timeout=30)
+    r = pyrun.run(["bash", "-c", f'set -- a b "$1"; echo {expr}', "x", spec], capture_output=True, text=True, timeout=30)
     assert r.stdout.strip() == expected, (spec, r.stdout, r.stderr)
 
 
@@ -277,8 +277,8 @@ def test_gpu_lra_jobs_must_name_task_and_spec(tmp_path, jobs):
     script at once (exit 2) with the entry named, before any data or training."""
     env = dict(os.environ, OUT=str(tmp_path / "out"), LRA_WORK=str(tmp_path / "work"), LRA_PARTS="none", LRA_JOBS=jobs)
     env.pop("LRA_CARRY", None)
-    r = subprocess.run(["bash", os.path.join(REPO, "bench", "gpu_lra.sh")], capture_output=True, text=True,
-                       env=env, timeout=120)
+    r = pyrun.run(["bash", os.path.join(REPO, "bench", "gpu_lra.sh")], capture_output=True, text=True,
+                  env=pyrun.script_env(env), timeout=120)
     bad = [j for j in jobs.split() if not j.startswith(("listops/", "pathfinder/"))][0]
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"LRA_JOBS entry '{bad}' is not TASK/SPEC with TASK listops or pathfinder" in r.stderr
@@ -341,19 +341,19 @@ def test_cpu_run_end_to_end_and_resume(tmp_path):
     shutil.copy(tmp_path / "runs" / "listops_hgrn1" / "checkpoint_best.pt", best)
     os.utime(best, (1_000_000_000, 1_000_000_000))
     strip = [sys.executable, os.path.join(REPO, "bench", "lra_strip_best.py")]
-    s = subprocess.run(strip + [str(best)], capture_output=True, text=True, timeout=120)
+    s = pyrun.run(strip + [str(best)], capture_output=True, text=True, timeout=120)
     assert s.returncode == 0 and "optimizer state dropped" in s.stdout, s.stdout + s.stderr
     assert best.stat().st_mtime == 1_000_000_000  # kept: a best newer than the last once got resumed from
     assert best.stat().st_size < (tmp_path / "runs" / "listops_hgrn1" / "checkpoint_best.pt").stat().st_size
-    s = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "lra_eval.py"), str(best), "--data", data,
+    s = pyrun.run([sys.executable, os.path.join(REPO, "scripts", "lra_eval.py"), str(best), "--data", data,
                         "--split", "test", "--cpu", "--json", str(best.parent / "result.json")],
-                       capture_output=True, text=True, timeout=300, cwd=REPO)
+                  capture_output=True, text=True, timeout=300, cwd=REPO)
     assert s.returncode == 0, (s.stdout + s.stderr)[-3000:]
     again = json.load(open(best.parent / "result.json"))
     assert (again["correct"], again["examples"], again["num_updates"]) == (
         result["correct"], result["examples"], result["num_updates"])
-    s = subprocess.run(strip + [str(tmp_path / "runs" / "listops_hgrn1" / "checkpoint_last.pt")],
-                       capture_output=True, text=True, timeout=120)
+    s = pyrun.run(strip + [str(tmp_path / "runs" / "listops_hgrn1" / "checkpoint_last.pt")],
+                  capture_output=True, text=True, timeout=120)
     assert s.returncode == 2 and "is not a checkpoint_best.pt" in s.stderr
     # 12 updates = 3 epochs of 4, validations at each epoch end and the save at 6: once each (fairseq 0.12
     # alone writes epoch n's lines n times into --log-file)
@@ -367,7 +367,7 @@ def test_cpu_run_end_to_end_and_resume(tmp_path):
     # a longer plan resumes from checkpoint_last.pt at update 12, also after gpu_lra.sh's strip of the best in
     # place and a best that is the newer file (the resume used to pick it and restart at update 0)
     run_best = tmp_path / "runs" / "listops_hgrn1" / "checkpoint_best.pt"
-    s = subprocess.run(strip + [str(run_best)], capture_output=True, text=True, timeout=120)
+    s = pyrun.run(strip + [str(run_best)], capture_output=True, text=True, timeout=120)
     assert s.returncode == 0 and "optimizer state dropped" in s.stdout, s.stdout + s.stderr
     os.utime(run_best, (time.time() + 5, time.time() + 5))
     p = run(["listops", "hgrn1", data, *tiny], env=dict(env, SKIP_TEST="1", MAX_UPDATE="14"), timeout=300)
@@ -398,13 +398,14 @@ def test_gpu_lra_state_hands_a_paused_run_to_a_fresh_machine(tmp_path):
 
     import torch
 
-    env = dict(os.environ, LRA_LISTOPS_ARGS="--train 200 --valid 30 --test 30", LRA_NUM_GPUS="0",
-               LRA_LISTOPS_UPDATES="100000", LRA_TRAIN_MINUTES="0.05", LRA_MODELS="hgrn1", LRA_SAVE_STATE="trained",
-               LRA_TRAIN_EXTRA="--encoder-embed-dim 8 --encoder-layers 1 --batch-size 16 --batch-size-valid 16",
-               OMP_NUM_THREADS="1", SKIP_TEST="1")  # (train_lra.sh: no test evaluation, which other tests cover)
+    env = pyrun.script_env(dict(
+        os.environ, LRA_LISTOPS_ARGS="--train 200 --valid 30 --test 30", LRA_NUM_GPUS="0",
+        LRA_LISTOPS_UPDATES="100000", LRA_TRAIN_MINUTES="0.05", LRA_MODELS="hgrn1", LRA_SAVE_STATE="trained",
+        LRA_TRAIN_EXTRA="--encoder-embed-dim 8 --encoder-layers 1 --batch-size 16 --batch-size-valid 16",
+        OMP_NUM_THREADS="1", SKIP_TEST="1"))  # (train_lra.sh: no test evaluation, which other tests cover)
     env.pop("LRA_CARRY", None)
-    first = subprocess.run(["bash", "bench/gpu_lra.sh"], cwd=REPO, capture_output=True, text=True, timeout=400,
-                           env=dict(env, OUT=str(tmp_path / "out1"), LRA_WORK=str(tmp_path / "work1")))
+    first = pyrun.run(["bash", "bench/gpu_lra.sh"], cwd=REPO, capture_output=True, text=True, timeout=400,
+                      env=dict(env, OUT=str(tmp_path / "out1"), LRA_WORK=str(tmp_path / "work1")))
     assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
     parts = sorted((tmp_path / "out1").glob("lra_state.tar.part*"))
     raw = b"".join(p.read_bytes() for p in parts)
@@ -430,16 +431,16 @@ def test_gpu_lra_state_hands_a_paused_run_to_a_fresh_machine(tmp_path):
     filed = tmp_path / "results" / "lra_listops_full"
     filed.mkdir(parents=True)
     (filed / f"train_slice1_updates_0-{reached + 5}_t.log").write_text("x")
-    wrong = subprocess.run(["bash", "bench/gpu_lra.sh"], cwd=REPO, capture_output=True, text=True, timeout=400,
-                           env=dict(env, OUT=str(tmp_path / "out_wrong"), LRA_WORK=str(tmp_path / "work_wrong"),
-                                    LRA_CARRY=str(carry), LRA_RESULTS_ROOT=str(tmp_path / "results")))
+    wrong = pyrun.run(["bash", "bench/gpu_lra.sh"], cwd=REPO, capture_output=True, text=True, timeout=400,
+                      env=dict(env, OUT=str(tmp_path / "out_wrong"), LRA_WORK=str(tmp_path / "work_wrong"),
+                               LRA_CARRY=str(carry), LRA_RESULTS_ROOT=str(tmp_path / "results")))
     assert wrong.returncode == 2, (wrong.stdout + wrong.stderr)[-3000:]
     assert f"listops_hgrn1: would resume at update {reached} while its filed slices end at {reached + 5}" in wrong.stdout
     assert "stopped before training" in wrong.stdout and "listops data" not in wrong.stdout
     (filed / f"train_slice1_updates_0-{reached + 5}_t.log").rename(filed / f"train_slice1_updates_0-{reached}_t.log")
-    second = subprocess.run(["bash", "bench/gpu_lra.sh"], cwd=REPO, capture_output=True, text=True, timeout=400,
-                            env=dict(env, OUT=str(tmp_path / "out2"), LRA_WORK=str(tmp_path / "work2"),
-                                     LRA_CARRY=str(carry), LRA_RESULTS_ROOT=str(tmp_path / "results")))
+    second = pyrun.run(["bash", "bench/gpu_lra.sh"], cwd=REPO, capture_output=True, text=True, timeout=400,
+                       env=dict(env, OUT=str(tmp_path / "out2"), LRA_WORK=str(tmp_path / "work2"),
+                                LRA_CARRY=str(carry), LRA_RESULTS_ROOT=str(tmp_path / "results")))
     assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
     assert f"| listops_hgrn1 | checkpoint_last.pt | {reached} | yes | {reached} |" in second.stdout
     assert "state restored from" in second.stdout
@@ -508,7 +509,7 @@ def test_hydra_config_trains(tmp_path):
            "optimization.max_update=3", "common.cpu=true", "common.bf16=false", "model.encoder_embed_dim=8",
            "model.encoder_layers=1", "dataset.batch_size=16", "dataset.batch_size_valid=16",
            f"checkpoint.save_dir={save}", "common.tensorboard_logdir=null", f"hydra.run.dir={save}/logs"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    p = pyrun.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"))
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-3000:]
     assert "examples 16" in out and re.search(r"'_name': '?hgrn_lra", out) and re.search(r"'token_mixer': '?hgru2", out)
@@ -518,8 +519,8 @@ def test_hydra_config_trains(tmp_path):
 def gpu_lra_state_files(runs_dir, *runs):
     """bench/gpu_lra.sh's state_files function, cut out of the script."""
     func = gpu_lra_functions("state_files")
-    r = subprocess.run(["bash", "-c", f'{func}\nstate_files "$@"', "x", str(runs_dir), *runs],
-                       capture_output=True, text=True, timeout=30)
+    r = pyrun.run(["bash", "-c", f'{func}\nstate_files "$@"', "x", str(runs_dir), *runs],
+                  capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     return r.stdout.split()
 
@@ -555,8 +556,8 @@ train_jobs listops/hgrn1 listops/hgrn2:2
 kill $sampler
 """
     t0 = time.monotonic()
-    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30,
-                       env=dict(os.environ, LRA_CONCURRENT="1", LRA_MPS="0", OUT=str(tmp_path), WORK=str(tmp_path)))
+    r = pyrun.run(["bash", "-c", script], capture_output=True, text=True, timeout=30,
+                  env=dict(os.environ, LRA_CONCURRENT="1", LRA_MPS="0", OUT=str(tmp_path), WORK=str(tmp_path)))
     assert r.returncode == 0, r.stderr
     assert time.monotonic() - t0 < 20
     assert "trained listops hgrn1" in r.stdout and "trained listops hgrn2:2" in r.stdout

@@ -7,7 +7,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 import warnings
 
@@ -16,6 +15,7 @@ import torch
 
 import hgrn_fairseq  # noqa: F401  (registers the plugin)
 from tests.lm_corpus import write_corpus
+from tests import pyrun
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "scripts", "train_wt103.sh")
@@ -27,12 +27,12 @@ import fairseq_train  # noqa: E402  (scripts/fairseq_train.py)
 
 
 def run_script(*args, env=None, timeout=600):
-    full_env = dict(os.environ, PYTHON=sys.executable)
+    full_env = pyrun.script_env()  # (PYTHON: the warm interpreter of tests/pyrun.py)
     full_env.pop("NUM_GPUS", None)
     full_env.pop("BATCH_PER_GPU", None)
     full_env.update(env or {})
-    return subprocess.run(["bash", SCRIPT, *map(str, args)], capture_output=True, text=True, env=full_env,
-                          timeout=timeout, cwd=REPO)
+    return pyrun.run(["bash", SCRIPT, *map(str, args)], capture_output=True, text=True, env=full_env,
+                     timeout=timeout, cwd=REPO)
 
 
 def dry_run(recipe, data, *extra, env=None):
@@ -94,7 +94,7 @@ def test_dry_run_prints_the_paper_recipe(recipe, data):
         assert got.get(flag) == value, (flag, got.get(flag))
     if recipe != "hgrn2_lm_base":
         assert "--bf16" not in got and "--fp16" not in got  # fp32
-    assert argv[0] == sys.executable and argv[1].endswith("scripts/fairseq_train.py") and argv[2] == data
+    assert argv[0] == pyrun.script_env()["PYTHON"] and argv[1].endswith("scripts/fairseq_train.py") and argv[2] == data
     assert got["--user-dir"] == os.path.join(REPO, "hgrn_fairseq")
     assert got["--save-dir"] == os.path.join(REPO, "checkpoints", "wt103", recipe)
     assert got["--tensorboard-logdir"] == os.path.join(REPO, "checkpoints", "wt103", recipe, "logs", "tensorboard")
@@ -128,8 +128,8 @@ def test_cuda_graphs_on_for_hgrn_recipes_unless_switched_off(recipe, data):
         assert hydra_config(recipe, data)["model"]["cuda_graphs"] is True
     argv, _ = dry_run(recipe, data, env={"NUM_GPUS": "1", "CUDA_GRAPHS": "0"})
     assert "--cuda-graphs" not in argv
-    proc = subprocess.run(["bash", SCRIPT, "--dry-run", recipe, data], capture_output=True, text=True,
-                          env={**os.environ, "NUM_GPUS": "1", "CUDA_GRAPHS": "yes"})
+    proc = pyrun.run(["bash", SCRIPT, "--dry-run", recipe, data], capture_output=True, text=True,
+                     env={**os.environ, "NUM_GPUS": "1", "CUDA_GRAPHS": "yes"})
     assert proc.returncode != 0 and "CUDA_GRAPHS='yes' is not 0 or 1" in proc.stderr
 
 
@@ -427,7 +427,7 @@ def test_train_resume_and_sample(trained, data):
     cmd = [sys.executable, "-m", "fairseq_cli.interactive", data, "--user-dir", os.path.join(REPO, "hgrn_fairseq"),
            "--task", "hgrn_language_modeling", "--path", str(save_dir / "checkpoint_last.pt"),
            "--sampling", "--sampling-topk", "10", "--beam", "1", "--max-len-b", "12", "--seed", "1", "--cpu"]
-    proc = subprocess.run(cmd, input="w5 w6 w7\nw40\n", capture_output=True, text=True, timeout=300)
+    proc = pyrun.run(cmd, input="w5 w6 w7\nw40\n", capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     hyps = [line.split("\t")[2].split() for line in proc.stdout.splitlines() if line.startswith("H-")]
     assert len(hyps) == 2, proc.stdout
@@ -449,9 +449,9 @@ def test_hydra_config_trains_like_the_shell_recipe(trained, data, tmp_path):
                  f"task.tokens_per_sample={TINY['tokens_per_sample']}", f"common.seed={TINY['seed']}",
                  "dataset.num_workers=0", "common.log_interval=1"]
     overrides += [f"model.{k}={TINY[k]}" for k in model_keys]
-    proc = subprocess.run([sys.executable, "-m", "fairseq_cli.hydra_train", "--config-dir", CONFIGS,
+    proc = pyrun.run([sys.executable, "-m", "fairseq_cli.hydra_train", "--config-dir", CONFIGS,
                            "--config-name", "hgrn_lm_base", *overrides], capture_output=True, text=True,
-                          timeout=300, cwd=str(tmp_path))
+                     timeout=300, cwd=str(tmp_path))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert (tmp_path / "logs" / "hydra_train.log").exists() and num_updates(tmp_path / "ckpt" / "checkpoint_last.pt") == 2

@@ -1,7 +1,6 @@
 """Bad input to `fairseq-train --task hgrn_language_modeling`: one clear line naming problem and fix."""
 import os
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -10,6 +9,7 @@ import pytest
 import hgrn_fairseq
 from hgrn_fairseq.tasks.checked_language_modeling import CheckedLanguageModelingTask, DataError
 from tests.lm_corpus import binarise, write_corpus
+from tests import pyrun
 
 PLUGIN = os.path.dirname(os.path.abspath(hgrn_fairseq.__file__))
 
@@ -25,7 +25,7 @@ def train_error(data_dir, *extra):
     cmd = [sys.executable, "-m", "fairseq_cli.train", str(data_dir), "--user-dir", PLUGIN,
            "--task", "hgrn_language_modeling", "--arch", "hgrn_lm_tiny", "--optimizer", "adam", "--lr", "1e-3",
            "--batch-size", "2", "--max-update", "1", "--cpu", "--no-save", "--num-workers", "0", *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = pyrun.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0, proc.stdout[-2000:]
     last = [line for line in proc.stderr.strip().splitlines() if line.strip()][-1]
     assert last.startswith("hgrn_fairseq.data_checks.DataError: "), proc.stderr[-3000:]
@@ -95,7 +95,7 @@ def trained(tmp_path_factory, data):
            "--task", "hgrn_language_modeling", "--arch", "hgrn_lm_tiny", "--tokens-per-sample", "16",
            "--optimizer", "adam", "--lr", "1e-3", "--batch-size", "4", "--max-update", "5", "--cpu",
            "--num-workers", "0", "--save-dir", "ck", "--no-epoch-checkpoints"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=root)
+    proc = pyrun.run(cmd, capture_output=True, text=True, timeout=300, cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return root
 
@@ -115,7 +115,7 @@ def run_elsewhere(cmd, tmp_path):
     """Run a command from a directory that is neither the training one nor the data's."""
     other = tmp_path / "elsewhere"
     other.mkdir(exist_ok=True)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=other)
+    return pyrun.run(cmd, capture_output=True, text=True, timeout=300, cwd=other)
 
 
 def eval_commands(trained, data_dir):
@@ -178,12 +178,12 @@ def test_a_prompt_longer_than_the_length_budget_is_refused(trained, tmp_path):
     cmd = [sys.executable, "-m", "fairseq_cli.interactive", str(trained / "data-bin"), "--user-dir", PLUGIN,
            "--task", "hgrn_language_modeling", "--path", str(trained / "ck" / "checkpoint_last.pt"), "--cpu",
            "--max-len-b", "100", "--beam", "1", "--tokens-per-sample", "16"]
-    proc = subprocess.run(cmd, input=prompt + "\n", capture_output=True, text=True, timeout=300)
+    proc = pyrun.run(cmd, input=prompt + "\n", capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     last = [line for line in proc.stderr.splitlines() if line.strip()][-1]
     assert "fill the length budget of 100 tokens" in last and "--max-len-b" in last, proc.stderr[-2000:]
-    ok = subprocess.run(cmd[:-6] + ["--max-len-b", "160", "--beam", "1", "--tokens-per-sample", "16"],
-                        input=prompt + "\n", capture_output=True, text=True, timeout=300)
+    ok = pyrun.run(cmd[:-6] + ["--max-len-b", "160", "--beam", "1", "--tokens-per-sample", "16"],
+                   input=prompt + "\n", capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr[-2000:]
     hypo = [line for line in ok.stdout.splitlines() if line.startswith("H-")][0].split("\t")[2].split()
     assert hypo[:150] == prompt.split() and len(hypo) > 150
@@ -198,9 +198,9 @@ def test_tokens_per_sample_must_be_positive(data, value):
 def test_empty_split_is_named(data, tmp_path):
     broken = tmp_path / "empty"
     shutil.copytree(data, broken)
-    subprocess.run([sys.executable, "-m", "fairseq_cli.preprocess", "--only-source", "--srcdict",
+    pyrun.run([sys.executable, "-m", "fairseq_cli.preprocess", "--only-source", "--srcdict",
                     str(broken / "dict.txt"), "--validpref", os.devnull, "--destdir", str(tmp_path / "e")],
-                   check=True, capture_output=True)
+              check=True, capture_output=True)
     for ext in (".bin", ".idx"):
         shutil.copyfile(tmp_path / "e" / f"valid{ext}", broken / f"valid{ext}")
     last = train_error(broken, "--tokens-per-sample", "16")

@@ -26,6 +26,7 @@ from hgrn_fairseq.tasks.lra import (
 )
 
 from .test_lra_format import write_tiny
+from tests import pyrun
 
 PLUGIN = os.path.dirname(os.path.abspath(hgrn_fairseq.__file__))
 
@@ -462,8 +463,8 @@ def runs(tmp_path_factory):
     os.remove(lf.stream_prefix(data["missing_file"], "train") + ".idx")
     jobs = [(name, train_argv(data[d], str(root / "ck" / name), arch, flags, n))
             for name, (d, arch, flags, n) in RUNS.items()]
-    proc = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(jobs)], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = pyrun.run([sys.executable, "-c", DRIVER, json.dumps(jobs)], stdout=subprocess.PIPE,
+                     stderr=subprocess.STDOUT, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
     out = proc.stdout
     results = {}
     for name, argv in jobs:

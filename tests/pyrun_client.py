@@ -1,0 +1,85 @@
+"""The ``python`` / ``python3`` of tests.pyrun.script_env(): hands the command to the test process's warm
+server (tests/pyrun.py) with this process's stdin, stdout and stderr, passes signals on, and exits as the
+program did. Anything it cannot hand over (other interpreter options, an environment the server's
+preloaded packages would have read differently, no server) runs a real interpreter instead, so a script
+behaves as with ``PYTHON=sys.executable``. Standard library only: it runs with ``python -I -S``."""
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+
+IMPORT_TIME_ENV = ("PYTHON", "TORCH", "CUDA", "OMP_", "MKL", "KMP", "FAIRSEQ", "HYDRA", "LD_", "LOGLEVEL")
+RUNTIME_PYTHON_ENV = ("PYTHON", "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONWARNINGS")
+
+
+def real():
+    python = os.environ["HGRN_PYRUN_REAL"]
+    os.execv(python, [python, *sys.argv[1:]])
+
+
+def parse(args):
+    unbuffered = False
+    while args and args[0] == "-u":
+        args, unbuffered = args[1:], True
+    if len(args) >= 2 and args[0] == "-m":
+        return "module", args[1], [args[1], *args[2:]], unbuffered
+    if len(args) >= 2 and args[0] == "-c":
+        return "code", args[1], ["-c", *args[2:]], unbuffered
+    if args and not args[0].startswith("-"):
+        return "script", args[0], list(args), unbuffered
+    return None
+
+
+def main():
+    sockdir = os.environ.get("HGRN_PYRUN_SOCKET")
+    parsed = parse(sys.argv[1:])
+    if not sockdir or parsed is None:
+        real()
+    try:
+        with open(os.path.join(sockdir, "env.json")) as f:
+            server = json.load(f)
+    except OSError:
+        real()
+    mine = {k: v for k, v in os.environ.items() if k.startswith(IMPORT_TIME_ENV) and k not in RUNTIME_PYTHON_ENV}
+    if mine != server["env"] or server["warnings"]:
+        real()
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(os.path.join(sockdir, "sock"))
+    except OSError:
+        real()
+    kind, target, argv, unbuffered = parsed
+    body = json.dumps({"kind": kind, "target": target, "argv": argv, "env": dict(os.environ), "cwd": os.getcwd(),
+                       "unbuffered": unbuffered}).encode()
+    socket.send_fds(conn, [struct.pack("!I", len(body))], [0, 1, 2])
+    conn.sendall(body)
+
+    def forward(signum, frame):
+        try:
+            conn.sendall(struct.pack("!I", signum))
+        except OSError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, forward)
+    reply = b""
+    while len(reply) < 4:
+        try:
+            chunk = conn.recv(4 - len(reply))
+        except InterruptedError:
+            continue
+        if not chunk:
+            sys.exit(1)  # the server went away
+        reply += chunk
+    code = struct.unpack("!i", reply)[0]
+    if code < 0:  # killed by a signal: die the same way
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # (those two keep their default action anyway)
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
