@@ -19,7 +19,7 @@ def test_collection_starts_with_the_slow_files():
     listed = [SLOW_FILES_FIRST[1], SLOW_FILES_FIRST[0]]
     other = "tests/criterions/test_classification_accuracy.py"
     out = pyrun.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                          other, *listed], cwd=REPO, capture_output=True, text=True, timeout=300).stdout
+                     other, *listed], cwd=REPO, capture_output=True, text=True, timeout=300).stdout
     ids = [line for line in out.splitlines() if "::" in line]
     files = list(dict.fromkeys(i.split("::")[0] for i in ids))
     assert files == [SLOW_FILES_FIRST[0], SLOW_FILES_FIRST[1], other], files

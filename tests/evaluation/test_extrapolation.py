@@ -186,7 +186,7 @@ def test_plot_is_skipped_without_matplotlib(monkeypatch, tmp_path):
 def test_shell_entry_point(setup, tmp_path):
     script = os.path.join(fixtures_corpus.REPO, "scripts", "eval_extrapolation.sh")
     proc = pyrun.run(["bash", script, setup["hgrn"], setup["data"], "--lengths", "48", "--mode", "stateless",
-                           "--out-dir", str(tmp_path / "sh"), "--no-plot", "--no-progress"],
+                      "--out-dir", str(tmp_path / "sh"), "--no-plot", "--no-progress"],
                      capture_output=True, text=True, env=fixtures_corpus.subprocess_env())
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| 48 |" in proc.stdout

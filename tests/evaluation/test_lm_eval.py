@@ -294,8 +294,8 @@ def test_command_runs_offline_on_a_local_task(trained, tmp_path):
     env.pop("HF_DATASETS_OFFLINE", None)
     env.pop("HF_HUB_OFFLINE", None)
     proc = pyrun.run([sys.executable, "-m", "hgrn_fairseq.evaluation.lm_eval", "--path", ckpts["hgrn"],
-                           "--data", data, "--tokenizer", "space", "--device", "cpu", "--tasks", "local_mc",
-                           "--include-path", include, "--output", str(out)],
+                      "--data", data, "--tokenizer", "space", "--device", "cpu", "--tasks", "local_mc",
+                      "--include-path", include, "--output", str(out)],
                      capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| model | local_mc | AVG |" in proc.stdout and "| this checkpoint: acc |" in proc.stdout

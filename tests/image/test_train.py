@@ -280,7 +280,7 @@ def test_make_image_folder_is_deterministic_and_up_to_date(tmp_path, capsys):
 def test_train_imagenet_sh_picks_the_recipe(folder, tmp_path):
     env = pyrun.script_env(dict(os.environ, NUM_GPUS="0", OUTPUT_DIR=str(tmp_path / "o")))
     res = pyrun.run(["bash", os.path.join(REPO, "scripts", "train_imagenet.sh"), "hgrn2_vit_small", str(folder),
-                          *TINY, "+model.kwargs.expand_ratio=4", "--dry-run"], capture_output=True, text=True, env=env, timeout=300)
+                     *TINY, "+model.kwargs.expand_ratio=4", "--dry-run"], capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "recipe hgrn2_small" in res.stderr and "weight_decay: 0.1" in res.stdout
     assert "name: hgrn2_vit_small" in res.stdout and "dry run: nothing trained" in res.stdout

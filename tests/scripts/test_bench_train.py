@@ -118,7 +118,7 @@ def test_cpu_smoke_run(bench, tmp_path):
 def test_workers_run_in_subprocesses_and_budget_is_kept(tmp_path):
     out = tmp_path / "out"
     proc = pyrun.run([sys.executable, BENCH, "--out", str(out), "--quick", "--device", "cpu",
-                           "--models", "fla_hgrn2"], capture_output=True, text=True, timeout=120)
+                      "--models", "fla_hgrn2"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "bench_train.json").read_text())
     assert summary["status"]["fla_hgrn2"] == "ok"  # the worker ran and reported
@@ -128,7 +128,7 @@ def test_workers_run_in_subprocesses_and_budget_is_kept(tmp_path):
 
     # the worker subprocess gets --loss: a fused-loss row, then the budget
     proc = pyrun.run([sys.executable, BENCH, "--out", str(out), "--quick", "--device", "cpu",
-                           "--models", "hgrn_lm_base", "--loss", "fused", "--shapes", "1x8"],
+                      "--models", "hgrn_lm_base", "--loss", "fused", "--shapes", "1x8"],
                      capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "bench_train.json").read_text())
@@ -138,7 +138,7 @@ def test_workers_run_in_subprocesses_and_budget_is_kept(tmp_path):
     assert any(r["kind"] == "train" and r.get("tokens_per_s") for r in summary["records"])
 
     proc = pyrun.run([sys.executable, BENCH, "--out", str(out), "--quick", "--device", "cpu",
-                           "--models", "hgrn_lm_base,transformer_lm", "--budget-s", "5", "--loss", "fairseq,fused"],
+                      "--models", "hgrn_lm_base,transformer_lm", "--budget-s", "5", "--loss", "fairseq,fused"],
                      capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "bench_train.json").read_text())
@@ -152,7 +152,7 @@ def test_profile_train_cpu_smoke(tmp_path):
     a tiny model on CPU end to end and reports a row for it."""
     out = tmp_path / "profile"
     proc = pyrun.run([sys.executable, os.path.join(REPO, "bench", "profile_train.py"), "--out", str(out),
-                           "--device", "cpu", "--models", "hgrn_lm_base", "--shapes", "2x16"],
+                      "--device", "cpu", "--models", "hgrn_lm_base", "--shapes", "2x16"],
                      capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "profile_train.json").read_text())

@@ -346,7 +346,7 @@ def test_cpu_run_end_to_end_and_resume(tmp_path):
     assert best.stat().st_mtime == 1_000_000_000  # kept: a best newer than the last once got resumed from
     assert best.stat().st_size < (tmp_path / "runs" / "listops_hgrn1" / "checkpoint_best.pt").stat().st_size
     s = pyrun.run([sys.executable, os.path.join(REPO, "scripts", "lra_eval.py"), str(best), "--data", data,
-                        "--split", "test", "--cpu", "--json", str(best.parent / "result.json")],
+                   "--split", "test", "--cpu", "--json", str(best.parent / "result.json")],
                   capture_output=True, text=True, timeout=300, cwd=REPO)
     assert s.returncode == 0, (s.stdout + s.stderr)[-3000:]
     again = json.load(open(best.parent / "result.json"))
@@ -433,14 +433,14 @@ def test_gpu_lra_state_hands_a_paused_run_to_a_fresh_machine(tmp_path):
     (filed / f"train_slice1_updates_0-{reached + 5}_t.log").write_text("x")
     wrong = pyrun.run(["bash", "bench/gpu_lra.sh"], cwd=REPO, capture_output=True, text=True, timeout=400,
                       env=dict(env, OUT=str(tmp_path / "out_wrong"), LRA_WORK=str(tmp_path / "work_wrong"),
-                               LRA_CARRY=str(carry), LRA_RESULTS_ROOT=str(tmp_path / "results")))
+                          LRA_CARRY=str(carry), LRA_RESULTS_ROOT=str(tmp_path / "results")))
     assert wrong.returncode == 2, (wrong.stdout + wrong.stderr)[-3000:]
     assert f"listops_hgrn1: would resume at update {reached} while its filed slices end at {reached + 5}" in wrong.stdout
     assert "stopped before training" in wrong.stdout and "listops data" not in wrong.stdout
     (filed / f"train_slice1_updates_0-{reached + 5}_t.log").rename(filed / f"train_slice1_updates_0-{reached}_t.log")
     second = pyrun.run(["bash", "bench/gpu_lra.sh"], cwd=REPO, capture_output=True, text=True, timeout=400,
                        env=dict(env, OUT=str(tmp_path / "out2"), LRA_WORK=str(tmp_path / "work2"),
-                                LRA_CARRY=str(carry), LRA_RESULTS_ROOT=str(tmp_path / "results")))
+                           LRA_CARRY=str(carry), LRA_RESULTS_ROOT=str(tmp_path / "results")))
     assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
     assert f"| listops_hgrn1 | checkpoint_last.pt | {reached} | yes | {reached} |" in second.stdout
     assert "state restored from" in second.stdout

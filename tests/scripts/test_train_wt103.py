@@ -450,7 +450,7 @@ def test_hydra_config_trains_like_the_shell_recipe(trained, data, tmp_path):
                  "dataset.num_workers=0", "common.log_interval=1"]
     overrides += [f"model.{k}={TINY[k]}" for k in model_keys]
     proc = pyrun.run([sys.executable, "-m", "fairseq_cli.hydra_train", "--config-dir", CONFIGS,
-                           "--config-name", "hgrn_lm_base", *overrides], capture_output=True, text=True,
+                      "--config-name", "hgrn_lm_base", *overrides], capture_output=True, text=True,
                      timeout=300, cwd=str(tmp_path))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]

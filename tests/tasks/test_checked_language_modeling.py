@@ -199,7 +199,7 @@ def test_empty_split_is_named(data, tmp_path):
     broken = tmp_path / "empty"
     shutil.copytree(data, broken)
     pyrun.run([sys.executable, "-m", "fairseq_cli.preprocess", "--only-source", "--srcdict",
-                    str(broken / "dict.txt"), "--validpref", os.devnull, "--destdir", str(tmp_path / "e")],
+               str(broken / "dict.txt"), "--validpref", os.devnull, "--destdir", str(tmp_path / "e")],
               check=True, capture_output=True)
     for ext in (".bin", ".idx"):
         shutil.copyfile(tmp_path / "e" / f"valid{ext}", broken / f"valid{ext}")
