@@ -76,10 +76,16 @@ def _server() -> Tuple[multiprocessing.context.BaseContext, List[str], Dict[str,
 
 
 def _parse(cmd: Sequence[str]) -> Optional[Tuple[str, str, List[str], bool]]:
-    """(kind, target, argv, unbuffered) for ``python [-u] (-m MOD | -c CODE | SCRIPT) ARGS``, else None."""
+    """(kind, target, argv, unbuffered) for ``[sys.executable, ...]``, else None."""
     if not cmd or cmd[0] != sys.executable:
         return None
-    args, unbuffered = list(cmd[1:]), False
+    return parse_args(cmd[1:])
+
+
+def parse_args(args: Sequence[str]) -> Optional[Tuple[str, str, List[str], bool]]:
+    """(kind, target, argv, unbuffered) for the arguments ``[-u] (-m MOD | -c CODE | SCRIPT) ARGS`` of an
+    interpreter, else None (other interpreter options)."""
+    args, unbuffered = list(args), False
     while args and args[0] == "-u":
         args, unbuffered = args[1:], True
     if len(args) >= 2 and args[0] == "-m":

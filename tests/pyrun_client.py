@@ -2,7 +2,8 @@
 server (tests/pyrun.py) with this process's stdin, stdout and stderr, passes signals on, and exits as the
 program did. Anything it cannot hand over (other interpreter options, an environment the server's
 preloaded packages would have read differently, no server) runs a real interpreter instead, so a script
-behaves as with ``PYTHON=sys.executable``. Standard library only: it runs with ``python -I -S``."""
+behaves as with ``PYTHON=sys.executable``. It runs with ``python -I -S``: the standard library and
+tests/pyrun.py (which imports nothing else at the top) only."""
 import json
 import os
 import signal
@@ -10,8 +11,8 @@ import socket
 import struct
 import sys
 
-IMPORT_TIME_ENV = ("PYTHON", "TORCH", "CUDA", "OMP_", "MKL", "KMP", "FAIRSEQ", "HYDRA", "LD_", "LOGLEVEL")
-RUNTIME_PYTHON_ENV = ("PYTHON", "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONWARNINGS")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests import pyrun  # noqa: E402  (standard library only, like this file)
 
 
 def real():
@@ -19,22 +20,9 @@ def real():
     os.execv(python, [python, *sys.argv[1:]])
 
 
-def parse(args):
-    unbuffered = False
-    while args and args[0] == "-u":
-        args, unbuffered = args[1:], True
-    if len(args) >= 2 and args[0] == "-m":
-        return "module", args[1], [args[1], *args[2:]], unbuffered
-    if len(args) >= 2 and args[0] == "-c":
-        return "code", args[1], ["-c", *args[2:]], unbuffered
-    if args and not args[0].startswith("-"):
-        return "script", args[0], list(args), unbuffered
-    return None
-
-
 def main():
     sockdir = os.environ.get("HGRN_PYRUN_SOCKET")
-    parsed = parse(sys.argv[1:])
+    parsed = pyrun.parse_args(sys.argv[1:])
     if not sockdir or parsed is None:
         real()
     try:
@@ -42,8 +30,7 @@ def main():
             server = json.load(f)
     except OSError:
         real()
-    mine = {k: v for k, v in os.environ.items() if k.startswith(IMPORT_TIME_ENV) and k not in RUNTIME_PYTHON_ENV}
-    if mine != server["env"] or server["warnings"]:
+    if pyrun._import_time_env(dict(os.environ)) != server["env"] or server["warnings"]:
         real()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
