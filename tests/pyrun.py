@@ -366,15 +366,18 @@ def _socket_server() -> str:
     """The folder of this test process's script server (started on first use)."""
     if "sockdir" not in _state:
         import atexit
+        import shutil
         import time
 
         _, base, _ = _server()
-        sockdir = tempfile.mkdtemp(prefix="pyrun_sock_")
+        # (/tmp: a UNIX socket's path must stay under ~108 bytes, which a long TMPDIR could exceed)
+        sockdir = tempfile.mkdtemp(prefix="pyrun_sock_", dir="/tmp" if os.path.isdir("/tmp") else None)
         repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         code = (f"import sys; sys.path.insert(0, {repo!r}); from tests import pyrun; "
                 f"pyrun.serve({sockdir!r}, {base!r}, {os.getpid()})")
         proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
+        atexit.register(shutil.rmtree, sockdir, True)  # (atexit runs it last: after the kill below)
         atexit.register(proc.kill)
         bindir = os.path.join(sockdir, "bin")
         os.mkdir(bindir)
