@@ -3,15 +3,16 @@
 On the 2-core CPU machine a command such as ``python -m fairseq_cli.train ...`` spends 8-12 s importing
 torch, fairseq (every task and model it ships, scikit-learn among them) and triton before its first
 line runs, and the suite starts well over a hundred of them. ``run()`` starts such a command from a
-multiprocessing fork server that has imported those third-party packages once per test process, so the
-command's own work starts within a second. Nothing of this repository is imported in the server: the
+fork server that has imported those third-party packages once per test process, so the command's own
+work starts within a second; ``script_env()`` does the same for the python commands of the shell scripts
+the tests run. Nothing of this repository is imported in the server: the
 command imports ``hgrn_fairseq`` (and registers it with fairseq through ``--user-dir``) itself, as a
 fresh interpreter would, so a missing import or registration still fails.
 
 What the command gets, as from a fresh ``python ARGS``: ``sys.argv``; ``sys.path`` (the script's folder,
 or the working directory for ``-m`` / ``''`` for ``-c``, then PYTHONPATH, then the interpreter's own);
 ``os.environ``; the working directory; stdout and stderr (captured, or stderr merged into stdout); stdin
-(``input``, else /dev/null); non-daemon threads joined and atexit handlers run at exit; the exit status (SystemExit's
+(``input``, else nothing); non-daemon threads joined and atexit handlers run at exit; the exit status (SystemExit's
 code; 1 and the traceback on stderr after an uncaught exception; minus the signal number when killed).
 
 It falls back to ``subprocess.run`` (a real interpreter) when it cannot give that: a program other than
@@ -23,10 +24,8 @@ suite (TRITON_INTERPRET=1); ``HGRN_TEST_REAL_PYTHON=1`` always falls back (e.g. 
 """
 from __future__ import annotations
 
-import contextlib
 import io
 import json
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -42,7 +41,7 @@ PRELOAD = [
 ]
 # (TRITON_* are not among them: triton reads its settings, TRITON_INTERPRET too, when used, not when imported)
 IMPORT_TIME_ENV = ("PYTHON", "TORCH", "CUDA", "OMP_", "MKL", "KMP", "FAIRSEQ", "HYDRA", "LD_", "LOGLEVEL")
-RUNTIME_PYTHON_ENV = ("PYTHON", "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONWARNINGS")  # (the last: see _child)
+RUNTIME_PYTHON_ENV = ("PYTHON", "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONWARNINGS")  # (the last: see _execute)
 
 _state: Dict[str, object] = {}
 
@@ -51,6 +50,8 @@ def _enabled() -> bool:
     """Only for the CPU suite (tests/conftest.py sets TRITON_INTERPRET=1 where there is no GPU): with a GPU,
     a server that had touched the CUDA driver before forking would hand its children a broken one."""
     return os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("HGRN_TEST_REAL_PYTHON") != "1"
+
+
 # The environment before the server's preloading: importing torch sets a few variables of its own
 # (KMP_INIT_AT_FORK, KMP_DUPLICATE_LIB_OK, TORCHINDUCTOR_CACHE_DIR), which a program's environment gets back.
 _BEFORE_PRELOAD = dict(os.environ)
@@ -59,20 +60,6 @@ _BEFORE_PRELOAD = dict(os.environ)
 def _import_time_env(env: Dict[str, str]) -> Dict[str, str]:
     return {k: v for k, v in env.items()
             if k.startswith(IMPORT_TIME_ENV) and k not in RUNTIME_PYTHON_ENV}
-
-
-def _server() -> Tuple[multiprocessing.context.BaseContext, List[str], Dict[str, str]]:
-    """The fork-server context (started on first use), the interpreter's own sys.path (without PYTHONPATH
-    and the first entry) and the import-time environment the server started with."""
-    if "ctx" not in _state:
-        clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        base = json.loads(subprocess.check_output(
-            [sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"], env=clean, text=True))
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload([__name__] + PRELOAD)  # (this module first: _BEFORE_PRELOAD)
-        _state.update(ctx=ctx, base=base, env=_import_time_env(dict(os.environ)),
-                      warnings=os.environ.get("PYTHONWARNINGS", ""))
-    return _state["ctx"], _state["base"], _state["env"]  # type: ignore[return-value]
 
 
 def _parse(cmd: Sequence[str]) -> Optional[Tuple[str, str, List[str], bool]]:
@@ -129,22 +116,6 @@ def _exit_code(code) -> int:
         return code
     print(code, file=sys.stderr)
     return 1
-
-
-def _child(kind: str, target: str, argv: List[str], env: Dict[str, str], cwd: str, out: str, err: Optional[str],
-           stdin: str, unbuffered: bool, base: List[str]) -> None:
-    """Runs in the fork server's child: output to files, then the program."""
-    for fd, path in ((1, out), (2, err)):
-        if path is None:  # stderr into stdout
-            os.dup2(1, 2)
-            continue
-        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(f, fd)
-        os.close(f)
-    source = os.open(stdin, os.O_RDONLY)
-    os.dup2(source, 0)
-    os.close(source)
-    _execute(kind, target, argv, env, cwd, unbuffered, base)
 
 
 def _execute(kind: str, target: str, argv: List[str], env: Dict[str, str], cwd: str, unbuffered: bool,
@@ -205,84 +176,100 @@ def _execute(kind: str, target: str, argv: List[str], env: Dict[str, str], cwd: 
         os._exit(code)
 
 
-@contextlib.contextmanager
-def _no_main_module():
-    """multiprocessing would re-run the caller's ``__main__`` (pytest's) in the child first; the child runs
-    a program of its own instead, so leave that step out of the start-up data."""
-    from multiprocessing import spawn
-
-    original = spawn.get_preparation_data
-
-    def without_main(name):
-        data = original(name)
-        data.pop("init_main_from_path", None)
-        data.pop("init_main_from_name", None)
-        return data
-
-    spawn.get_preparation_data = without_main
+def accepts(sockdir: str, env: Dict[str, str]) -> bool:
+    """Whether the server can run a command with this environment as a fresh interpreter would (module
+    docstring): the import-time settings it started with, and no PYTHONWARNINGS of its own."""
     try:
-        yield
-    finally:
-        spawn.get_preparation_data = original
+        with open(os.path.join(sockdir, "env.json")) as f:
+            server = json.load(f)
+    except OSError:
+        return False
+    return _import_time_env(env) == server["env"] and not server["warnings"]
+
+
+def send(sockdir: str, parsed: Tuple[str, str, List[str], bool], env: Dict[str, str], cwd: str, fds: Sequence[int]):
+    """Hand a parsed command and its stdin, stdout and stderr to the server: the connection on which its
+    exit status comes back (4 bytes; minus the signal number when killed), or None without a server."""
+    import socket
+    import struct
+
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(os.path.join(sockdir, "sock"))
+    except OSError:
+        conn.close()
+        return None
+    kind, target, argv, unbuffered = parsed
+    body = json.dumps({"kind": kind, "target": target, "argv": argv, "env": env, "cwd": cwd,
+                       "unbuffered": unbuffered}).encode()
+    socket.send_fds(conn, [struct.pack("!I", len(body))], list(fds))
+    conn.sendall(body)
+    return conn
 
 
 def run(cmd: Sequence[str], *, env: Optional[Dict[str, str]] = None, cwd=None, timeout: Optional[float] = None,
         input=None, capture_output: bool = False, stdout=None, stderr=None, text: bool = False,
         check: bool = False, **other) -> subprocess.CompletedProcess:
-    """``subprocess.run`` for ``[sys.executable, ...]`` commands, from the warm fork server when it can
+    """``subprocess.run`` for ``[sys.executable, ...]`` commands, from the warm server when it can
     (module docstring); the same arguments and result."""
+    import socket
+    import struct
+
     cmd = [str(c) for c in cmd]
     merge = stderr == subprocess.STDOUT
     captured = capture_output or (stdout == subprocess.PIPE and stderr in (subprocess.PIPE, subprocess.STDOUT))
     parsed = _parse(cmd)
     full_env = dict(os.environ if env is None else env)
-    usable = parsed is not None and captured and not other and _enabled()
-    if usable:
-        ctx, base, server_env = _server()
-        usable = _import_time_env(full_env) == server_env and not _state["warnings"]
-    if not usable:
-        return subprocess.run(cmd, env=env, cwd=cwd, timeout=timeout, input=input, capture_output=capture_output,
-                              stdout=stdout, stderr=stderr, text=text, check=check, **other)
-    kind, target, argv, unbuffered = parsed
+    sockdir = _socket_server() if parsed is not None and captured and not other and _enabled() else None
     with tempfile.TemporaryDirectory(prefix="pyrun_") as tmp:
-        out, err = os.path.join(tmp, "out"), (None if merge else os.path.join(tmp, "err"))
-        stdin = os.devnull
-        if input is not None:
-            stdin = os.path.join(tmp, "in")
-            with open(stdin, "wb") as f:
-                f.write(input.encode() if isinstance(input, str) else input)
-        proc = ctx.Process(target=_child, args=(kind, target, argv, full_env, os.path.abspath(cwd or os.getcwd()),
-                                                out, err, stdin, unbuffered, base))
-        with _no_main_module():
-            proc.start()
-        proc.join(timeout)
-        timed_out = proc.exitcode is None
-        if timed_out:
-            proc.kill()
-            proc.join()
+        conn = None
+        if sockdir is not None and accepts(sockdir, full_env):
+            paths = [os.path.join(tmp, name) for name in ("in", "out", "err")]
+            with open(paths[0], "wb") as f:
+                f.write(b"" if input is None else input.encode() if isinstance(input, str) else input)
+            files = [open(paths[0], "rb"), open(paths[1], "wb")]
+            files.append(files[1] if merge else open(paths[2], "wb"))
+            try:
+                conn = send(sockdir, parsed, full_env, os.path.abspath(cwd or os.getcwd()),
+                            [f.fileno() for f in files])
+            finally:
+                for f in files:
+                    f.close()
+        if conn is None:
+            return subprocess.run(cmd, env=env, cwd=cwd, timeout=timeout, input=input, capture_output=capture_output,
+                                  stdout=stdout, stderr=stderr, text=text, check=check, **other)
+        conn.settimeout(timeout)
+        reply, timed_out = b"", False
+        try:
+            while len(reply) < 4:
+                chunk = conn.recv(4 - len(reply))
+                if not chunk:
+                    raise RuntimeError("tests.pyrun: the server went away")
+                reply += chunk
+        except socket.timeout:
+            timed_out = True
+        finally:
+            conn.close()  # (on a timeout, this makes the server kill the program)
 
         def read(path):
-            if path is None:
-                return None
             with open(path, "rb") as f:
                 data = f.read()
             return data.decode("utf-8", errors="replace").replace("\r\n", "\n") if text else data
 
-        output, errors = read(out), read(err)
+        output, errors = read(paths[1]), (None if merge else read(paths[2]))
     if timed_out:
         raise subprocess.TimeoutExpired(cmd, timeout, output=output, stderr=errors)
-    result = subprocess.CompletedProcess(cmd, proc.exitcode, output, errors)
+    result = subprocess.CompletedProcess(cmd, struct.unpack("!i", reply)[0], output, errors)
     if check:
         result.check_returncode()
     return result
 
 
 # --------------------------------------------------------------------------------------------------------
-# The same for the python commands inside shell scripts: script_env() gives the scripts a PYTHON (and a
-# python3 first on PATH) that hands the command to a server of this kind over a UNIX socket, with the
-# script's own stdin, stdout and stderr (tests/pyrun_client.py; it runs a real interpreter for anything
-# it cannot hand over). Signals the client gets are passed on to the program; a client killed outright
-# takes the program with it.
+# The server: one per test process, on a UNIX socket; a command comes with its stdin, stdout and stderr
+# (run() passes files, a script's python3 / $PYTHON its own, through tests/pyrun_client.py, which runs a
+# real interpreter for anything it cannot hand over). Signals a client gets are passed on to the program;
+# a client gone (killed, or run()'s timeout) takes the program with it.
 
 def _session(conn, base: List[str]) -> None:
     """A forked server process serving one client: receive the command and its fds, run the program in
@@ -333,7 +320,7 @@ def _session(conn, base: List[str]) -> None:
 
 
 def serve(sockdir: str, base: List[str], parent: int) -> None:
-    """The script server (``python -c`` from _socket_server): preload, then fork a session per client;
+    """The server (``python -c`` from _socket_server): preload, then fork a session per client;
     ends when the test process that started it is gone."""
     import select
     import signal
@@ -363,13 +350,15 @@ def serve(sockdir: str, base: List[str], parent: int) -> None:
 
 
 def _socket_server() -> str:
-    """The folder of this test process's script server (started on first use)."""
+    """The folder of this test process's server (started on first use)."""
     if "sockdir" not in _state:
         import atexit
         import shutil
         import time
 
-        _, base, _ = _server()
+        clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the interpreter's own sys.path
+        base = json.loads(subprocess.check_output(
+            [sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"], env=clean, text=True))
         # (/tmp: a UNIX socket's path must stay under ~108 bytes, which a long TMPDIR could exceed)
         sockdir = tempfile.mkdtemp(prefix="pyrun_sock_", dir="/tmp" if os.path.isdir("/tmp") else None)
         repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -4,10 +4,8 @@ program did. Anything it cannot hand over (other interpreter options, an environ
 preloaded packages would have read differently, no server) runs a real interpreter instead, so a script
 behaves as with ``PYTHON=sys.executable``. It runs with ``python -I -S``: the standard library and
 tests/pyrun.py (which imports nothing else at the top) only."""
-import json
 import os
 import signal
-import socket
 import struct
 import sys
 
@@ -25,23 +23,11 @@ def main():
     parsed = pyrun.parse_args(sys.argv[1:])
     if not sockdir or parsed is None:
         real()
-    try:
-        with open(os.path.join(sockdir, "env.json")) as f:
-            server = json.load(f)
-    except OSError:
+    if not pyrun.accepts(sockdir, dict(os.environ)):
         real()
-    if pyrun._import_time_env(dict(os.environ)) != server["env"] or server["warnings"]:
+    conn = pyrun.send(sockdir, parsed, dict(os.environ), os.getcwd(), [0, 1, 2])
+    if conn is None:
         real()
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        conn.connect(os.path.join(sockdir, "sock"))
-    except OSError:
-        real()
-    kind, target, argv, unbuffered = parsed
-    body = json.dumps({"kind": kind, "target": target, "argv": argv, "env": dict(os.environ), "cwd": os.getcwd(),
-                       "unbuffered": unbuffered}).encode()
-    socket.send_fds(conn, [struct.pack("!I", len(body))], [0, 1, 2])
-    conn.sendall(body)
 
     def forward(signum, frame):
         try:
