@@ -86,21 +86,28 @@ def build(name: str, res: int, device: str, mode: str = "eager"):
 
 UNFUSED = ":unfused-hgru2"  # --ab-hgru2 rows: the model with HGRU2.fuse_in_gates off
 ACCUM = ":accum-directions"  # --ab-accum rows: the model with HGRU2.accumulate_directions on
-# row suffix -> (HGRU2 class attribute, value while that row is measured)
-HGRU2_SWITCHES = {UNFUSED: ("fuse_in_gates", False), ACCUM: ("accumulate_directions", True)}
+SPLIT = ":split-head64"  # --ab-split rows: the chunked HGRN2 kernels' two-launch scheme at head 64
+# row suffix -> (module, attribute: HGRU2's class or the kernels' module global, value while that row is measured)
+HGRU2_SWITCHES = {UNFUSED: ("hgrn_fairseq.modules.hgru2", "HGRU2.fuse_in_gates", False),
+                  ACCUM: ("hgrn_fairseq.modules.hgru2", "HGRU2.accumulate_directions", True),
+                  SPLIT: ("hgrn_fairseq.kernels.hgrn2_triton", "SPLIT_MIN_HEAD", 64)}
 
 
 def measure(name: str, res: int, args, device: str, mode: str = "eager") -> Dict[str, float]:
-    for suffix, (attr, value) in HGRU2_SWITCHES.items():
+    for suffix, (module, path, value) in HGRU2_SWITCHES.items():
         if name.endswith(suffix):
-            from hgrn_fairseq.modules.hgru2 import HGRU2
+            import importlib
 
-            was = getattr(HGRU2, attr)
-            setattr(HGRU2, attr, value)
+            owner = importlib.import_module(module)
+            *outer, attr = path.split(".")
+            for part in outer:
+                owner = getattr(owner, part)
+            was = getattr(owner, attr)
+            setattr(owner, attr, value)
             try:
                 out = measure(name[:-len(suffix)], res, args, device, mode)
             finally:
-                setattr(HGRU2, attr, was)
+                setattr(owner, attr, was)
             out["model"] = name
             return out
     model, net = build(name, res, device, mode)
@@ -202,6 +209,9 @@ def main(argv=None) -> int:
     p.add_argument("--ab-accum", action="store_true", help="also measure each HGRN2 model with "
                    "HGRU2.accumulate_directions on (the reverse scan adding its output and gradients into the "
                    f"forward scan's inside the kernels): rows named MODEL{ACCUM}")
+    p.add_argument("--ab-split", action="store_true", help="also measure each HGRN2 model with the chunked "
+                   "kernels' two-launch scheme at head 64 (hgrn2_triton.SPLIT_MIN_HEAD 64: the output and dq/dg "
+                   f"kernels on the one-reference path alone, then the listed chunks again): rows named MODEL{SPLIT}")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     env = environment(args.device)
@@ -210,7 +220,7 @@ def main(argv=None) -> int:
     resolutions = [int(r) for r in args.resolutions.split(",")]
     for mode, res, size in itertools.product(args.modes.split(","), resolutions, args.sizes.split(",")):
         names = SIZES[size]
-        for on, suffix in ((args.ab_hgru2, UNFUSED), (args.ab_accum, ACCUM)):
+        for on, suffix in ((args.ab_hgru2, UNFUSED), (args.ab_accum, ACCUM), (args.ab_split, SPLIT)):
             if on:
                 names = [n for m in names for n in ([m, m + suffix] if m.startswith("hgrn2") and ":" not in m
                                                      else [m])]

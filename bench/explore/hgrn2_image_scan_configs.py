@@ -28,6 +28,10 @@ output 0.97-1.01x): nothing cheap is left at head 64. One call runs EXTRA alone 
 `SCAN_CONFIGS_ARGS="--kernels dqdg,output --shapes tiny224,small224 --extras-only" OUT=$OUT bash
 bench/gpu_session.sh scan_configs:300` (one process per kernel and config, every shape in it). Without
 `--extras-only` every config of the autotune spaces is timed too (~25 s a process).
+`--split-min-head 64 --no-extras` times the two-launch scheme at head 64 (path 1 alone for every chunk, then
+the chunks the forward listed again with every path: 128-152 registers instead of 255 at head 128), which
+head 64 left on 2026-11-24 after a fault later traced to the dq/dg BK 16 config; its rows' speeds are
+against the package's one-launch autotuner.
 """
 import argparse
 import json
@@ -42,6 +46,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 SHAPES = {"tiny224": (128, 196, 3), "small224": (128, 196, 6), "tiny448": (32, 784, 3)}
 REF_SEQS = 4
 
+K = 64  # the image models' head size (the child's K)
 # extra candidates beyond each autotune space (the space itself comes from hgrn2_triton)
 # Register caps on the adopted BK 64 / 4-warp configs (timed on an H200 2026-11-27: slower, see the
 # docstring; kept as the last extras measured). Offline sm_90 compiles
@@ -73,7 +78,9 @@ from hgrn_fairseq.kernels import hgrn2_triton as ht
 from hgrn_fairseq.kernels.reference import hgrn2_scan_reference
 from graph_timing import timeit
 tuners, name, spec = json.loads(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])  # tuners: TUNERS' names
-shapes, nref = json.loads(sys.argv[5]), int(sys.argv[6])
+shapes, nref, split = json.loads(sys.argv[5]), int(sys.argv[6]), json.loads(sys.argv[7])
+if split is not None:  # the two-launch scheme from this head size on (see hgrn2_triton.SPLIT_MIN_HEAD)
+    ht.SPLIT_MIN_HEAD = split
 tuner = getattr(ht, name)
 if spec is not None:
     extra = {k: spec[k] for k in ("num_stages", "maxnreg") if spec.get(k) is not None}
@@ -113,9 +120,10 @@ for B, T, H in shapes:  # one line per shape; one compile serves them all
 '''
 
 
-def candidates(kernel, extras_only=False):
-    """[(label, spec or None)]: the unpinned autotuner first, then its space (unless extras_only), then the
-    extras."""
+def candidates(kernel, extras_only=False, split=None, no_extras=False):
+    """[(label, spec or None, split)]: the unpinned autotuner under the package's launch scheme first, then
+    (``split``: under hgrn2_triton.SPLIT_MIN_HEAD = split, the two-launch scheme at head 64 when split <= 64,
+    its own autotuner first) its space (unless extras_only), then the extras (unless no_extras)."""
     sys.path.insert(0, REPO)
     import triton
 
@@ -125,7 +133,7 @@ def candidates(kernel, extras_only=False):
     specs = [] if extras_only else [
         dict(kwargs=dict(c.kwargs), num_warps=c.num_warps, num_stages=c.num_stages, maxnreg=c.maxnreg) for c in space]
     default = triton.Config({})
-    for extra in EXTRA[kernel]:
+    for extra in [] if no_extras else EXTRA[kernel]:
         spec = dict(dict(num_stages=default.num_stages, maxnreg=None), **extra)
         if spec not in specs:
             specs.append(spec)
@@ -133,7 +141,15 @@ def candidates(kernel, extras_only=False):
     # hgrn2_head64_configs.py) and 2026-11-27 (BK 32); the autotuner's prune keeps neither there
     specs = [s for s in specs if s["kwargs"].get("BK", 64) >= 32
              and not (kernel == "dqdg" and s["kwargs"]["BK"] < 64 and s["num_warps"] <= 4)]
-    return [("autotuned", None)] + [(label(s), s) for s in specs]
+    split_here = split is not None and split <= K
+    if split_here and kernel == "output":
+        # the path-1-only output launch with one step over the channels (BK >= K) is a known fault
+        # (hgrn2_triton._prune_output, which a pinned config bypasses)
+        specs = [s for s in specs if s["kwargs"]["BK"] < K]
+    out = [("autotuned", None, None)]
+    if split is not None:
+        out.append(("autotuned", None, split))
+    return out + [(label(s), s, split) for s in specs]
 
 
 def label(spec):
@@ -155,6 +171,11 @@ def main(argv=None):
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--kernels", default="dqdg,output,dv")
     p.add_argument("--timeout", type=int, default=240, help="seconds per config (all shapes)")
+    p.add_argument("--split-min-head", type=int, default=None,
+                   help="also time every candidate with hgrn2_triton.SPLIT_MIN_HEAD set to this (64: the two-launch "
+                   "scheme, path 1 alone then the listed chunks, at the image models' head 64); speeds are "
+                   "against the package's scheme")
+    p.add_argument("--no-extras", action="store_true", help="leave out EXTRA (the register caps)")
     p.add_argument("--extras-only", action="store_true",
                    help="time the unpinned autotuner and EXTRA only, not every config of the autotune space")
     args = p.parse_args(argv)
@@ -172,12 +193,15 @@ def main(argv=None):
     env = dict(os.environ, TRITON_CACHE_AUTOTUNING="1")
     for kernel in args.kernels.split(","):
         base = {}
-        for lab, spec in candidates(kernel, args.extras_only):
+        for lab, spec, split in candidates(kernel, args.extras_only, args.split_min_head, args.no_extras):
+            first = lab == "autotuned" and split is None
+            if split is not None:
+                lab += f" (split >= {split})"
             # one process per config (a fault poisons its CUDA context), every shape in it (one compile)
             try:
                 r = subprocess.run([sys.executable, "-c", CHILD, REPO, json.dumps(list(TUNERS.values())),
                                     TUNERS[kernel], json.dumps(spec),
-                                    json.dumps([SHAPES[s] for s in shapes]), str(REF_SEQS)],
+                                    json.dumps([SHAPES[s] for s in shapes]), str(REF_SEQS), json.dumps(split)],
                                    capture_output=True, text=True, timeout=args.timeout, env=env)
                 outs = [json.loads(x) for x in r.stdout.strip().splitlines() if x.startswith("{")]
                 error = None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1][:200]
@@ -188,7 +212,7 @@ def main(argv=None):
                 ok = i < len(outs)
                 info = outs[i] if ok else {"error": error or "no result"}
                 row = {"kernel": kernel, "shape": shape, "config": lab, "ok": ok, **info}
-                if lab == "autotuned" and ok:
+                if first and ok:
                     base[shape] = info["ms"]
                 if ok and base.get(shape):
                     row["vs_autotuned"] = base[shape] / info["ms"]
@@ -206,7 +230,7 @@ def write(rows, out, header=""):
     for r in rows:
         if r["ok"]:
             e = r["err"]
-            note = ("chose " + "; ".join(f"{k}: {v}" for k, v in r["chosen"].items())) if r["config"] == "autotuned" else ""
+            note = ("chose " + "; ".join(f"{k}: {v}" for k, v in r["chosen"].items())) if r["config"].startswith("autotuned") else ""
             lines.append(f"| {r['kernel']} | {r['shape']} | {r['config']} | {r['ms']:.3f} ({r['how']}) | "
                          f"{r.get('vs_autotuned', float('nan')):.2f}x | {e['q']:.1e} / {e['v']:.1e} / {e['g']:.1e} | {note} |")
         else:
