@@ -289,9 +289,11 @@ _REDO_CONFIG = {"BK": 16, "num_warps": 4} if _INTERPRET else {"BK": 32, "num_war
 # 32 the path-1-only output kernel read shared memory out of bounds on an H200 (triton 3.6, under
 # compute-sanitizer; garbage outputs, then illegal-address errors), at 64 and 128 it ran clean (with
 # BK 32; see _prune_output for what differs). Head 64 takes the single launch since 2026-11-24: the one
-# verified on an H100 at hgrn2_vit_tiny's shape after the dq/dg BK 16 fault (see _prune_dqdg) was found;
-# the two launches at head 64 were not re-verified there. Tests set it to 0 to exercise them on small
-# shapes in the interpreter.
+# verified on an H100 at hgrn2_vit_tiny's shape after the dq/dg BK 16 fault (see _prune_dqdg) was found.
+# The two launches at head 64 ran clean at the image shapes on an H200 (2026-11-27, every pruned config,
+# the reference's errors) and were no faster there: the scan pair 1.01-1.02x, training +0.7-1.1%,
+# inference ~15% slower (docs/image.md, Speed). Tests set it to 0 to exercise them on small shapes in the
+# interpreter.
 SPLIT_MIN_HEAD = 128
 # (autotuned kernel, its full config space), for tests that pin each config in turn
 AUTOTUNED = [
