@@ -31,7 +31,9 @@ bench/gpu_session.sh scan_configs:300` (one process per kernel and config, every
 `--split-min-head 64 --no-extras` times the two-launch scheme at head 64 (path 1 alone for every chunk, then
 the chunks the forward listed again with every path: 128-152 registers instead of 255 at head 128), which
 head 64 left on 2026-11-24 after a fault later traced to the dq/dg BK 16 config; its rows' speeds are
-against the package's one-launch autotuner.
+against the package's one-launch autotuner (H200 2026-11-27: no faster, not adopted; docs/image.md).
+`--chunk 32` times chunks of 32 steps instead of 64 (a 196-step scan: 7 chunks, 224 padded rows, instead of
+4 chunks, 256 rows).
 """
 import argparse
 import json
@@ -78,9 +80,9 @@ from hgrn_fairseq.kernels import hgrn2_triton as ht
 from hgrn_fairseq.kernels.reference import hgrn2_scan_reference
 from graph_timing import timeit
 tuners, name, spec = json.loads(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])  # tuners: TUNERS' names
-shapes, nref, split = json.loads(sys.argv[5]), int(sys.argv[6]), json.loads(sys.argv[7])
-if split is not None:  # the two-launch scheme from this head size on (see hgrn2_triton.SPLIT_MIN_HEAD)
-    ht.SPLIT_MIN_HEAD = split
+shapes, nref, overrides = json.loads(sys.argv[5]), int(sys.argv[6]), json.loads(sys.argv[7])
+for attr, value in (overrides or {}).items():  # e.g. SPLIT_MIN_HEAD (launch scheme), CHUNK (steps a chunk)
+    setattr(ht, attr, value)
 tuner = getattr(ht, name)
 if spec is not None:
     extra = {k: spec[k] for k in ("num_stages", "maxnreg") if spec.get(k) is not None}
@@ -120,10 +122,11 @@ for B, T, H in shapes:  # one line per shape; one compile serves them all
 '''
 
 
-def candidates(kernel, extras_only=False, split=None, no_extras=False):
-    """[(label, spec or None, split)]: the unpinned autotuner under the package's launch scheme first, then
-    (``split``: under hgrn2_triton.SPLIT_MIN_HEAD = split, the two-launch scheme at head 64 when split <= 64,
-    its own autotuner first) its space (unless extras_only), then the extras (unless no_extras)."""
+def candidates(kernel, extras_only=False, overrides=None, no_extras=False):
+    """[(label, spec or None, overrides)]: the unpinned autotuner with the package's settings first, then
+    (``overrides``: hgrn2_triton attributes set in the child, e.g. ``{"SPLIT_MIN_HEAD": 64}``, the two-launch
+    scheme at head 64, or ``{"CHUNK": 32}``; their own autotuner first) its space (unless extras_only), then
+    the extras (unless no_extras)."""
     sys.path.insert(0, REPO)
     import triton
 
@@ -141,15 +144,14 @@ def candidates(kernel, extras_only=False, split=None, no_extras=False):
     # hgrn2_head64_configs.py) and 2026-11-27 (BK 32); the autotuner's prune keeps neither there
     specs = [s for s in specs if s["kwargs"].get("BK", 64) >= 32
              and not (kernel == "dqdg" and s["kwargs"]["BK"] < 64 and s["num_warps"] <= 4)]
-    split_here = split is not None and split <= K
-    if split_here and kernel == "output":
+    if (overrides or {}).get("SPLIT_MIN_HEAD", 10**9) <= K and kernel == "output":
         # the path-1-only output launch with one step over the channels (BK >= K) is a known fault
         # (hgrn2_triton._prune_output, which a pinned config bypasses)
         specs = [s for s in specs if s["kwargs"]["BK"] < K]
     out = [("autotuned", None, None)]
-    if split is not None:
-        out.append(("autotuned", None, split))
-    return out + [(label(s), s, split) for s in specs]
+    if overrides:
+        out.append(("autotuned", None, overrides))
+    return out + [(label(s), s, overrides) for s in specs]
 
 
 def label(spec):
@@ -175,6 +177,9 @@ def main(argv=None):
                    help="also time every candidate with hgrn2_triton.SPLIT_MIN_HEAD set to this (64: the two-launch "
                    "scheme, path 1 alone then the listed chunks, at the image models' head 64); speeds are "
                    "against the package's scheme")
+    p.add_argument("--chunk", type=int, default=None,
+                   help="also time every candidate with hgrn2_triton.CHUNK set to this (32: chunks of 32 steps, "
+                   "7 for a 196-step scan instead of 4 of 64); speeds are against the package's 64")
     p.add_argument("--no-extras", action="store_true", help="leave out EXTRA (the register caps)")
     p.add_argument("--extras-only", action="store_true",
                    help="time the unpinned autotuner and EXTRA only, not every config of the autotune space")
@@ -188,20 +193,26 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     rows = []
     shapes = args.shapes.split(",")
+    overrides = {}
+    if args.split_min_head is not None:
+        overrides["SPLIT_MIN_HEAD"] = args.split_min_head
+    if args.chunk is not None:
+        overrides["CHUNK"] = args.chunk
     # the kernels not pinned are autotuned in every process: keep Triton's autotune results on disk
     # (keyed by the config list too, so a pinned kernel's single config does not reuse another's)
     env = dict(os.environ, TRITON_CACHE_AUTOTUNING="1")
     for kernel in args.kernels.split(","):
         base = {}
-        for lab, spec, split in candidates(kernel, args.extras_only, args.split_min_head, args.no_extras):
-            first = lab == "autotuned" and split is None
-            if split is not None:
-                lab += f" (split >= {split})"
+        for lab, spec, over in candidates(kernel, args.extras_only, overrides or None, args.no_extras):
+            first = lab == "autotuned" and over is None
+            if over:
+                lab += " (" + ", ".join({"SPLIT_MIN_HEAD": "split >= {}", "CHUNK": "chunk {}"}.get(k, k + " {}").format(v)
+                                        for k, v in over.items()) + ")"
             # one process per config (a fault poisons its CUDA context), every shape in it (one compile)
             try:
                 r = subprocess.run([sys.executable, "-c", CHILD, REPO, json.dumps(list(TUNERS.values())),
                                     TUNERS[kernel], json.dumps(spec),
-                                    json.dumps([SHAPES[s] for s in shapes]), str(REF_SEQS), json.dumps(split)],
+                                    json.dumps([SHAPES[s] for s in shapes]), str(REF_SEQS), json.dumps(over)],
                                    capture_output=True, text=True, timeout=args.timeout, env=env)
                 outs = [json.loads(x) for x in r.stdout.strip().splitlines() if x.startswith("{")]
                 error = None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1][:200]

@@ -51,8 +51,11 @@ from .hgrn2_state_kernels import (
 
 Tensor = torch.Tensor
 
-CHUNK = 64  # steps per chunk (BT)
-BLOCK = 16  # rows per intra-chunk block (BC)
+# steps per chunk (BT), read at each call; the intra-chunk code works in four blocks of CHUNK // 4 rows (BC).
+# 64, or 32 (checked in the interpreter against float64, tests/kernels/test_hgrn2_triton.py; an experiment
+# for short sequences such as the image models' 196 steps, bench/bench_image.py --ab-chunk32)
+CHUNK = 64
+CHUNK_SIZES = (32, 64)
 MAX_HEAD_DIM = 128  # K and V: whole [CHUNK, K] tiles live in registers in the chunk kernels
 RECURRENT_MAX_T = 32  # at or below this length the recurrent kernel is used
 _IMPLS = ("auto", "chunk", "recurrent", "packed")
@@ -264,21 +267,21 @@ _DECAY_CONFIGS = _configs(
      triton.Config({"BK": 128}, num_warps=8)],
     triton.Config({"BK": 16}, num_warps=4),
 )
-_chunk_decay = _autotune_bk(_DECAY_CONFIGS, ["K", "KEYS"])(hgrn2_chunk_decay_kernel)
-_state_pass = _autotune(_STATE_CONFIGS, ["K", "V", "BH", "NT", "BACKWARD"])(hgrn2_state_pass_kernel)
-_chunk_outer = _autotune(_OUTER_CONFIGS, ["K", "V", "KEYS"])(hgrn2_chunk_outer_kernel)
+_chunk_decay = _autotune_bk(_DECAY_CONFIGS, ["K", "KEYS", "BT"])(hgrn2_chunk_decay_kernel)
+_state_pass = _autotune(_STATE_CONFIGS, ["K", "V", "BH", "NT", "BACKWARD", "BT"])(hgrn2_state_pass_kernel)
+_chunk_outer = _autotune(_OUTER_CONFIGS, ["K", "V", "KEYS", "BT"])(hgrn2_chunk_outer_kernel)
 _state_scan = _autotune(_SCAN_CONFIGS, ["K", "V", "BH", "NT"])(hgrn2_state_scan_kernel)
-_fwd_states = _autotune(_STATE_CONFIGS, ["K", "V", "BH", "NT"])(hgrn2_fwd_states_kernel)
-_bwd_dstates = _autotune(_STATE_CONFIGS, ["K", "V", "BH", "NT"])(hgrn2_bwd_dstates_kernel)
+_fwd_states = _autotune(_STATE_CONFIGS, ["K", "V", "BH", "NT", "BT"])(hgrn2_fwd_states_kernel)
+_bwd_dstates = _autotune(_STATE_CONFIGS, ["K", "V", "BH", "NT", "BT"])(hgrn2_bwd_dstates_kernel)
 # (the redo list's count is zeroed before each benchmarked launch; after autotuning, the list holds the
 # entries of the last benchmarked launch as well as the real one's: duplicates, hence room for twice
 # the chunks, see _redo_list)
 # (ACCUM launches add to their output: restore_value puts it back after each timed run of the autotuner)
-_fwd_output = triton.autotune(configs=_OUTPUT_CONFIGS, key=["K", "V", "STORE_A", "LOWP", "FAST_ONLY", "ACCUM"],
+_fwd_output = triton.autotune(configs=_OUTPUT_CONFIGS, key=["K", "V", "STORE_A", "LOWP", "FAST_ONLY", "ACCUM", "BT"],
                               reset_to_zero=["redo"], restore_value=["o"],
                               prune_configs_by={"early_config_prune": _prune_output})(hgrn2_fwd_output_kernel)
-_bwd_dv = triton.autotune(configs=_DV_CONFIGS, key=["K", "V", "ACCUM"], restore_value=["dv"])(hgrn2_bwd_dv_kernel)
-_bwd_dqdg = triton.autotune(configs=_DQDG_CONFIGS, key=["K", "V", "LOWP", "FAST_ONLY", "ACCUM"],
+_bwd_dv = triton.autotune(configs=_DV_CONFIGS, key=["K", "V", "ACCUM", "BT"], restore_value=["dv"])(hgrn2_bwd_dv_kernel)
+_bwd_dqdg = triton.autotune(configs=_DQDG_CONFIGS, key=["K", "V", "LOWP", "FAST_ONLY", "ACCUM", "BT"],
                             restore_value=["dq", "dg"],
                             prune_configs_by={"early_config_prune": _prune_dqdg})(hgrn2_bwd_dqdg_kernel)
 # The REDO launches (chunks whose decay is too steep for the one-reference path: rare) are not
@@ -415,6 +418,8 @@ _STATE_PASSES = {"split": _split_states, "fused": _fused_states, "pre": _pre_sta
 def _chunk_fwd(q, v, g, h0, reverse, store_a, lowp, add_to=None):
     """The chunked forward; ``add_to``: a tensor like v that receives o added to it (the other scan
     direction's output) instead of a new o."""
+    if CHUNK not in CHUNK_SIZES:
+        raise ValueError(f"hgrn2_triton.CHUNK={CHUNK} is not one of the tested chunk sizes {CHUNK_SIZES}")
     B, T, H, K = q.shape
     V = v.shape[-1]
     BH, NT = B * H, triton.cdiv(T, CHUNK)
@@ -435,7 +440,7 @@ def _chunk_fwd(q, v, g, h0, reverse, store_a, lowp, add_to=None):
 
 def _intra_chunk_args(K: int, V: int, reverse: bool, emu: bool, lowp: bool) -> dict:
     """The constexpr arguments the output and dq/dg kernels share (their launches and REDO launches)."""
-    return dict(K=K, V=V, BT=CHUNK, BC=BLOCK, BV=_pad(V), SAFE=SAFE_LOG_DECAY, CSAFE=CHUNK_SAFE_LOG_DECAY,
+    return dict(K=K, V=V, BT=CHUNK, BC=CHUNK // 4, BV=_pad(V), SAFE=SAFE_LOG_DECAY, CSAFE=CHUNK_SAFE_LOG_DECAY,
                 REVERSE=reverse, EMU=emu, LOWP=lowp)
 
 
@@ -457,6 +462,9 @@ def _redo_programs(x: Tensor, chunks: int) -> int:
 def _chunk_bwd(q, v, g, h0, h, A, redo, do, dht, reverse, need_dh0, lowp, add_to=None):
     """The chunked backward; ``add_to``: (dq, dv, dg) of the other scan direction, which receive this
     direction's gradients added to them (one-launch scheme only) instead of new tensors."""
+    if A is not None and A.shape[-1] != CHUNK:
+        raise RuntimeError(f"hgrn2_triton.CHUNK changed from {A.shape[-1]} to {CHUNK} between the forward and the "
+                           "backward; set it before the forward")
     B, T, H, K = q.shape
     V = v.shape[-1]
     BH, NT = B * H, triton.cdiv(T, CHUNK)

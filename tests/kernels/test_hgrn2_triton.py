@@ -516,7 +516,7 @@ def test_intra_chunk_A_every_config(path, decay_scale, bk, warps):
     o = torch.empty_like(v)
     A = torch.full((B * H, NT, BT, BT), float("nan"), device=q.device)
     redo, cap = hgrn2_triton._redo_list(q, B * H * NT)
-    kw = dict(K=K, V=V, BT=BT, BC=hgrn2_triton.BLOCK, BK=bk, BV=16, SAFE=safe, CSAFE=csafe, REVERSE=False,
+    kw = dict(K=K, V=V, BT=BT, BC=BT // 4, BK=bk, BV=16, SAFE=safe, CSAFE=csafe, REVERSE=False,
               STORE_A=True, EMU=False, PREFETCH=False, LOWP=False, num_warps=warps)
     hgrn2_fwd_output_kernel[(NT, B * H)](q, v, g, h, o, A, redo, T, H, NT, cap, **kw, FAST_ONLY=True, REDO=False)
     listed = int(redo[0])
@@ -550,6 +550,36 @@ def test_split_and_single_launch(monkeypatch, split_min_head, reverse):
         q, v, g, s0 = make_inputs(1, 200, 2, head, head, dtype, decay_scale=3.0, seed=41)
         tol = BF16_TOL if dtype == torch.bfloat16 else FP32_TOL
         check_against_reference(q, v, g, s0, reverse, "chunk", tol, 1e-2 if dtype == torch.bfloat16 else tol)
+
+
+@pytest.mark.parametrize("split_min_head", [0, 1000])
+def test_chunk_of_32_steps(monkeypatch, split_min_head):
+    """hgrn2_triton.CHUNK 32 (blocks of 8 rows; an experiment for short sequences) against float64, both
+    launch schemes, both directions, 16-bit and fp32 products, decays steep enough for every intra-chunk
+    path, 70 steps (three chunks, the last one partial). Head 16 in the interpreter, 64 on the GPU."""
+    monkeypatch.setattr(hgrn2_triton, "CHUNK", 32)
+    monkeypatch.setattr(hgrn2_triton, "SPLIT_MIN_HEAD", split_min_head)
+    head = 16 if INTERPRET else 64
+    for reverse, (intra, dtype) in ((False, ("input", torch.bfloat16)), (True, ("fp32", torch.float32))):
+        monkeypatch.setattr(hgrn2_triton, "INTRA_DOT", intra)
+        q, v, g, s0 = make_inputs(1, 70, 2, head, head, dtype, decay_scale=3.0, seed=43)
+        tol = BF16_TOL if dtype == torch.bfloat16 else FP32_TOL
+        check_against_reference(q, v, g, s0, reverse, "chunk", tol, 1e-2 if dtype == torch.bfloat16 else tol)
+
+
+def test_chunk_size_is_checked(monkeypatch):
+    """A chunk size the kernels were not checked at is refused, and so is one changed between the forward
+    and the backward (the saved A was made for the forward's)."""
+    q, v, g, s0 = make_inputs(1, 40, 1, 16, 16, torch.float32, seed=44)
+    monkeypatch.setattr(hgrn2_triton, "CHUNK", 48)
+    with pytest.raises(ValueError, match="CHUNK=48 is not one of the tested chunk sizes"):
+        hgrn2_triton.hgrn2_fused(q, v, g, s0, impl="chunk")
+    monkeypatch.setattr(hgrn2_triton, "CHUNK", 64)
+    leaf = q.clone().requires_grad_()
+    o, _ = hgrn2_triton.hgrn2_fused(leaf, v, g, s0, impl="chunk")
+    monkeypatch.setattr(hgrn2_triton, "CHUNK", 32)
+    with pytest.raises(RuntimeError, match="CHUNK changed from 64 to 32"):
+        o.sum().backward()
 
 
 def test_output_configs_pruned_for_path_one_alone():
