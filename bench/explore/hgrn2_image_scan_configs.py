@@ -69,6 +69,15 @@ EXTRA = {
 # with PREFETCH, 1 or 2 stages, 2 warps; dv 2 warps, 4 and 8 warps with 1 stage.
 # Left out at head 64: dq/dg with 4 warps and BK < 64 (BK 16 on 2026-11-24, BK 32 on 2026-11-27: illegal
 # addresses; an illegal address costs a process and says nothing about speed)
+# With chunks of 32 steps (--chunk 32), also 2 warps: offline sm_90 compiles (Triton 3.6, head 64, bf16,
+# 2026-11-27; `python -m tests.kernels.sm90_compile --match BT=32 --resources [--warps 2]`) give dq/dg 255
+# registers at 4 warps (two programs an SM, 4,904 SASS instructions against 10,808 for a chunk of 64) and at
+# 2 warps (four an SM, 9,200), the output kernel 248 / 255. These are timed whether or not --no-extras is set.
+EXTRA_CHUNK32 = {
+    "dqdg": [dict(kwargs={"BK": 64}, num_warps=2)],
+    "output": [dict(kwargs={"BK": 64, "PREFETCH": False}, num_warps=2)],
+    "dv": [dict(kwargs={}, num_warps=4)],
+}
 TUNERS = {"dqdg": "_bwd_dqdg", "output": "_fwd_output", "dv": "_bwd_dv"}
 
 CHILD = r'''
@@ -136,7 +145,8 @@ def candidates(kernel, extras_only=False, overrides=None, no_extras=False):
     specs = [] if extras_only else [
         dict(kwargs=dict(c.kwargs), num_warps=c.num_warps, num_stages=c.num_stages, maxnreg=c.maxnreg) for c in space]
     default = triton.Config({})
-    for extra in [] if no_extras else EXTRA[kernel]:
+    chunk32 = (overrides or {}).get("CHUNK") == 32
+    for extra in ([] if no_extras else EXTRA[kernel]) + (EXTRA_CHUNK32[kernel] if chunk32 else []):
         spec = dict(dict(num_stages=default.num_stages, maxnreg=None), **extra)
         if spec not in specs:
             specs.append(spec)
