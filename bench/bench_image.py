@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import itertools
 import json
 import os
@@ -88,18 +89,17 @@ UNFUSED = ":unfused-hgru2"  # --ab-hgru2 rows: the model with HGRU2.fuse_in_gate
 ACCUM = ":accum-directions"  # --ab-accum rows: the model with HGRU2.accumulate_directions on
 SPLIT = ":split-head64"  # --ab-split rows: the chunked HGRN2 kernels' two-launch scheme at head 64
 CHUNK32 = ":chunk32"  # --ab-chunk32 rows: the chunked HGRN2 kernels with chunks of 32 steps
-# row suffix -> (module, attribute: HGRU2's class or the kernels' module global, value while that row is measured)
-HGRU2_SWITCHES = {UNFUSED: ("hgrn_fairseq.modules.hgru2", "HGRU2.fuse_in_gates", False),
+# A/B rows: row suffix -> (module, attribute in it (HGRU2's class attribute or the kernels' module global),
+# value while that row is measured)
+SWITCHES = {UNFUSED: ("hgrn_fairseq.modules.hgru2", "HGRU2.fuse_in_gates", False),
                   ACCUM: ("hgrn_fairseq.modules.hgru2", "HGRU2.accumulate_directions", True),
                   SPLIT: ("hgrn_fairseq.kernels.hgrn2_triton", "SPLIT_MIN_HEAD", 64),
                   CHUNK32: ("hgrn_fairseq.kernels.hgrn2_triton", "CHUNK", 32)}
 
 
 def measure(name: str, res: int, args, device: str, mode: str = "eager") -> Dict[str, float]:
-    for suffix, (module, path, value) in HGRU2_SWITCHES.items():
+    for suffix, (module, path, value) in SWITCHES.items():
         if name.endswith(suffix):
-            import importlib
-
             owner = importlib.import_module(module)
             *outer, attr = path.split(".")
             for part in outer:
