@@ -379,7 +379,7 @@ def _socket_server() -> str:
         end = time.time() + 300
         while not os.path.exists(os.path.join(sockdir, "ready")):
             if proc.poll() is not None or time.time() > end:
-                raise RuntimeError(f"tests.pyrun: the script server did not start (exit status {proc.poll()})")
+                raise RuntimeError(f"tests.pyrun: the warm server did not start (exit status {proc.poll()})")
             time.sleep(0.05)
         _state["sockdir"] = sockdir
     return _state["sockdir"]  # type: ignore[return-value]
