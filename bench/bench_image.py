@@ -88,13 +88,13 @@ def build(name: str, res: int, device: str, mode: str = "eager"):
 UNFUSED = ":unfused-hgru2"  # --ab-hgru2 rows: the model with HGRU2.fuse_in_gates off
 ACCUM = ":accum-directions"  # --ab-accum rows: the model with HGRU2.accumulate_directions on
 SPLIT = ":split-head64"  # --ab-split rows: the chunked HGRN2 kernels' two-launch scheme at head 64
-CHUNK32 = ":chunk32"  # --ab-chunk32 rows: the chunked HGRN2 kernels with chunks of 32 steps
+CHUNK64 = ":chunk64"  # --ab-chunk64 rows: the chunked HGRN2 kernels with chunks of 64 steps (before 2026-11-28)
 # A/B rows: row suffix -> (module, attribute in it (HGRU2's class attribute or the kernels' module global),
 # value while that row is measured)
 SWITCHES = {UNFUSED: ("hgrn_fairseq.modules.hgru2", "HGRU2.fuse_in_gates", False),
                   ACCUM: ("hgrn_fairseq.modules.hgru2", "HGRU2.accumulate_directions", True),
                   SPLIT: ("hgrn_fairseq.kernels.hgrn2_triton", "SPLIT_MIN_HEAD", 64),
-                  CHUNK32: ("hgrn_fairseq.kernels.hgrn2_triton", "CHUNK", 32)}
+                  CHUNK64: ("hgrn_fairseq.kernels.hgrn2_triton", "CHUNK", 64)}
 
 
 def measure(name: str, res: int, args, device: str, mode: str = "eager") -> Dict[str, float]:
@@ -214,8 +214,9 @@ def main(argv=None) -> int:
     p.add_argument("--ab-split", action="store_true", help="also measure each HGRN2 model with the chunked "
                    "kernels' two-launch scheme at head 64 (hgrn2_triton.SPLIT_MIN_HEAD 64: the output and dq/dg "
                    f"kernels on the one-reference path alone, then the listed chunks again): rows named MODEL{SPLIT}")
-    p.add_argument("--ab-chunk32", action="store_true", help="also measure each HGRN2 model with the chunked "
-                   f"kernels' chunks of 32 steps (hgrn2_triton.CHUNK 32) instead of 64: rows named MODEL{CHUNK32}")
+    p.add_argument("--ab-chunk64", action="store_true", help="also measure each HGRN2 model with the chunked "
+                   "kernels in chunks of 64 steps (hgrn2_triton.CHUNK 64) instead of the automatic choice (32 at "
+                   f"the image models' head 64 up to 1024 steps): rows named MODEL{CHUNK64}")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     env = environment(args.device)
@@ -225,7 +226,7 @@ def main(argv=None) -> int:
     for mode, res, size in itertools.product(args.modes.split(","), resolutions, args.sizes.split(",")):
         names = SIZES[size]
         for on, suffix in ((args.ab_hgru2, UNFUSED), (args.ab_accum, ACCUM), (args.ab_split, SPLIT),
-                           (args.ab_chunk32, CHUNK32)):
+                           (args.ab_chunk64, CHUNK64)):
             if on:
                 names = [n for m in names for n in ([m, m + suffix] if m.startswith("hgrn2") and ":" not in m
                                                      else [m])]

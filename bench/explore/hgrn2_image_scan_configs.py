@@ -188,8 +188,9 @@ def main(argv=None):
                    "scheme, path 1 alone then the listed chunks, at the image models' head 64); speeds are "
                    "against the package's scheme")
     p.add_argument("--chunk", type=int, default=None,
-                   help="also time every candidate with hgrn2_triton.CHUNK set to this (32: chunks of 32 steps, "
-                   "7 for a 196-step scan instead of 4 of 64); speeds are against the package's 64")
+                   help="also time every candidate with hgrn2_triton.CHUNK set to this (64 or 32 steps a chunk: 4 or 7 "
+                   "chunks for a 196-step scan); speeds are against the package's automatic choice (32 at these "
+                   "shapes since 2026-11-28, hgrn2_triton.chunk_size)")
     p.add_argument("--no-extras", action="store_true", help="leave out EXTRA (the register caps)")
     p.add_argument("--extras-only", action="store_true",
                    help="time the unpinned autotuner and EXTRA only, not every config of the autotune space")

@@ -5,9 +5,9 @@
 ``k = 1 - lambda`` is derived inside the kernels from ``log_decay`` (it is never passed in nor
 materialised) and the scale is 1. Three implementations behind one signature:
 
-* chunked (``hgrn2_chunk_kernels``, ``hgrn2_state_kernels``): chunks of 64 steps; chunk states from
-  chunk-parallel products and a light sequential scan, then chunk-parallel passes for the outputs and
-  gradients; used for training and long sequences;
+* chunked (``hgrn2_chunk_kernels``, ``hgrn2_state_kernels``): chunks of 64 steps (32 at head 64 on
+  short scans, ``chunk_size``); chunk states from chunk-parallel products and a light sequential scan,
+  then chunk-parallel passes for the outputs and gradients; used for training and long sequences;
 * recurrent (``hgrn2_recurrent_kernels``): one step at a time with the state in registers; used for
   short sequences (``T <= RECURRENT_MAX_T``) of heads larger than ``PACKED_MAX_STATE`` and for
   single-step decoding;
@@ -51,12 +51,20 @@ from .hgrn2_state_kernels import (
 
 Tensor = torch.Tensor
 
-# steps per chunk (BT), read at each call; the intra-chunk code works in four blocks of CHUNK // 4 rows (BC).
-# 64, or 32 (checked in the interpreter against float64, tests/kernels/test_hgrn2_triton.py; an experiment
-# for short sequences such as the image models' 196 steps, bench/bench_image.py --ab-chunk32)
-CHUNK = 64
+# steps per chunk (BT); the intra-chunk code works in four blocks of BT // 4 rows (BC). Each forward
+# picks it by chunk_size(): CHUNK None (the default) applies the rule below, 64 or 32 forces that size
+# (the sizes checked against float64, tests/kernels/test_hgrn2_triton.py). The backward takes the size
+# its forward used (from the saved A), whatever CHUNK holds by then.
+CHUNK: Optional[int] = None
 CHUNK_SIZES = (32, 64)
-MAX_HEAD_DIM = 128  # K and V: whole [CHUNK, K] tiles live in registers in the chunk kernels
+# Chunks of 32 where K = V = SHORT_CHUNK_HEAD and the scan has at most SHORT_CHUNK_MAX_T steps, else 64.
+# Measured on an H200, 2026-11-28 (bench/results/image_h200_2026-11-28/chunk32/): at head 64, 32 against
+# 64 made the image models' scan pair (forward + backward) 1.17x faster at 196 steps, and whole-model
+# training +8.0% / +8.6% (hgrn2 tiny / small, 224 px: 196 steps) and +3.6% / +4.2% (448 px: 784 steps).
+# Other heads (the language models' 128, LRA's 1-16) and longer scans were not measured and keep 64.
+SHORT_CHUNK_HEAD = 64
+SHORT_CHUNK_MAX_T = 1024
+MAX_HEAD_DIM = 128  # K and V: whole [BT, K] tiles live in registers in the chunk kernels
 RECURRENT_MAX_T = 32  # at or below this length the recurrent kernel is used
 _IMPLS = ("auto", "chunk", "recurrent", "packed")
 MAX_GRID_ROWS = 65535  # CUDA's limit on grid dimensions y and z, where the kernels put B * H
@@ -358,57 +366,68 @@ def _check_inputs(q: Tensor, v: Tensor, log_decay: Tensor, initial_state: Option
 # chunked implementation
 
 
-def _chunk_states(x, g, y, s0, reverse, backward, dt, emu, store_sT):
+def chunk_size(T: int, K: int, V: int) -> int:
+    """Steps per chunk of the chunked kernels for a ``T``-step scan at head dims ``K``, ``V``: CHUNK if
+    set, else 32 when ``K == V == SHORT_CHUNK_HEAD`` and ``T <= SHORT_CHUNK_MAX_T``, else 64."""
+    if CHUNK is not None:
+        if CHUNK not in CHUNK_SIZES:
+            raise ValueError(f"hgrn2_triton.CHUNK={CHUNK} is not one of the tested chunk sizes {CHUNK_SIZES}; "
+                             "set it to one of them, or to None for the automatic choice")
+        return CHUNK
+    return 32 if K == V == SHORT_CHUNK_HEAD and T <= SHORT_CHUNK_MAX_T else 64
+
+
+def _chunk_states(x, g, y, s0, reverse, backward, dt, emu, store_sT, bt):
     """States before each chunk (forward: x unused, y = v, s0 = initial state) or state gradients after
     each chunk (backward: x = q, y = dO, s0 = gradient of the final state), ``[BH, NT, K, V]`` in the
     dot dtype, and the last one (final state / initial-state gradient, fp32; None unless store_sT), by
     STATE_IMPL."""
     B, T, H, K = g.shape
     V = y.shape[-1]
-    BH, NT = B * H, triton.cdiv(T, CHUNK)
+    BH, NT = B * H, triton.cdiv(T, bt)
     h = g.new_empty(BH, NT, K, V, dtype=dt)
     sT = g.new_empty(B, H, K, V, dtype=torch.float32) if store_sT else None
     tiles = lambda m: (triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]), BH)  # noqa: E731
-    _STATE_PASSES[_state_impl()](x, g, y, s0, h, sT, reverse, backward, emu, tiles)
+    _STATE_PASSES[_state_impl()](x, g, y, s0, h, sT, reverse, backward, emu, tiles, bt)
     return h, sT
 
 
-def _split_states(x, g, y, s0, h, sT, reverse, backward, emu, tiles):
+def _split_states(x, g, y, s0, h, sT, reverse, backward, emu, tiles, bt):
     """"split": the chunk-parallel products, then the scan."""
     B, T, H, K = g.shape
     BH, NT, _, V = h.shape
     D = g.new_empty(BH, NT, K, V, dtype=torch.float32)
     LB = g.new_empty(BH, NT, K, dtype=torch.float32)
     _chunk_outer[lambda m: (NT * BH, triton.cdiv(K, m["BK"]), triton.cdiv(V, m["BV"]))](
-        g if x is None else x, g, y, D, LB, T, H, NT, K=K, V=V, BT=CHUNK,
+        g if x is None else x, g, y, D, LB, T, H, NT, K=K, V=V, BT=bt,
         REVERSE=reverse, KEYS=not backward, DOT_BF16=y.dtype != torch.float32, EMU=emu,
     )
     _state_scan[tiles](D, LB, h, s0, sT, NT, BH, K=K, V=V, BACKWARD=backward, HAS_S0=s0 is not None,
                        STORE_ST=sT is not None)
 
 
-def _pre_states(x, g, y, s0, h, sT, reverse, backward, emu, tiles):
+def _pre_states(x, g, y, s0, h, sT, reverse, backward, emu, tiles, bt):
     """"pre": the operand pass, then the sequential product pass."""
     B, T, H, K = g.shape
     BH, NT, _, V = h.shape
-    xt = g.new_empty(BH, NT, CHUNK, K, dtype=h.dtype)
+    xt = g.new_empty(BH, NT, bt, K, dtype=h.dtype)
     LB = g.new_empty(BH, NT, K, dtype=torch.float32)
     _chunk_decay[lambda m: (NT * BH, triton.cdiv(K, m["BK"]))](
-        g if x is None else x, g, xt, LB, T, H, NT, K=K, BT=CHUNK, REVERSE=reverse, KEYS=not backward, EMU=emu,
+        g if x is None else x, g, xt, LB, T, H, NT, K=K, BT=bt, REVERSE=reverse, KEYS=not backward, EMU=emu,
     )
-    _state_pass[tiles](xt, y, LB, h, s0, sT, T, H, NT, BH, K=K, V=V, BT=CHUNK, REVERSE=reverse, BACKWARD=backward,
+    _state_pass[tiles](xt, y, LB, h, s0, sT, T, H, NT, BH, K=K, V=V, BT=bt, REVERSE=reverse, BACKWARD=backward,
                        HAS_S0=s0 is not None, STORE_ST=sT is not None, EMU=emu)
 
 
-def _fused_states(x, g, y, s0, h, sT, reverse, backward, emu, tiles):
+def _fused_states(x, g, y, s0, h, sT, reverse, backward, emu, tiles, bt):
     """"fused": one sequential kernel with the products inside its loop."""
     B, T, H, K = g.shape
     BH, NT, _, V = h.shape
     if backward:
-        _bwd_dstates[tiles](x, g, y, h, s0, sT, T, H, NT, BH, K=K, V=V, BT=CHUNK, REVERSE=reverse,
+        _bwd_dstates[tiles](x, g, y, h, s0, sT, T, H, NT, BH, K=K, V=V, BT=bt, REVERSE=reverse,
                             HAS_DHT=s0 is not None, STORE_DH0=sT is not None, EMU=emu)
     else:
-        _fwd_states[tiles](g, y, h, s0, sT, T, H, NT, BH, K=K, V=V, BT=CHUNK, REVERSE=reverse,
+        _fwd_states[tiles](g, y, h, s0, sT, T, H, NT, BH, K=K, V=V, BT=bt, REVERSE=reverse,
                            HAS_H0=s0 is not None, STORE_HT=sT is not None, EMU=emu)
 
 
@@ -418,18 +437,17 @@ _STATE_PASSES = {"split": _split_states, "fused": _fused_states, "pre": _pre_sta
 def _chunk_fwd(q, v, g, h0, reverse, store_a, lowp, add_to=None):
     """The chunked forward; ``add_to``: a tensor like v that receives o added to it (the other scan
     direction's output) instead of a new o."""
-    if CHUNK not in CHUNK_SIZES:
-        raise ValueError(f"hgrn2_triton.CHUNK={CHUNK} is not one of the tested chunk sizes {CHUNK_SIZES}")
     B, T, H, K = q.shape
     V = v.shape[-1]
-    BH, NT = B * H, triton.cdiv(T, CHUNK)
+    bt = chunk_size(T, K, V)
+    BH, NT = B * H, triton.cdiv(T, bt)
     dt, emu = _dot_dtype(q.dtype)
-    h, ht = _chunk_states(None, g, v, h0, reverse, False, dt, emu, True)
+    h, ht = _chunk_states(None, g, v, h0, reverse, False, dt, emu, True, bt)
     o = torch.empty_like(v) if add_to is None else add_to
-    A = q.new_empty(BH, NT, CHUNK, CHUNK, dtype=dt if lowp else torch.float32) if store_a else None
+    A = q.new_empty(BH, NT, bt, bt, dtype=dt if lowp else torch.float32) if store_a else None
     split = min(K, V) >= SPLIT_MIN_HEAD
-    redo, cap = _redo_list(q, BH * NT if split else 0)  # (one launch: an empty list, room for none)
-    kw = dict(_intra_chunk_args(K, V, reverse, emu, lowp), STORE_A=store_a, ACCUM=add_to is not None)
+    redo, cap = _redo_list(q, BH * NT if split else 0, bt)  # (one launch: an empty list, room for none)
+    kw = dict(_intra_chunk_args(K, V, reverse, emu, lowp, bt), STORE_A=store_a, ACCUM=add_to is not None)
     _fwd_output[(NT, BH)](q, v, g, h, o, A, redo, T, H, NT, cap, **kw, FAST_ONLY=split, REDO=False)
     if split:
         hgrn2_fwd_output_kernel[(_redo_programs(q, BH * NT),)](
@@ -438,19 +456,19 @@ def _chunk_fwd(q, v, g, h0, reverse, store_a, lowp, add_to=None):
     return o, ht, h, A, redo
 
 
-def _intra_chunk_args(K: int, V: int, reverse: bool, emu: bool, lowp: bool) -> dict:
+def _intra_chunk_args(K: int, V: int, reverse: bool, emu: bool, lowp: bool, bt: int) -> dict:
     """The constexpr arguments the output and dq/dg kernels share (their launches and REDO launches)."""
-    return dict(K=K, V=V, BT=CHUNK, BC=CHUNK // 4, BV=_pad(V), SAFE=SAFE_LOG_DECAY, CSAFE=CHUNK_SAFE_LOG_DECAY,
+    return dict(K=K, V=V, BT=bt, BC=bt // 4, BV=_pad(V), SAFE=SAFE_LOG_DECAY, CSAFE=CHUNK_SAFE_LOG_DECAY,
                 REVERSE=reverse, EMU=emu, LOWP=lowp)
 
 
-def _redo_list(x: Tensor, chunks: int) -> Tuple[Tensor, int]:
+def _redo_list(x: Tensor, chunks: int, bt: int) -> Tuple[Tensor, int]:
     """The list of chunks for the REDO launches: int32 ``[count, ids...]``, count 0, room for
     ``2 * chunks`` ids (see the autotune note above). A list with room for none marks the one-launch
     scheme (the backward follows the forward's scheme from it)."""
     cap = 2 * chunks
     if cap + 1 >= 2**31:
-        raise ValueError(f"{chunks} chunks of {CHUNK} steps (batch * heads * chunks) exceed the kernels' int32 chunk ids")
+        raise ValueError(f"{chunks} chunks of {bt} steps (batch * heads * chunks) exceed the kernels' int32 chunk ids")
     return torch.zeros(cap + 1, dtype=torch.int32, device=x.device), cap
 
 
@@ -462,26 +480,24 @@ def _redo_programs(x: Tensor, chunks: int) -> int:
 def _chunk_bwd(q, v, g, h0, h, A, redo, do, dht, reverse, need_dh0, lowp, add_to=None):
     """The chunked backward; ``add_to``: (dq, dv, dg) of the other scan direction, which receive this
     direction's gradients added to them (one-launch scheme only) instead of new tensors."""
-    if A is not None and A.shape[-1] != CHUNK:
-        raise RuntimeError(f"hgrn2_triton.CHUNK changed from {A.shape[-1]} to {CHUNK} between the forward and the "
-                           "backward; set it before the forward")
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    BH, NT = B * H, triton.cdiv(T, CHUNK)
-    dt, emu = _dot_dtype(q.dtype)
     cap = redo.numel() - 1
     split = cap > 0
     accum = add_to is not None
     if accum and split:
         raise ValueError("_chunk_bwd: add_to needs the one-launch scheme (the REDO launch overwrites dq / dg)")
-    dh, dh0 = _chunk_states(q, g, do, dht, reverse, True, dt, emu, need_dh0)
+    bt = A.shape[-1]  # the forward's chunk size
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    BH, NT = B * H, triton.cdiv(T, bt)
+    dt, emu = _dot_dtype(q.dtype)
+    dh, dh0 = _chunk_states(q, g, do, dht, reverse, True, dt, emu, need_dh0, bt)
     dq, dv, dg = add_to if accum else (torch.empty_like(q), torch.empty_like(v), torch.empty_like(g))
-    dA = q.new_empty(BH, NT, CHUNK, CHUNK, dtype=A.dtype)
+    dA = q.new_empty(BH, NT, bt, bt, dtype=A.dtype)
     _bwd_dv[(NT, BH)](
-        v, g, do, dh, A, dv, dA, T, H, NT, K=K, V=V, BT=CHUNK, BK=_pad(K), BV=_pad(V), REVERSE=reverse, EMU=emu,
+        v, g, do, dh, A, dv, dA, T, H, NT, K=K, V=V, BT=bt, BK=_pad(K), BV=_pad(V), REVERSE=reverse, EMU=emu,
         LOWP=lowp, ACCUM=accum,
     )
-    kw = _intra_chunk_args(K, V, reverse, emu, lowp)
+    kw = _intra_chunk_args(K, V, reverse, emu, lowp, bt)
     _bwd_dqdg[lambda m: (triton.cdiv(K, m["BK"]), NT, BH)](
         q, v, g, h, do, dh, dA, dq, dg, redo, T, H, NT, cap, **kw, FAST_ONLY=split, REDO=False, ACCUM=accum)
     if split:

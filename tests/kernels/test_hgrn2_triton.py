@@ -50,6 +50,14 @@ _needs_gpu = pytest.mark.skipif(
 def gpu_only(fn):
     return pytest.mark.gpu(_needs_gpu(fn))
 
+
+@pytest.fixture(autouse=True)
+def _chunks_of_64(monkeypatch):
+    """This module's tests run the chunked kernels in chunks of 64 steps unless a test sets
+    hgrn2_triton.CHUNK itself, also at head 64 on short scans (the GPU tests' shapes among them), where
+    the automatic choice is 32: test_chunk_of_32_steps and the image model tests cover that."""
+    monkeypatch.setattr(hgrn2_triton, "CHUNK", 64)
+
 FP32_TOL = 2e-5 if INTERPRET else 5e-3
 BF16_TOL = 2e-2
 
@@ -509,13 +517,13 @@ def test_intra_chunk_A_every_config(path, decay_scale, bk, warps):
 
     csafe = 60.0 if path in ("fast", "mixed") else 0.0
     safe = 0.0 if path == "elementwise" else 60.0
-    B, T, H, K, V, BT = 1, 130, 2, max(64, 2 * bk), 16, hgrn2_triton.CHUNK
+    B, T, H, K, V, BT = 1, 130, 2, max(64, 2 * bk), 16, 64
     q, v, g, _ = make_inputs(B, T, H, K, V, torch.float32, h0=False, decay_scale=decay_scale, seed=21)
     NT = -(-T // BT)
     h = torch.zeros(B * H, NT, K, V, device=q.device)
     o = torch.empty_like(v)
     A = torch.full((B * H, NT, BT, BT), float("nan"), device=q.device)
-    redo, cap = hgrn2_triton._redo_list(q, B * H * NT)
+    redo, cap = hgrn2_triton._redo_list(q, B * H * NT, BT)
     kw = dict(K=K, V=V, BT=BT, BC=BT // 4, BK=bk, BV=16, SAFE=safe, CSAFE=csafe, REVERSE=False,
               STORE_A=True, EMU=False, PREFETCH=False, LOWP=False, num_warps=warps)
     hgrn2_fwd_output_kernel[(NT, B * H)](q, v, g, h, o, A, redo, T, H, NT, cap, **kw, FAST_ONLY=True, REDO=False)
@@ -554,9 +562,10 @@ def test_split_and_single_launch(monkeypatch, split_min_head, reverse):
 
 @pytest.mark.parametrize("split_min_head", [0, 1000])
 def test_chunk_of_32_steps(monkeypatch, split_min_head):
-    """hgrn2_triton.CHUNK 32 (blocks of 8 rows; an experiment for short sequences) against float64, both
-    launch schemes, both directions, 16-bit and fp32 products, decays steep enough for every intra-chunk
-    path, 70 steps (three chunks, the last one partial). Head 16 in the interpreter, 64 on the GPU."""
+    """hgrn2_triton.CHUNK 32 (blocks of 8 rows; the automatic choice at head 64 on short scans) against
+    float64, both launch schemes, both directions, 16-bit and fp32 products, decays steep enough for every
+    intra-chunk path, 70 steps (three chunks, the last one partial). Head 16 in the interpreter, 64 on the
+    GPU."""
     monkeypatch.setattr(hgrn2_triton, "CHUNK", 32)
     monkeypatch.setattr(hgrn2_triton, "SPLIT_MIN_HEAD", split_min_head)
     head = 16 if INTERPRET else 64
@@ -568,8 +577,8 @@ def test_chunk_of_32_steps(monkeypatch, split_min_head):
 
 
 def test_chunk_size_is_checked(monkeypatch):
-    """A chunk size the kernels were not checked at is refused, and so is one changed between the forward
-    and the backward (the saved A was made for the forward's)."""
+    """A chunk size the kernels were not checked at is refused; one changed between the forward and the
+    backward does not reach the backward (it follows the size of the A its forward saved)."""
     q, v, g, s0 = make_inputs(1, 40, 1, 16, 16, torch.float32, seed=44)
     monkeypatch.setattr(hgrn2_triton, "CHUNK", 48)
     with pytest.raises(ValueError, match="CHUNK=48 is not one of the tested chunk sizes"):
@@ -578,8 +587,27 @@ def test_chunk_size_is_checked(monkeypatch):
     leaf = q.clone().requires_grad_()
     o, _ = hgrn2_triton.hgrn2_fused(leaf, v, g, s0, impl="chunk")
     monkeypatch.setattr(hgrn2_triton, "CHUNK", 32)
-    with pytest.raises(RuntimeError, match="CHUNK changed from 64 to 32"):
-        o.sum().backward()
+    (o.double() * v.double()).sum().backward()
+    q64, v64, g64, s064 = (x.detach().double().cpu() for x in (q, v, g, s0))
+    q64.requires_grad_()
+    o_ref, _ = hgrn2_scan_reference(q64, v64, g64, s064)
+    (o_ref * v64).sum().backward()
+    assert rel(leaf.grad, q64.grad) < FP32_TOL
+
+
+def test_chunk_size_rule(monkeypatch):
+    """CHUNK None: chunks of 32 at head 64 on scans up to 1024 steps (the image models' shapes, measured
+    faster on an H200), 64 elsewhere (the language models' head 128, LRA's small heads, long scans); a
+    set CHUNK wins."""
+    monkeypatch.setattr(hgrn2_triton, "CHUNK", None)
+    size = hgrn2_triton.chunk_size
+    assert [size(196, 64, 64), size(784, 64, 64), size(1024, 64, 64), size(1, 64, 64)] == [32] * 4
+    assert [size(1025, 64, 64), size(196, 128, 128), size(196, 64, 128), size(512, 32, 64),
+            size(1024, 4, 4), size(196, 16, 16)] == [64] * 6
+    monkeypatch.setattr(hgrn2_triton, "CHUNK", 64)
+    assert size(196, 64, 64) == 64
+    monkeypatch.setattr(hgrn2_triton, "CHUNK", 32)
+    assert size(4096, 128, 128) == 32
 
 
 def test_output_configs_pruned_for_path_one_alone():
@@ -595,8 +623,8 @@ def test_redo_list_size_limit():
     """The redo list holds int32 chunk ids: more chunks than that is an error that says so, and a
     normal list starts at count 0 with room for twice the chunks."""
     with pytest.raises(ValueError, match="int32 chunk ids"):
-        hgrn2_triton._redo_list(torch.empty(0), 2**30)
-    redo, cap = hgrn2_triton._redo_list(torch.empty(0), 10)
+        hgrn2_triton._redo_list(torch.empty(0), 2**30, 64)
+    redo, cap = hgrn2_triton._redo_list(torch.empty(0), 10, 64)
     assert cap == 20 and redo.shape == (21,) and redo.dtype == torch.int32 and int(redo[0]) == 0
 
 
