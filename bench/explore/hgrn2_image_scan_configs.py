@@ -57,6 +57,11 @@ K = 64  # the image models' head size (the child's K)
 # maxnreg 168: 168 and no spills (+9% SASS instructions; three programs an SM), maxnreg 128: 128 and no
 # spills (+19%; four an SM); the output kernel 255 -> 168 with no spills (+7%). Both kernels take 32 KiB of
 # shared memory a program, so registers are what limit them to two programs an SM today.
+# In chunks of 32 (the package's choice at these shapes since 2026-11-28; same compiles, `--match BT=32`,
+# 2026-11-28) the caps cost fewer instructions and the shared memory is smaller (dq/dg 8 KiB, output 16
+# KiB): dq/dg 255 registers / 4,904 SASS instructions uncapped, 168 / 5,104 (+4%), 128 / 5,320 (+8%), no
+# spills; output 248 / 5,072, 168 / 5,080, 128 / 5,112 (+1%). Not yet timed at chunks of 32: without
+# --chunk, the children run the package's choice, so `--extras-only` times these caps there.
 EXTRA = {
     "dqdg": [dict(kwargs={"BK": 64}, num_warps=4, maxnreg=168), dict(kwargs={"BK": 64}, num_warps=4, maxnreg=128)],
     "output": [dict(kwargs={"BK": 64, "PREFETCH": False}, num_warps=4, maxnreg=168),
