@@ -176,6 +176,30 @@ def environment(device: str) -> Dict[str, str]:
     return env
 
 
+def ab_lines(rows: List[Dict]) -> List[str]:
+    """One line per A/B row (``MODEL:switch``): its training and inference images/s over those of
+    ``MODEL`` at the same resolution and mode, e.g. "hgrn2_vit_tiny:chunk64 @ 224 (graphs): training
+    0.93x (-7.5%), inference 0.96x (-4.3%) of hgrn2_vit_tiny's". A/B rows whose base row is missing are
+    named as such."""
+    base = {(r["model"], r["res"], r["mode"]): r for r in rows if ":" not in r["model"]}
+    out = []
+    for r in rows:
+        if ":" not in r["model"]:
+            continue
+        name = r["model"].split(":")[0]
+        b = base.get((name, r["res"], r["mode"]))
+        head = f"{r['model']} @ {r['res']} ({r['mode']}): "
+        if b is None:
+            out.append(head + f"no {name} row to compare with")
+            continue
+        parts = []
+        for what, key in (("training", "train_img_s"), ("inference", "infer_img_s")):
+            x = r[key] / b[key]
+            parts.append(f"{what} {x:.2f}x ({(x - 1) * 100:+.1f}%)")
+        out.append(head + ", ".join(parts) + f" of {name}'s")
+    return out
+
+
 def markdown(rows: List[Dict], env: Dict, goals: List[str]) -> str:
     lines = [f"# Image models: training and inference speed ({env.get('gpu', env['device'])})", "",
              ", ".join(f"{k} {v}" for k, v in env.items()), "",
@@ -185,6 +209,9 @@ def markdown(rows: List[Dict], env: Dict, goals: List[str]) -> str:
         lines.append(f"| {r['res']} | {r['model']} | {r['mode']} | {r['params'] / 1e6:.2f}M | {r['train_img_s']:.0f} | "
                      f"{r['train_vs_deit']:.2f}x | {r.get('train_peak_gib', float('nan')):.2f} | "
                      f"{r['infer_img_s']:.0f} | {r['infer_vs_deit']:.2f}x | {r.get('infer_peak_gib', float('nan')):.2f} |")
+    ab = ab_lines(rows)
+    if ab:
+        lines += ["", "A/B rows against their base rows of the same run:", ""] + [f"- {x}" for x in ab]
     lines += ["", "Goals (issue 21): " + "; ".join(goals), ""]
     return "\n".join(lines)
 

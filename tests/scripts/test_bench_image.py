@@ -1,0 +1,34 @@
+"""bench/bench_image.py's report, from rows written here (the numbers themselves come from the GPU run):
+the A/B lines put each switched row beside its base row of the same resolution and mode."""
+import os
+
+import pytest
+
+from tests.script_module import load_script
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_script(os.path.join(REPO, "bench", "bench_image.py"))
+
+
+def row(model, res, train, infer, mode="graphs"):
+    return dict(model=model, res=res, mode=mode, params=6e6, train_img_s=train, infer_img_s=infer,
+                train_vs_deit=1.0, infer_vs_deit=1.0)
+
+
+def test_ab_lines_compare_with_the_base_row_of_the_same_resolution_and_mode(bench):
+    rows = [row("hgrn2_vit_tiny", 224, 8000.0, 32000.0), row("hgrn2_vit_tiny:chunk64", 224, 7400.0, 32800.0),
+            row("hgrn2_vit_tiny", 448, 2000.0, 8000.0), row("hgrn2_vit_tiny:chunk64", 448, 2100.0, 8000.0),
+            row("hgrn2_vit_small:chunk64", 224, 100.0, 100.0), row("deit_tiny_patch16_224", 224, 7000.0, 30000.0)]
+    assert bench.ab_lines(rows) == [
+        # 7400 / 8000 = 0.925, 32800 / 32000 = 1.025
+        "hgrn2_vit_tiny:chunk64 @ 224 (graphs): training 0.93x (-7.5%), inference 1.02x (+2.5%) of hgrn2_vit_tiny's",
+        "hgrn2_vit_tiny:chunk64 @ 448 (graphs): training 1.05x (+5.0%), inference 1.00x (+0.0%) of hgrn2_vit_tiny's",
+        "hgrn2_vit_small:chunk64 @ 224 (graphs): no hgrn2_vit_small row to compare with",
+    ]
+    md = bench.markdown(rows, {"device": "cpu"}, [])
+    assert "- hgrn2_vit_tiny:chunk64 @ 448 (graphs): training 1.05x (+5.0%)" in md
+    assert "A/B rows" not in bench.markdown([r for r in rows if ":" not in r["model"]], {"device": "cpu"}, [])
