@@ -85,20 +85,26 @@ def build(name: str, res: int, device: str, mode: str = "eager"):
     return model, net
 
 
-UNFUSED = ":unfused-hgru2"  # --ab-hgru2 rows: the model with HGRU2.fuse_in_gates off
-ACCUM = ":accum-directions"  # --ab-accum rows: the model with HGRU2.accumulate_directions on
-SPLIT = ":split-head64"  # --ab-split rows: the chunked HGRN2 kernels' two-launch scheme at head 64
-CHUNK64 = ":chunk64"  # --ab-chunk64 rows: the chunked HGRN2 kernels with chunks of 64 steps (before 2026-11-28)
-# A/B rows: row suffix -> (module, attribute in it (HGRU2's class attribute or the kernels' module global),
-# value while that row is measured)
-SWITCHES = {UNFUSED: ("hgrn_fairseq.modules.hgru2", "HGRU2.fuse_in_gates", False),
-                  ACCUM: ("hgrn_fairseq.modules.hgru2", "HGRU2.accumulate_directions", True),
-                  SPLIT: ("hgrn_fairseq.kernels.hgrn2_triton", "SPLIT_MIN_HEAD", 64),
-                  CHUNK64: ("hgrn_fairseq.kernels.hgrn2_triton", "CHUNK", 64)}
+# A/B rows of the HGRN2 models: option -> (row suffix, module, attribute in it (HGRU2's class attribute or
+# the kernels' module global), value while that row is measured, what the option's rows measure)
+SWITCHES = {
+    "--ab-hgru2": (":unfused-hgru2", "hgrn_fairseq.modules.hgru2", "HGRU2.fuse_in_gates", False,
+                   "HGRU2.fuse_in_gates off (v's SiLU, the split of the in-projection and the LayerNorm in "
+                   "PyTorch, as before 2026-11-27)"),
+    "--ab-accum": (":accum-directions", "hgrn_fairseq.modules.hgru2", "HGRU2.accumulate_directions", True,
+                   "HGRU2.accumulate_directions on (the reverse scan adding its output and gradients into the "
+                   "forward scan's inside the kernels)"),
+    "--ab-split": (":split-head64", "hgrn_fairseq.kernels.hgrn2_triton", "SPLIT_MIN_HEAD", 64,
+                   "the chunked kernels' two-launch scheme at head 64 (hgrn2_triton.SPLIT_MIN_HEAD 64: the "
+                   "output and dq/dg kernels on the one-reference path alone, then the listed chunks again)"),
+    "--ab-chunk64": (":chunk64", "hgrn_fairseq.kernels.hgrn2_triton", "CHUNK", 64,
+                     "the chunked kernels in chunks of 64 steps (hgrn2_triton.CHUNK 64) instead of the automatic "
+                     "choice (32 at the image models' head 64 up to 1024 steps; 64 before 2026-11-28)"),
+}
 
 
 def measure(name: str, res: int, args, device: str, mode: str = "eager") -> Dict[str, float]:
-    for suffix, (module, path, value) in SWITCHES.items():
+    for suffix, module, path, value, _ in SWITCHES.values():
         if name.endswith(suffix):
             owner = importlib.import_module(module)
             *outer, attr = path.split(".")
@@ -232,18 +238,9 @@ def main(argv=None) -> int:
                    "torch.compile of the whole DeiT; graphs: training forward and backward, and the inference "
                    "forward, replayed as CUDA graphs (the HGRN models' cuda_graphs option; DeiT through the "
                    "same caches)")
-    p.add_argument("--ab-hgru2", action="store_true", help="also measure each HGRN2 model with HGRU2.fuse_in_gates "
-                   "off (v's SiLU, the split of the in-projection and the LayerNorm in PyTorch, as before "
-                   f"2026-11-27): rows named MODEL{UNFUSED}")
-    p.add_argument("--ab-accum", action="store_true", help="also measure each HGRN2 model with "
-                   "HGRU2.accumulate_directions on (the reverse scan adding its output and gradients into the "
-                   f"forward scan's inside the kernels): rows named MODEL{ACCUM}")
-    p.add_argument("--ab-split", action="store_true", help="also measure each HGRN2 model with the chunked "
-                   "kernels' two-launch scheme at head 64 (hgrn2_triton.SPLIT_MIN_HEAD 64: the output and dq/dg "
-                   f"kernels on the one-reference path alone, then the listed chunks again): rows named MODEL{SPLIT}")
-    p.add_argument("--ab-chunk64", action="store_true", help="also measure each HGRN2 model with the chunked "
-                   "kernels in chunks of 64 steps (hgrn2_triton.CHUNK 64) instead of the automatic choice (32 at "
-                   f"the image models' head 64 up to 1024 steps): rows named MODEL{CHUNK64}")
+    for option, (suffix, *_, what) in SWITCHES.items():
+        p.add_argument(option, action="store_true", help=f"also measure each HGRN2 model with {what}: rows named "
+                       f"MODEL{suffix}")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     env = environment(args.device)
@@ -252,9 +249,8 @@ def main(argv=None) -> int:
     resolutions = [int(r) for r in args.resolutions.split(",")]
     for mode, res, size in itertools.product(args.modes.split(","), resolutions, args.sizes.split(",")):
         names = SIZES[size]
-        for on, suffix in ((args.ab_hgru2, UNFUSED), (args.ab_accum, ACCUM), (args.ab_split, SPLIT),
-                           (args.ab_chunk64, CHUNK64)):
-            if on:
+        for option, (suffix, *_) in SWITCHES.items():
+            if getattr(args, option[2:].replace("-", "_")):
                 names = [n for m in names for n in ([m, m + suffix] if m.startswith("hgrn2") and ":" not in m
                                                      else [m])]
         group = [measure(name, res, args, args.device, mode) for name in names]

@@ -32,8 +32,9 @@ bench/gpu_session.sh scan_configs:300` (one process per kernel and config, every
 the chunks the forward listed again with every path: 128-152 registers instead of 255 at head 128), which
 head 64 left on 2026-11-24 after a fault later traced to the dq/dg BK 16 config; its rows' speeds are
 against the package's one-launch autotuner (H200 2026-11-27: no faster, not adopted; docs/image.md).
-`--chunk 32` times chunks of 32 steps instead of 64 (a 196-step scan: 7 chunks, 224 padded rows, instead of
-4 chunks, 256 rows).
+`--chunk 64` / `--chunk 32` time every candidate at that chunk size (a 196-step scan: 4 chunks, 256 padded
+rows, or 7 chunks, 224 rows) beside the package's choice (32 at these shapes since 2026-11-28; 64 before);
+`--chunk 32` also times EXTRA_CHUNK32.
 """
 import argparse
 import json

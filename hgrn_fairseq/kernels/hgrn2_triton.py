@@ -446,7 +446,7 @@ def _chunk_fwd(q, v, g, h0, reverse, store_a, lowp, add_to=None):
     o = torch.empty_like(v) if add_to is None else add_to
     A = q.new_empty(BH, NT, bt, bt, dtype=dt if lowp else torch.float32) if store_a else None
     split = min(K, V) >= SPLIT_MIN_HEAD
-    redo, cap = _redo_list(q, BH * NT if split else 0, bt)  # (one launch: an empty list, room for none)
+    redo, cap = _redo_list(q, BH * NT if split else 0)  # (one launch: an empty list, room for none)
     kw = dict(_intra_chunk_args(K, V, reverse, emu, lowp, bt), STORE_A=store_a, ACCUM=add_to is not None)
     _fwd_output[(NT, BH)](q, v, g, h, o, A, redo, T, H, NT, cap, **kw, FAST_ONLY=split, REDO=False)
     if split:
@@ -462,13 +462,13 @@ def _intra_chunk_args(K: int, V: int, reverse: bool, emu: bool, lowp: bool, bt: 
                 REVERSE=reverse, EMU=emu, LOWP=lowp)
 
 
-def _redo_list(x: Tensor, chunks: int, bt: int) -> Tuple[Tensor, int]:
+def _redo_list(x: Tensor, chunks: int) -> Tuple[Tensor, int]:
     """The list of chunks for the REDO launches: int32 ``[count, ids...]``, count 0, room for
     ``2 * chunks`` ids (see the autotune note above). A list with room for none marks the one-launch
     scheme (the backward follows the forward's scheme from it)."""
     cap = 2 * chunks
     if cap + 1 >= 2**31:
-        raise ValueError(f"{chunks} chunks of {bt} steps (batch * heads * chunks) exceed the kernels' int32 chunk ids")
+        raise ValueError(f"{chunks} chunks (batch * heads * chunks a sequence) exceed the kernels' int32 chunk ids")
     return torch.zeros(cap + 1, dtype=torch.int32, device=x.device), cap
 
 

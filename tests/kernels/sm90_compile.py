@@ -99,7 +99,7 @@ def specialisations():
                     dict(h64, BK=64, STORE_A=True, PREFETCH=False), 4))
         out.append((f"hgrn2 bwd_dqdg {t64}", c2.hgrn2_bwd_dqdg_kernel, dict(h64, BK=64), 4))
         out.append((f"hgrn2 bwd_dv {t64}", c2.hgrn2_bwd_dv_kernel, dict(h64, BK=64), 8))
-        if not rev:  # the same with chunks of 32 steps (hgrn2_triton.CHUNK 32, an experiment for short scans)
+        if not rev:  # the same with chunks of 32 steps (hgrn2_triton.chunk_size's choice at head 64 on short scans)
             h32, t32 = dict(h64, BT=32, BC=8), f"K=64 BT=32 ACCUM={flags} reverse={rev}"
             out.append((f"hgrn2 fwd_output {t32}", c2.hgrn2_fwd_output_kernel,
                         dict(h32, BK=64, STORE_A=True, PREFETCH=False), 4))

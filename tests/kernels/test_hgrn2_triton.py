@@ -58,6 +58,7 @@ def _chunks_of_64(monkeypatch):
     the automatic choice is 32: test_chunk_of_32_steps and the image model tests cover that."""
     monkeypatch.setattr(hgrn2_triton, "CHUNK", 64)
 
+
 FP32_TOL = 2e-5 if INTERPRET else 5e-3
 BF16_TOL = 2e-2
 
@@ -523,7 +524,7 @@ def test_intra_chunk_A_every_config(path, decay_scale, bk, warps):
     h = torch.zeros(B * H, NT, K, V, device=q.device)
     o = torch.empty_like(v)
     A = torch.full((B * H, NT, BT, BT), float("nan"), device=q.device)
-    redo, cap = hgrn2_triton._redo_list(q, B * H * NT, BT)
+    redo, cap = hgrn2_triton._redo_list(q, B * H * NT)
     kw = dict(K=K, V=V, BT=BT, BC=BT // 4, BK=bk, BV=16, SAFE=safe, CSAFE=csafe, REVERSE=False,
               STORE_A=True, EMU=False, PREFETCH=False, LOWP=False, num_warps=warps)
     hgrn2_fwd_output_kernel[(NT, B * H)](q, v, g, h, o, A, redo, T, H, NT, cap, **kw, FAST_ONLY=True, REDO=False)
@@ -623,8 +624,8 @@ def test_redo_list_size_limit():
     """The redo list holds int32 chunk ids: more chunks than that is an error that says so, and a
     normal list starts at count 0 with room for twice the chunks."""
     with pytest.raises(ValueError, match="int32 chunk ids"):
-        hgrn2_triton._redo_list(torch.empty(0), 2**30, 64)
-    redo, cap = hgrn2_triton._redo_list(torch.empty(0), 10, 64)
+        hgrn2_triton._redo_list(torch.empty(0), 2**30)
+    redo, cap = hgrn2_triton._redo_list(torch.empty(0), 10)
     assert cap == 20 and redo.shape == (21,) and redo.dtype == torch.int32 and int(redo[0]) == 0
 
 

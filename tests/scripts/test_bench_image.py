@@ -32,3 +32,30 @@ def test_ab_lines_compare_with_the_base_row_of_the_same_resolution_and_mode(benc
     md = bench.markdown(rows, {"device": "cpu"}, [])
     assert "- hgrn2_vit_tiny:chunk64 @ 448 (graphs): training 1.05x (+5.0%)" in md
     assert "A/B rows" not in bench.markdown([r for r in rows if ":" not in r["model"]], {"device": "cpu"}, [])
+
+
+def test_a_switch_holds_its_value_while_its_row_is_measured_and_is_restored(bench, monkeypatch, capsys):
+    """Each --ab-* option is an argparse flag, and a row named MODEL + its suffix is measured with the
+    switch's attribute set (here the kernels' CHUNK, seen by the model build), then put back."""
+    from hgrn_fairseq.kernels import hgrn2_triton
+
+    seen = []
+
+    class Built(Exception):
+        pass
+
+    def build(name, res, device, mode="eager"):
+        seen.append((name, hgrn2_triton.CHUNK))
+        raise Built
+
+    monkeypatch.setattr(bench, "build", build)
+    monkeypatch.setattr(hgrn2_triton, "CHUNK", None)
+    suffix = bench.SWITCHES["--ab-chunk64"][0]
+    with pytest.raises(Built):
+        bench.measure("hgrn2_vit_tiny" + suffix, 224, None, "cpu")
+    assert seen == [("hgrn2_vit_tiny", 64)] and hgrn2_triton.CHUNK is None
+    with pytest.raises(SystemExit):  # every switch is an option of the command line, naming its rows
+        bench.main(["--help"])
+    usage = capsys.readouterr().out
+    assert all(option in usage and f"MODEL{suffix}" in usage.replace("\n", "").replace(" ", "")
+               for option, (suffix, *_) in bench.SWITCHES.items())
