@@ -22,6 +22,8 @@
 #   IMG_EXTRA (more KEY=VALUE overrides for every evidence run, word-split)
 #   IMG_TEST_PATHS [tests/image/test_models.py tests/kernels/test_block_ops.py]  IMG_TESTS_S [240: their limit;
 #   with tests/models/test_cuda_graphs.py give ~420: its fairseq-train tests did not fit 240 on 2026-11-27]
+#   IMG_TEST_PROCS [1]: above 1, the tests run in that many pytest processes at once (bench/split_pytest.sh),
+#   each under IMG_TESTS_S, so that Triton compiles in parallel
 #   IMG_BENCH_ARGS [--modes eager,graphs] (compile: + torch.compile rows, minutes of compiling)  IMG_BENCH_S [300]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -51,9 +53,22 @@ fi
 cat "$OUT/env.txt"
 
 if [[ ",$STAGES," == *",tests,"* ]]; then
-  OMP_NUM_THREADS=4 timeout "${IMG_TESTS_S:-240}" python3 -m pytest -q -p no:cacheprovider -rfEs ${IMG_TEST_PATHS:-tests/image/test_models.py tests/kernels/test_block_ops.py} \
-    > "$OUT/gpu_tests.log" 2>&1
-  echo "tests rc=$? at $(el)s"; tail -4 "$OUT/gpu_tests.log"
+  IMG_TESTS=${IMG_TEST_PATHS:-tests/image/test_models.py tests/kernels/test_block_ops.py}
+  if [ "${IMG_TEST_PROCS:-1}" -gt 1 ]; then
+    # several pytest processes at once so that Triton compiles (and autotunes) in parallel; each process's
+    # summary line ends its part of the log (bench/split_pytest.sh)
+    T_START=$T0
+    . bench/split_pytest.sh
+    T0=$T_START
+    # shellcheck disable=SC2086  # IMG_TESTS is a list of paths
+    echo "tests: $(split_pytest imgids "$IMG_TEST_PROCS" "${IMG_TESTS_S:-240}" "$OUT/gpu_tests.log" $IMG_TESTS) at $(el)s"
+    grep -h " passed\| failed\| error\|^FAILED\|^ERROR\|== " "$OUT/gpu_tests.log" | tail -40
+  else
+    # shellcheck disable=SC2086
+    OMP_NUM_THREADS=4 timeout "${IMG_TESTS_S:-240}" python3 -m pytest -q -p no:cacheprovider -rfEs $IMG_TESTS \
+      > "$OUT/gpu_tests.log" 2>&1
+    echo "tests rc=$? at $(el)s"; tail -4 "$OUT/gpu_tests.log"
+  fi
 fi
 
 if [[ ",$STAGES," == *",evidence,"* ]]; then
