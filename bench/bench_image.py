@@ -100,22 +100,33 @@ SWITCHES = {
     "--ab-chunk64": (":chunk64", "hgrn_fairseq.kernels.hgrn2_triton", "CHUNK", 64,
                      "the chunked kernels in chunks of 64 steps (hgrn2_triton.CHUNK 64) instead of the automatic "
                      "choice (32 at the image models' head 64 up to 1024 steps; 64 before 2026-11-28)"),
+    # a callable value is called with the module; a switched attribute's owner that keeps a `cache` dict (an
+    # autotuned Triton kernel's choices) has it cleared before and after the row
+    "--ab-no-regcap": (":no-regcap", "hgrn_fairseq.kernels.hgrn2_triton", "_fwd_output.configs",
+                       lambda ht: [c for c in ht._fwd_output.configs if not c.maxnreg],
+                       "the output kernel's autotune space without its register-capped config (maxnreg; kept "
+                       "only in chunks of 32 steps at head 64, since 2026-11-28)"),
 }
 
 
 def measure(name: str, res: int, args, device: str, mode: str = "eager") -> Dict[str, float]:
     for suffix, module, path, value, _ in SWITCHES.values():
         if name.endswith(suffix):
-            owner = importlib.import_module(module)
+            owner = mod = importlib.import_module(module)
             *outer, attr = path.split(".")
             for part in outer:
                 owner = getattr(owner, part)
             was = getattr(owner, attr)
-            setattr(owner, attr, value)
+            cache = getattr(owner, "cache", None)
+            setattr(owner, attr, value(mod) if callable(value) else value)
+            if isinstance(cache, dict):
+                cache.clear()
             try:
                 out = measure(name[:-len(suffix)], res, args, device, mode)
             finally:
                 setattr(owner, attr, was)
+                if isinstance(cache, dict):
+                    cache.clear()
             out["model"] = name
             return out
     model, net = build(name, res, device, mode)

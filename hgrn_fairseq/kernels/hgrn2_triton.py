@@ -162,6 +162,8 @@ _OUTPUT_CONFIGS = _configs(
         triton.Config({"BK": 64, "PREFETCH": False}, num_warps=8),
         triton.Config({"BK": 32, "PREFETCH": True}, num_warps=8),
         triton.Config({"BK": 64, "PREFETCH": False}, num_warps=4),  # heads of exactly 64: _small_head_only
+        # heads of exactly 64 in chunks of 32 steps: _prune_output
+        triton.Config({"BK": 64, "PREFETCH": False}, num_warps=4, maxnreg=128),
     ],
     triton.Config({"BK": 16, "PREFETCH": True}, num_warps=4),
 )
@@ -222,11 +224,20 @@ def _prune_output(configs, named_args, **kwargs):
     through a register layout conversion (offline TTGIR) instead of shared memory, and it is in those
     specialisations (head dims 16 and 32 with BK 32) that compute-sanitizer caught out-of-bounds shared
     reads on an H200. (K >= SPLIT_MIN_HEAD = 64 leaves the BK 32 configs.) A GPU test that launched
-    K 64 with BK 64 directly got A wrong by 1e22 (H200, 2026-11-21, session 10): the same fault."""
+    K 64 with BK 64 directly got A wrong by 1e22 (H200, 2026-11-21, session 10): the same fault.
+    Register-capped configs (maxnreg) are kept only in chunks of 32 steps (BT 32), see below."""
     K, V = _head_dims(named_args, kwargs)
     kept = _prune_bk(configs, named_args, **kwargs)
     if kwargs.get("FAST_ONLY"):
         kept = [c for c in kept if c.kwargs["BK"] < K] or [min(configs, key=lambda c: c.kwargs["BK"])]
+    if kwargs.get("BT", named_args.get("BT")) != 32:
+        # Register caps only in chunks of 32 steps (with _small_head_only: heads of 64): there the BK 64 /
+        # 4-warp config capped at 128 registers (four programs an SM instead of two, no spills in offline
+        # sm_90 compiles, +1% instructions) made the scan pair 1.04x / 1.05x faster at the HGRN2 image
+        # models' shapes (tiny / small, 224 px; H200 2026-11-28, bench/explore/hgrn2_image_scan_configs.py,
+        # results/image_h200_2026-11-28/chunk32/regcaps), with the same errors against float64; in chunks
+        # of 64 the same caps were 0.97-1.01x (H200 2026-11-27).
+        kept = [c for c in kept if not c.maxnreg] or [_OUTPUT_FALLBACK]
     return _small_head_only(kept, K, V, _OUTPUT_FALLBACK)
 
 

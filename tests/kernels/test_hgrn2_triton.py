@@ -652,15 +652,16 @@ def pinned(configs):
             kernel.cache.update(cache)
 
 
-def pinned_configs(index, K=None, V=None):
+def pinned_configs(index, K=None, V=None, BT=64):
     """Every autotuned HGRN2 kernel pinned to config ``index`` of its full space (or its last one); with
-    ``K`` (and ``V``, default ``K``), of what its prune keeps at that head size. Triton's autotuner does not prune a kernel that has
+    ``K`` (and ``V``, default ``K``), of what its prune keeps at that head size and chunk size ``BT`` (set
+    hgrn2_triton.CHUNK to match). Triton's autotuner does not prune a kernel that has
     one config: a pinned config runs as is, so pinning one the prune drops at K tests a launch that
     training never makes (at head 64, dq/dg BK 16 faulted on an H200 when pinned, 2026-11-27)."""
     chosen = {}
     for kernel, space in hgrn2_triton.AUTOTUNED:
         if K is not None and kernel.early_config_prune is not None:
-            space = kernel.early_config_prune(list(space), {"K": K, "V": K if V is None else V})
+            space = kernel.early_config_prune(list(space), {"K": K, "V": K if V is None else V, "BT": BT})
         chosen[kernel] = space[min(index, len(space) - 1)]
     return pinned(chosen)
 
@@ -705,6 +706,35 @@ def test_gpu_every_autotune_config_bidirectional(index):
     q, v, g, _ = make_inputs(8, 196, 3, 64, 64, torch.bfloat16, h0=False, seed=40 + index)
     with pinned_configs(index, 64, 64):
         check_bidirectional(q, v, g, BF16_TOL)
+
+
+@gpu_only
+@pytest.mark.parametrize("index", [0, 1, 2, 3, 4])
+def test_gpu_every_autotune_config_in_chunks_of_32(monkeypatch, index):
+    """Each config each prune keeps at head 64 in chunks of 32 steps (the image models' choice; index 4
+    of the output kernel is its register-capped config, kept only there), at the HGRN2 image models'
+    shape, both directions added (the ACCUM launches)."""
+    monkeypatch.setattr(hgrn2_triton, "CHUNK", 32)
+    q, v, g, _ = make_inputs(8, 196, 3, 64, 64, torch.bfloat16, h0=False, seed=50 + index)
+    with pinned_configs(index, 64, 64, BT=32):
+        check_bidirectional(q, v, g, BF16_TOL)
+
+
+def test_output_register_cap_only_in_chunks_of_32():
+    """The output kernel's register-capped config (measured faster only in chunks of 32 steps at heads of
+    64) is kept only there; a list of capped configs alone falls back to the uncapped BK 32 / 8 warps."""
+    import triton
+
+    plain = triton.Config({"BK": 64, "PREFETCH": False}, num_warps=4)
+    capped = triton.Config({"BK": 64, "PREFETCH": False}, num_warps=4, maxnreg=128)
+    prune = hgrn2_triton._prune_output
+    assert prune([plain, capped], {"K": 64, "V": 64, "BT": 32}) == [plain, capped]
+    assert prune([plain, capped], {"K": 64}, BT=32) == [plain, capped]  # BT as a launch keyword
+    for args in ({"K": 64, "V": 64, "BT": 64}, {"K": 64, "V": 64}, {"K": 128, "BT": 32}, {"K": 64, "V": 128, "BT": 32}):
+        assert capped not in prune([plain, capped], args), args
+    (only,) = prune([capped], {"K": 64, "BT": 64})
+    assert (only.kwargs["BK"], only.num_warps, only.maxnreg) == (32, 8, None)
+    assert capped in hgrn2_triton._OUTPUT_CONFIGS or hgrn2_triton._INTERPRET
 
 
 def test_dqdg_configs_keep_bk16_only_for_small_heads():

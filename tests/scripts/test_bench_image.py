@@ -54,6 +54,28 @@ def test_a_switch_holds_its_value_while_its_row_is_measured_and_is_restored(benc
     with pytest.raises(Built):
         bench.measure("hgrn2_vit_tiny" + suffix, 224, None, "cpu")
     assert seen == [("hgrn2_vit_tiny", 64)] and hgrn2_triton.CHUNK is None
+    # a switch of an autotuned kernel's space: the row sees the space without the capped config and no
+    # earlier choice; afterwards the space is restored and the row's choices forgotten
+    import triton
+
+    kernel = hgrn2_triton._fwd_output
+    plain = triton.Config({"BK": 64, "PREFETCH": False}, num_warps=4)
+    capped = triton.Config({"BK": 64, "PREFETCH": False}, num_warps=4, maxnreg=128)
+    space = [plain, capped]  # (the interpreter's space has one config)
+    monkeypatch.setattr(kernel, "configs", space)
+    seen.clear()
+    monkeypatch.setattr(kernel, "cache", {"earlier": "choice"})
+
+    def build_regcap(name, res, device, mode="eager"):
+        seen.append((name, list(kernel.configs), dict(kernel.cache)))
+        kernel.cache["row"] = "choice"
+        raise Built
+
+    monkeypatch.setattr(bench, "build", build_regcap)
+    with pytest.raises(Built):
+        bench.measure("hgrn2_vit_small" + bench.SWITCHES["--ab-no-regcap"][0], 224, None, "cpu")
+    assert seen == [("hgrn2_vit_small", [plain], {})]
+    assert kernel.configs is space and kernel.cache == {}
     with pytest.raises(SystemExit):  # every switch is an option of the command line, naming its rows
         bench.main(["--help"])
     usage = capsys.readouterr().out
