@@ -61,8 +61,10 @@ K = 64  # the image models' head size (the child's K)
 # In chunks of 32 (the package's choice at these shapes since 2026-11-28; same compiles, `--match BT=32`,
 # 2026-11-28) the caps cost fewer instructions and the shared memory is smaller (dq/dg 8 KiB, output 16
 # KiB): dq/dg 255 registers / 4,904 SASS instructions uncapped, 168 / 5,104 (+4%), 128 / 5,320 (+8%), no
-# spills; output 248 / 5,072, 168 / 5,080, 128 / 5,112 (+1%). Not yet timed at chunks of 32: without
-# --chunk, the children run the package's choice, so `--extras-only` times these caps there.
+# spills; output 248 / 5,072, 168 / 5,080, 128 / 5,112 (+1%). Timed there on an H200 on 2026-11-28
+# (`--extras-only`, results/image_h200_2026-11-28/chunk32/regcaps): dq/dg 1.00x (168) and 0.95x (128), the
+# output kernel 1.03x (168) and 1.04-1.05x (128), which is now in its autotune space for chunks of 32 at
+# head 64 (hgrn2_triton._prune_output); its row here times the same config again.
 EXTRA = {
     "dqdg": [dict(kwargs={"BK": 64}, num_warps=4, maxnreg=168), dict(kwargs={"BK": 64}, num_warps=4, maxnreg=128)],
     "output": [dict(kwargs={"BK": 64, "PREFETCH": False}, num_warps=4, maxnreg=168),
