@@ -22,6 +22,7 @@
 #   IMG_EXTRA (more KEY=VALUE overrides for every evidence run, word-split)
 #   IMG_TEST_PATHS [tests/image/test_models.py tests/kernels/test_block_ops.py]  IMG_TESTS_S [240: their limit;
 #   with tests/models/test_cuda_graphs.py give ~420: its fairseq-train tests did not fit 240 on 2026-11-27]
+#   HGRN_GIT_COMMIT: the commit the tree was copied from, for env.txt (the copy's git metadata can be stale)
 #   IMG_TEST_PROCS [1]: above 1, the tests run in that many pytest processes at once (bench/split_pytest.sh),
 #   each under IMG_TESTS_S, so that Triton compiles in parallel
 #   IMG_BENCH_ARGS [--modes eager,graphs] (compile: + torch.compile rows, minutes of compiling)  IMG_BENCH_S [300]
@@ -48,7 +49,11 @@ if ! python3 -c "import hydra" 2>/dev/null; then
 fi
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton, timm; print('torch', torch.__version__, 'triton', triton.__version__, 'timm', timm.__version__)"
-  git log -1 --format='commit %h %cd' 2>/dev/null; git status --porcelain --untracked-files=no 2>/dev/null | head -5; } \
+  if [ -n "${HGRN_GIT_COMMIT:-}" ]; then  # the commit the tree was copied from (the copy's git metadata can be stale)
+    echo "commit $HGRN_GIT_COMMIT (HGRN_GIT_COMMIT)"
+  else
+    git log -1 --format='commit %h %cd' 2>/dev/null; git status --porcelain --untracked-files=no 2>/dev/null | head -5
+  fi; } \
   > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
