@@ -28,15 +28,12 @@
 #   IMG_BENCH_ARGS [--modes eager,graphs] (compile: + torch.compile rows, minutes of compiling)  IMG_BENCH_S [300]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-: "${OUT:?set OUT}"
-mkdir -p "$OUT"
+. bench/split_pytest.sh  # OUT checked and created; el = seconds since the start; split_pytest
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 STAGES=${IMG_STAGES:-tests,evidence,bench}
 EPOCHS=${IMG_EPOCHS:-60}
 RES=${IMG_RES:-112}
 MODELS=${IMG_MODELS:-hgrn1d_vit_tiny,hgrn2_vit_tiny,deit_tiny_patch16_224}
-T0=$(date +%s)
-el() { echo $(( $(date +%s) - T0 )); }
 # Alone (not under gpu_session.sh): hydra-core / omegaconf from the wheels of .whl/ (DEVICE.md) and their
 # antlr4 runtime from its source archive; fairseq is not needed (hgrn_fairseq skips it when absent).
 if ! python3 -c "import hydra" 2>/dev/null; then
@@ -62,9 +59,6 @@ if [[ ",$STAGES," == *",tests,"* ]]; then
   if [ "${IMG_TEST_PROCS:-1}" -gt 1 ]; then
     # several pytest processes at once so that Triton compiles (and autotunes) in parallel; each process's
     # summary line ends its part of the log (bench/split_pytest.sh)
-    T_START=$T0
-    . bench/split_pytest.sh
-    T0=$T_START
     # shellcheck disable=SC2086  # IMG_TESTS is a list of paths
     echo "tests: $(split_pytest imgids "$IMG_TEST_PROCS" "${IMG_TESTS_S:-240}" "$OUT/gpu_tests.log" $IMG_TESTS) at $(el)s"
     grep -h " passed\| failed\| error\|^FAILED\|^ERROR\|== " "$OUT/gpu_tests.log" | tail -40

@@ -188,10 +188,15 @@ _DV_CONFIGS = _configs(
 )
 
 
+def _launch_arg(named_args, kwargs, name, default=None):
+    """A launch's argument ``name`` as a prune sees it: a keyword of the launch, else a named argument."""
+    return kwargs.get(name, named_args.get(name, default))
+
+
 def _head_dims(named_args, kwargs):
     """(K, V) of a launch, as a prune sees them (V taken as K where a caller gives K alone)."""
     K = kwargs["K"] if "K" in kwargs else named_args["K"]
-    return K, kwargs.get("V", named_args.get("V", K))
+    return K, _launch_arg(named_args, kwargs, "V", K)
 
 
 def _prune_bk(configs, named_args, **kwargs):
@@ -230,7 +235,7 @@ def _prune_output(configs, named_args, **kwargs):
     kept = _prune_bk(configs, named_args, **kwargs)
     if kwargs.get("FAST_ONLY"):
         kept = [c for c in kept if c.kwargs["BK"] < K] or [min(configs, key=lambda c: c.kwargs["BK"])]
-    if kwargs.get("BT", named_args.get("BT")) != 32:
+    if _launch_arg(named_args, kwargs, "BT") != 32:
         # Register caps only in chunks of 32 steps (with _small_head_only: heads of 64): there the BK 64 /
         # 4-warp config capped at 128 registers (four programs an SM instead of two, no spills in offline
         # sm_90 compiles, +1% instructions) made the scan pair 1.04x / 1.05x faster at the HGRN2 image
