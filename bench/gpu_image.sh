@@ -46,11 +46,8 @@ if ! python3 -c "import hydra" 2>/dev/null; then
 fi
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton, timm; print('torch', torch.__version__, 'triton', triton.__version__, 'timm', timm.__version__)"
-  if [ -n "${HGRN_GIT_COMMIT:-}" ]; then  # the commit the tree was copied from (the copy's git metadata can be stale)
-    echo "commit $HGRN_GIT_COMMIT (HGRN_GIT_COMMIT)"
-  else
-    git log -1 --format='commit %h %cd' 2>/dev/null; git status --porcelain --untracked-files=no 2>/dev/null | head -5
-  fi; } \
+  # HGRN_GIT_COMMIT wins over the copy's git metadata, which can be stale (bench/provenance.py)
+  python3 -c "import sys; sys.path.insert(0, 'bench'); from provenance import git_version; print('commit', git_version())"; } \
   > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
