@@ -53,7 +53,12 @@
 #   LRA_JOBS="TASK/SPEC ..." (TASK listops or pathfinder, SPEC as in LRA_MODELS) trains runs of both tasks
 #               in one go, at once with LRA_CONCURRENT=1 (e.g. a ListOps run finishing beside Pathfinder
 #               runs); their data are generated and prepared first (parts listops_data / pathfinder_data).
-#   pathfinder_data  only the Pathfinder data of the pathfinder part.
+#               TASK pathfinder6 / pathfinder9: Pathfinder at the release's easier difficulties (contour length
+#               6 = curv_baseline, 9), generated and prepared as such (data-bin/pathfinderN), same archs.
+#   pathfinder_data  only the Pathfinder data of the pathfinder part (pathfinder6_data, pathfinder9_data: theirs).
+#   pf_cnn      bench/explore/lra_pathfinder_cnn_control.py on every Pathfinder data-bin prepared in this call
+#               or kept from an earlier one (a plain CNN: are the data learnable at this size?), in the
+#               background beside the training (LRA_PF_CNN_ARGS, e.g. "--minutes 3"); $OUT/pf_cnn_control.json.
 #   tests       the LRA tests that need a GPU (Triton scans under the encoder vs the reference, padding).
 #   bench       bench/bench_lra.py: training sequences/s of every LRA model and of a Transformer encoder
 #               of the same width, depth and precision (LRA_BENCH_S seconds, default 300; LRA_BENCH_ARGS
@@ -230,7 +235,7 @@ train_one() {  # TASK UPDATES SPEC: one model (SPEC: see run_id), shortened reci
         MAX_UPDATE=$updates TRAIN_MINUTES=$cap NUM_GPUS=${LRA_NUM_GPUS:-1} SAVE_INTERVAL_UPDATES=500 \
         NO_EOS=$(case "+${3##*:}+" in *+noeos+*) echo 1 ;; *) echo 0 ;; esac) \
         timeout "$kill" \
-        bash scripts/train_lra.sh "$task" "$model" "$WORK/data-bin/$task" ${LRA_TRAIN_EXTRA:-} $seed \
+        bash scripts/train_lra.sh "${task%%[0-9]*}" "$model" "$WORK/data-bin/$task" ${LRA_TRAIN_EXTRA:-} $seed \
         > "$OUT/runs/train_$id.log" 2>&1
     echo "   $id rc=$? at $(el)s"
 }
@@ -238,7 +243,7 @@ train_one() {  # TASK UPDATES SPEC: one model (SPEC: see run_id), shortened reci
 task_updates() {  # TASK: the MAX_UPDATE of its runs
     case $1 in
         listops) echo "${LRA_LISTOPS_UPDATES:-2500}" ;;
-        pathfinder) echo "${LRA_PF_UPDATES:-2000}" ;;
+        pathfinder*) echo "${LRA_PF_UPDATES:-2000}" ;;
     esac
 }
 
@@ -293,9 +298,9 @@ train_both() {  # TASK: the models of LRA_MODELS on TASK
 # LRA_CONCURRENT=1) instead of the listops / pathfinder parts' LRA_MODELS; their data are prepared first.
 for job in ${LRA_JOBS:-}; do
     case ${job%%/*} in
-        listops|pathfinder) [[ $job == */* ]] && PARTS="$PARTS,${job%%/*}_data" && continue ;;
+        listops|pathfinder|pathfinder6|pathfinder9) [[ $job == */* ]] && PARTS="$PARTS,${job%%/*}_data" && continue ;;
     esac
-    echo "gpu_lra.sh: LRA_JOBS entry '$job' is not TASK/SPEC with TASK listops or pathfinder (e.g. pathfinder/hgrn2)" >&2
+    echo "gpu_lra.sh: LRA_JOBS entry '$job' is not TASK/SPEC with TASK listops, pathfinder, pathfinder6 or pathfinder9 (e.g. pathfinder/hgrn2)" >&2
     exit 2
 done
 
@@ -332,15 +337,37 @@ if [[ ",$PARTS," == *",listops,"* ]]; then
     train_both listops
 fi
 
-if [[ ",$PARTS," == *",pathfinder,"* || ",$PARTS," == *",pathfinder_data,"* ]] && ! data_ready pathfinder; then
-    echo "== pathfinder data (generator, ${LRA_PF_NUM:-40000} images of 32x32, $NPROC_CPU workers) at $(el)s"
-    python3 data_prep/lra_pathfinder.py --dest "$WORK/generated" --num "${LRA_PF_NUM:-40000}" --size 32 \
-        --workers "$NPROC_CPU" --no-progress > "$OUT/pathfinder_generate.log" 2>&1
-    echo "   generate rc=$? at $(el)s"; tail -2 "$OUT/pathfinder_generate.log"
-    python3 data_prep/prepare_lra.py pathfinder --source "$WORK/generated" --dest "$WORK/data-bin/pathfinder" \
-        --workers "$NPROC_CPU" > "$OUT/pathfinder_prepare.log" 2>&1
-    echo "   prepare rc=$? at $(el)s"; tail -3 "$OUT/pathfinder_prepare.log"
-    cp "$WORK/data-bin/pathfinder/meta.json" "$OUT/pathfinder_meta.json" 2>/dev/null
+# pathfinder: LRA's curv_contour_length_14; pathfinder6 / pathfinder9 (LRA_JOBS only): the release's easier
+# curv_baseline / curv_contour_length_9 from the same generator (data-bin/pathfinderN, runs pathfinderN_MODEL...;
+# the fairseq task and the archs are pathfinder's)
+for pf in pathfinder pathfinder6 pathfinder9; do
+    if [[ ",$PARTS," == *",$pf,"* || ",$PARTS," == *",${pf}_data,"* ]] && ! data_ready $pf; then
+        contour=${pf#pathfinder}; contour=${contour:-14}
+        echo "== $pf data (generator, ${LRA_PF_NUM:-40000} images of 32x32, contour length $contour, $NPROC_CPU workers) at $(el)s"
+        python3 data_prep/lra_pathfinder.py --dest "$WORK/generated" --num "${LRA_PF_NUM:-40000}" --size 32 \
+            --contour-length "$contour" --workers "$NPROC_CPU" --no-progress > "$OUT/${pf}_generate.log" 2>&1
+        echo "   generate rc=$? at $(el)s"; tail -2 "$OUT/${pf}_generate.log"
+        python3 data_prep/prepare_lra.py pathfinder --source "$WORK/generated" --dest "$WORK/data-bin/$pf" \
+            --contour-length "$contour" --workers "$NPROC_CPU" > "$OUT/${pf}_prepare.log" 2>&1
+        echo "   prepare rc=$? at $(el)s"; tail -3 "$OUT/${pf}_prepare.log"
+        cp "$WORK/data-bin/$pf/meta.json" "$OUT/${pf}_meta.json" 2>/dev/null
+    fi
+done
+PF_CNN=
+if [[ ",$PARTS," == *",pf_cnn,"* ]]; then
+    dirs=()
+    for pf in pathfinder pathfinder6 pathfinder9; do
+        [ -f "$WORK/data-bin/$pf/meta.json" ] && dirs+=("$WORK/data-bin/$pf")
+    done
+    if [ ${#dirs[@]} = 0 ]; then
+        echo "== pf_cnn: no Pathfinder data-bin in $WORK/data-bin (add pathfinder_data or pathfinder6_data to LRA_PARTS)"
+    else
+        echo "== pf_cnn: the CNN control on ${dirs[*]}, in the background (at $(el)s)"
+        # shellcheck disable=SC2086
+        python3 bench/explore/lra_pathfinder_cnn_control.py "${dirs[@]}" --out "$OUT/pf_cnn_control.json" \
+            ${LRA_PF_CNN_ARGS:-} > "$OUT/pf_cnn_control.log" 2>&1 &
+        PF_CNN=$!
+    fi
 fi
 if [[ ",$PARTS," == *",pathfinder,"* ]]; then
     train_both pathfinder
@@ -348,6 +375,10 @@ fi
 if [ -n "${LRA_JOBS:-}" ]; then
     # shellcheck disable=SC2086
     train_jobs $LRA_JOBS
+fi
+if [ -n "$PF_CNN" ]; then
+    wait "$PF_CNN"
+    echo "== pf_cnn rc=$? at $(el)s"; tail -6 "$OUT/pf_cnn_control.log"
 fi
 
 if [ "${LRA_SAVE_STATE:-0}" != 0 ] && [ "$TRAINED" = 1 ]; then

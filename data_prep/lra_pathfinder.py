@@ -94,7 +94,14 @@ class Settings:
 
     @property
     def folder(self) -> str:
-        return os.path.join(f"pathfinder{self.size}", f"curv_contour_length_{self.contour_length}")
+        return os.path.join(f"pathfinder{self.size}", DIFFICULTY_FOLDER[self.contour_length])
+
+
+# The LRA release's three difficulties per size: contour length -> folder (LRA's task is 14).
+DIFFICULTY_FOLDER = {6: "curv_baseline", 9: "curv_contour_length_9", 14: "curv_contour_length_14"}
+# Numerator of the distractor count per size (``num_distractor_snakes = N // distractor_length``, as for
+# the presets below, whose distractor length is 14 // 3): the easier difficulties use the same rule.
+DISTRACTOR_BUDGET = {32: 20, 64: 22, 128: 35, 256: 30}
 
 
 # Python 2 integer division in the original wrappers: 14 / 3 == 4, 35 / 4 == 8, ...
@@ -120,6 +127,21 @@ PRESETS: Dict[int, Settings] = {
 
 class GenerationError(RuntimeError):
     pass
+
+
+def settings_for(size: int, contour_length: int = 14) -> "Settings":
+    """The preset of ``size`` at one of the release's contour lengths (6 = curv_baseline, 9, 14).
+
+    Distractor snakes are ``contour_length // 3`` paddles long and ``DISTRACTOR_BUDGET[size] //`` that
+    many, the rule the LRA-size presets follow at 14 (Python 2 integer division, as the original)."""
+    if size not in PRESETS:
+        raise ValueError(f"--size {size}: expected one of {sorted(PRESETS)} (LRA's pathfinder sizes)")
+    if contour_length not in DIFFICULTY_FOLDER:
+        raise ValueError(f"--contour-length {contour_length}: expected one of {sorted(DIFFICULTY_FOLDER)} "
+                         f"(the release's curv_baseline, curv_contour_length_9, curv_contour_length_14)")
+    dl = contour_length // 3
+    return dataclasses.replace(PRESETS[size], contour_length=contour_length, distractor_length=dl,
+                               num_distractor_snakes=DISTRACTOR_BUDGET[size] // dl)
 
 
 # --------------------------------------------------------------------------------------------
@@ -536,15 +558,14 @@ def _work(job) -> Tuple[int, int, List[str], List[int]]:
 
 
 def generate(dest: str, num: int, size: int = 32, seed: int = 0, workers: int = 1,
-             per_folder: int = 1000, log=print, progress: bool = True) -> dict:
-    """Write ``num`` images and their metadata under ``dest/pathfinder<size>/curv_contour_length_14``."""
-    if size not in PRESETS:
-        raise ValueError(f"--size {size}: expected one of {sorted(PRESETS)} (LRA's pathfinder sizes)")
+             per_folder: int = 1000, log=print, progress: bool = True, contour_length: int = 14) -> dict:
+    """Write ``num`` images and their metadata under ``dest/pathfinder<size>/curv_contour_length_14``
+    (``curv_baseline`` / ``curv_contour_length_9`` for ``contour_length`` 6 / 9)."""
+    s = settings_for(size, contour_length)
     if num < 1:
         raise ValueError(f"--num {num}: expected a positive number of images")
     if per_folder < 1:
         raise ValueError(f"--per-folder {per_folder}: expected a positive number")
-    s = PRESETS[size]
     root = os.path.join(dest, s.folder)
     opts = {"num": num, "size": size, "seed": seed, "per_folder": per_folder, "chunk": CHUNK,
             "settings": dataclasses.asdict(s)}
@@ -628,10 +649,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--per-folder", type=int, default=1000, help="images per imgs/<k> folder (LRA: 1000)")
+    p.add_argument("--contour-length", type=int, default=14,
+                   help="6 (the release's curv_baseline), 9 or 14 (default: LRA's task, curv_contour_length_14)")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     try:
-        generate(a.dest, a.num, a.size, a.seed, max(1, a.workers), a.per_folder, progress=not a.no_progress)
+        generate(a.dest, a.num, a.size, a.seed, max(1, a.workers), a.per_folder, progress=not a.no_progress,
+                 contour_length=a.contour_length)
     except (ValueError, GenerationError) as e:
         print(f"lra_pathfinder.py: {e}", file=sys.stderr)
         return 2

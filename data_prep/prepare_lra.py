@@ -21,6 +21,10 @@ up to four levels down, e.g. ``lra_release/lra_release/listops-1000``):
                   split (``torch.randperm`` seeded 42, as ``random_split`` in the S4-based code).
 * ``pathx``       as ``pathfinder`` with ``pathfinder128`` (Path-X, 128 x 128).
 
+``--contour-length 6`` / ``9`` prepares the release's easier Pathfinder folders (``curv_baseline``,
+``curv_contour_length_9``) instead of LRA's ``curv_contour_length_14``: for curricula and for checking
+that a model learns Pathfinder at all; their meta.json says ``comparable=false``.
+
 Longer sequences are truncated to ``--max-len`` (counted, in meta.json and on stdout); unreadable
 or empty images (the release's ``sample_172.png``) are reported, counted and left out; a label
 outside the task's classes stops with the file and line. Everything is written through
@@ -62,6 +66,17 @@ DEFAULT_MAX_LEN = {"listops": 2000, "text": 4095, "retrieval": 3999}
 PIXEL_SHAPE = {"image": (32, 32, 3), "pathfinder": (32, 32, 1), "pathx": (128, 128, 1)}
 PATHFINDER_DIR = {"pathfinder": "pathfinder32/curv_contour_length_14",
                   "pathx": "pathfinder128/curv_contour_length_14"}
+# The release's three Pathfinder difficulties (contour length -> folder); LRA's task is the hardest, 14.
+DIFFICULTY_FOLDER = {6: "curv_baseline", 9: "curv_contour_length_9", 14: "curv_contour_length_14"}
+DEFAULT_CONTOUR = 14
+
+
+def pathfinder_dir(task: str, contour_length: int = DEFAULT_CONTOUR) -> str:
+    """``pathfinder32/curv_...`` (``pathfinder128`` for Path-X) of one difficulty."""
+    if contour_length not in DIFFICULTY_FOLDER:
+        raise PrepError(f"--contour-length {contour_length}: expected one of {sorted(DIFFICULTY_FOLDER)} "
+                        f"(the LRA release's curv_baseline, curv_contour_length_9, curv_contour_length_14)")
+    return PATHFINDER_DIR[task].rsplit("/", 1)[0] + "/" + DIFFICULTY_FOLDER[contour_length]
 
 # files each task needs, relative to the folder that holds them, and where they are published
 NEEDS = {
@@ -100,6 +115,22 @@ class PrepError(Exception):
     """A missing or malformed input: the message names the file and the fix."""
 
 
+def _needs(task: str, contour_length: int = DEFAULT_CONTOUR) -> Tuple[List[str], str]:
+    """NEEDS[task], with the folder of ``contour_length`` for the Pathfinder tasks."""
+    needs, where = NEEDS[task]
+    if task in PATHFINDER_DIR and contour_length != DEFAULT_CONTOUR:
+        needs = [pathfinder_dir(task, contour_length) + "/metadata"]
+        where = where.replace("--dest DIR", f"--dest DIR --contour-length {contour_length}", 1)
+    return list(needs), where
+
+
+def _members(task: str, contour_length: int = DEFAULT_CONTOUR):
+    """MEMBERS[task], with the folder of ``contour_length`` for the Pathfinder tasks."""
+    if task in PATHFINDER_DIR and contour_length != DEFAULT_CONTOUR:
+        return re.compile(MEMBERS[task].pattern.replace(PATHFINDER_DIR[task], pathfinder_dir(task, contour_length)))
+    return MEMBERS[task]
+
+
 def _tqdm(iterable=None, **kw):
     from tqdm import tqdm
 
@@ -129,11 +160,13 @@ def _find_root(source: str, needs: Sequence[str], max_depth: int = 4) -> Optiona
     return None
 
 
-def unpack(task: str, archive: str, workdir: str, log=print) -> str:
+def unpack(task: str, archive: str, workdir: str, log=print, contour_length: int = DEFAULT_CONTOUR) -> str:
     """Unpack the members ``task`` needs from a (compressed) tar archive into ``workdir``."""
     stamp = os.path.join(workdir, "UNPACKED.json")
     st = os.stat(archive)
     key = {"archive": os.path.abspath(archive), "bytes": st.st_size, "mtime": int(st.st_mtime), "task": task}
+    if task in PATHFINDER_DIR and contour_length != DEFAULT_CONTOUR:
+        key["contour_length"] = contour_length
     if os.path.isfile(stamp):
         with open(stamp) as f:
             if json.load(f) == key:
@@ -141,8 +174,8 @@ def unpack(task: str, archive: str, workdir: str, log=print) -> str:
     try:
         tar = tarfile.open(archive, "r:*")
     except (tarfile.TarError, OSError) as e:
-        raise PrepError(f"{archive}: not a readable tar archive ({e}); {NEEDS[task][1]}") from None
-    pattern = MEMBERS[task]
+        raise PrepError(f"{archive}: not a readable tar archive ({e}); {_needs(task, contour_length)[1]}") from None
+    pattern = _members(task, contour_length)
     n = 0
     with tar:
         for member in _tqdm(tar, desc=f"unpacking {os.path.basename(archive)}", unit=" files"):
@@ -162,13 +195,13 @@ def unpack(task: str, archive: str, workdir: str, log=print) -> str:
     return workdir
 
 
-def locate(task: str, source: str, workdir: str, log=print) -> str:
+def locate(task: str, source: str, workdir: str, log=print, contour_length: int = DEFAULT_CONTOUR) -> str:
     """The folder holding the task's files (unpacking an archive first); a PrepError names what is missing."""
-    needs, where = NEEDS[task]
+    needs, where = _needs(task, contour_length)
     if not os.path.exists(source):
         raise PrepError(f"{source} not found; {where}")
     if os.path.isfile(source):
-        source = unpack(task, source, workdir, log)
+        source = unpack(task, source, workdir, log, contour_length)
     root = _find_root(source, needs)
     if root is None:
         raise PrepError(f"{needs[0]} not found under {source}; {where}")
@@ -437,14 +470,15 @@ def _read_png(job) -> Tuple[int, Optional[np.ndarray], str]:
     return i, arr, ""
 
 
-def prepare_pathfinder(task: str, root: str, dest: str, workers: int, log) -> Result:
+def prepare_pathfinder(task: str, root: str, dest: str, workers: int, log,
+                       contour_length: int = DEFAULT_CONTOUR) -> Result:
     res = Result()
-    base = os.path.join(root, PATHFINDER_DIR[task])
+    base = os.path.join(root, pathfinder_dir(task, contour_length))
     H, W, _ = PIXEL_SHAPE[task]
     meta_dir = os.path.join(base, "metadata")
     names = [n for n in os.listdir(meta_dir) if re.fullmatch(r"\d+\.npy", n)]
     if not names:
-        raise PrepError(f"{meta_dir}: no metadata files (<k>.npy); {NEEDS[task][1]}")
+        raise PrepError(f"{meta_dir}: no metadata files (<k>.npy); {_needs(task, contour_length)[1]}")
     names.sort(key=lambda n: int(n[:-4]))
     paths, labels = [], []
     for name in names:
@@ -490,7 +524,8 @@ def prepare_pathfinder(task: str, root: str, dest: str, workers: int, log) -> Re
         res.truncated[split] = 0
     # skipped files belong to no split; meta.json lists them under "all"
     res.skipped = {"all": sorted(skipped, key=lambda s: s["file"])}
-    res.extra.update({"split_seed": SPLIT_SEED, "listed_images": n, "skipped_count": len(skipped),
+    res.extra.update({"split_seed": SPLIT_SEED, "contour_length": contour_length,
+                      "listed_images": n, "skipped_count": len(skipped),
                       "labels": {"0": int((labels_arr[keep] == 0).sum()), "1": int((labels_arr[keep] == 1).sum())}})
     return res
 
@@ -498,7 +533,7 @@ def prepare_pathfinder(task: str, root: str, dest: str, workers: int, log) -> Re
 # --------------------------------------------------------------------------------------------
 # driver
 # --------------------------------------------------------------------------------------------
-def _input_files(task: str, root: str) -> List[str]:
+def _input_files(task: str, root: str, contour_length: int = DEFAULT_CONTOUR) -> List[str]:
     if task in ("listops", "retrieval", "image"):
         return [os.path.join(root, rel) for rel in NEEDS[task][0]]
     if task == "text":
@@ -507,7 +542,7 @@ def _input_files(task: str, root: str) -> List[str]:
             folder = os.path.join(root, rel)
             out += [os.path.join(folder, f) for f in os.listdir(folder)]
         return out
-    base = os.path.join(root, PATHFINDER_DIR[task])
+    base = os.path.join(root, pathfinder_dir(task, contour_length))
     out = [os.path.join(base, "metadata", f) for f in os.listdir(os.path.join(base, "metadata"))]
     imgs = os.path.join(base, "imgs")
     if os.path.isdir(imgs):
@@ -517,9 +552,10 @@ def _input_files(task: str, root: str) -> List[str]:
     return out
 
 
-def _generator_stamp(task: str, root: str) -> Optional[dict]:
+def _generator_stamp(task: str, root: str, contour_length: int = DEFAULT_CONTOUR) -> Optional[dict]:
     """The generator's GENERATOR.json when the inputs were made by lra_listops.py / lra_pathfinder.py."""
-    folder = {"listops": "listops-1000"}.get(task, PATHFINDER_DIR.get(task))
+    folder = "listops-1000" if task == "listops" else (
+        pathfinder_dir(task, contour_length) if task in PATHFINDER_DIR else None)
     path = os.path.join(root, folder, "GENERATOR.json") if folder else ""
     if path and os.path.isfile(path):
         with open(path) as f:
@@ -528,10 +564,18 @@ def _generator_stamp(task: str, root: str) -> Optional[dict]:
 
 
 def prepare(task: str, source: str, dest: str, max_len: Optional[int] = None, min_freq: int = 15,
-            workers: int = 1, log=print) -> dict:
-    """Prepare one task; returns meta.json's content. Raises PrepError for bad inputs."""
+            workers: int = 1, log=print, contour_length: Optional[int] = None) -> dict:
+    """Prepare one task; returns meta.json's content. Raises PrepError for bad inputs.
+
+    ``contour_length`` (Pathfinder / Path-X only: 6, 9 or 14, default 14, LRA's) picks the release's
+    difficulty folder; only 14 is LRA's task, so other lengths give ``comparable=false``."""
     if task not in fmt.TASKS:
         raise PrepError(f"task {task!r}: expected one of {', '.join(fmt.TASKS)}")
+    if contour_length is not None and task not in PATHFINDER_DIR:
+        raise PrepError(f"--contour-length is for pathfinder and pathx; {task} has no difficulty folders")
+    contour = DEFAULT_CONTOUR if contour_length is None else contour_length
+    if task in PATHFINDER_DIR:
+        pathfinder_dir(task, contour)  # a clear error for a length the release does not have
     spec = fmt.TASKS[task]
     if spec["input"] == "tokens":
         max_len = DEFAULT_MAX_LEN[task] if max_len is None else max_len
@@ -547,14 +591,16 @@ def prepare(task: str, source: str, dest: str, max_len: Optional[int] = None, mi
     workdir = os.path.join(dest, ".unpacked")
     options = {"task": task, "max_len": max_len, "min_freq": min_freq if task == "text" else None,
                "split_seed": SPLIT_SEED, "version": PREP_VERSION, "format": fmt.FORMAT}
+    if contour != DEFAULT_CONTOUR:  # (absent for LRA's 14: fingerprints of earlier preparations stay valid)
+        options["contour_length"] = contour
     if os.path.isfile(source):  # an archive: its size and time stand for its content
         fingerprint = fmt.fingerprint_files([source], extra=options)
         if fmt.is_complete(dest, fingerprint):
             log(f"[{task}] {dest}: up to date (same inputs and options)")
             return fmt.read_meta(dest)
-    root = locate(task, source, workdir, log)
+    root = locate(task, source, workdir, log, contour)
     if not os.path.isfile(source):
-        fingerprint = fmt.fingerprint_files(_input_files(task, root), extra=options)
+        fingerprint = fmt.fingerprint_files(_input_files(task, root, contour), extra=options)
         if fmt.is_complete(dest, fingerprint):
             log(f"[{task}] {dest}: up to date (same inputs and options)")
             return fmt.read_meta(dest)
@@ -569,8 +615,8 @@ def prepare(task: str, source: str, dest: str, max_len: Optional[int] = None, mi
     elif task == "image":
         res = prepare_image(root, dest, log)
     else:
-        res = prepare_pathfinder(task, root, dest, workers, log)
-    gen = _generator_stamp(task, root)
+        res = prepare_pathfinder(task, root, dest, workers, log, contour)
+    gen = _generator_stamp(task, root, contour)
     extra = dict(res.extra)
     extra["source"] = "generator" if gen else os.path.abspath(source)
     if gen:
@@ -578,7 +624,8 @@ def prepare(task: str, source: str, dest: str, max_len: Optional[int] = None, mi
     meta = fmt.write_meta(
         dest, task=task, input=spec["input"], pair=spec["pair"], num_classes=spec["num_classes"],
         max_len=max_len, splits=res.splits, image_shape=PIXEL_SHAPE.get(task), truncated=res.truncated,
-        skipped=res.skipped, inputs_fingerprint=fingerprint, comparable=gen is None, extra=extra)
+        skipped=res.skipped, inputs_fingerprint=fingerprint, comparable=gen is None and contour == DEFAULT_CONTOUR,
+        extra=extra)
     shutil.rmtree(workdir, ignore_errors=True)
     counts = ", ".join(f"{s} {n}" for s, n in res.splits.items())
     log(f"[{task}] {dest}: {counts}")
@@ -590,6 +637,8 @@ def prepare(task: str, source: str, dest: str, max_len: Optional[int] = None, mi
         log(f"[{task}] skipped images: {skipped} (listed in meta.json)")
     if gen:
         log(f"[{task}] generated data: meta.json says comparable=false (not LRA's released files)")
+    elif contour != DEFAULT_CONTOUR:
+        log(f"[{task}] contour length {contour}: meta.json says comparable=false (LRA's task is length 14)")
     return meta
 
 
@@ -604,9 +653,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "official 4,096 / 4,000 less the <eos> the recipe appends)")
     p.add_argument("--min-freq", type=int, default=15, help="text: characters seen fewer times in train -> <unk>")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes reading images")
+    p.add_argument("--contour-length", type=int, default=None, choices=sorted(DIFFICULTY_FOLDER),
+                   help="pathfinder / pathx: the difficulty folder (6 curv_baseline, 9, 14; default 14, LRA's task)")
     a = p.parse_args(argv)
     try:
-        prepare(a.task, a.source, a.dest, a.max_len, a.min_freq, max(1, a.workers))
+        prepare(a.task, a.source, a.dest, a.max_len, a.min_freq, max(1, a.workers), contour_length=a.contour_length)
     except (PrepError, fmt.LraDataError) as e:
         print(f"prepare_lra.py: {e}", file=sys.stderr)
         return 2

@@ -110,6 +110,23 @@ def test_paths_are_drawn_and_kept_apart(samples):
             assert min(seg_distance(*a, *b) for a in d for b in t0 + t1) > 1.0
 
 
+def test_difficulties_follow_the_presets_rule(tmp_path):
+    """The release's easier folders: 14 is exactly the LRA preset; 6 / 9 shorten the targets and the
+    distractors (contour // 3 paddles, 20 // that many at 32 px) and land in curv_baseline / _9."""
+    assert pf.settings_for(32, 14) == pf.PRESETS[32] and pf.settings_for(128, 14) == pf.PRESETS[128]
+    s6, s9 = pf.settings_for(32, 6), pf.settings_for(32, 9)
+    assert (s6.contour_length, s6.distractor_length, s6.num_distractor_snakes) == (6, 2, 10)
+    assert (s9.contour_length, s9.distractor_length, s9.num_distractor_snakes) == (9, 3, 6)
+    assert s6.folder == os.path.join("pathfinder32", "curv_baseline")
+    assert s9.folder == os.path.join("pathfinder32", "curv_contour_length_9")
+    o = pf.render(s6, np.random.default_rng(3), 1, with_geometry=True)
+    assert [len(t) for t in o["targets"]] == [6, 6] and all(len(d) == 2 for d in o["distractors"])
+    pf.generate(str(tmp_path), num=4, seed=1, workers=1, progress=False, log=lambda m: None, contour_length=6)
+    assert len(os.listdir(tmp_path / "pathfinder32" / "curv_baseline" / "imgs" / "0")) == 4
+    with pytest.raises(ValueError, match=r"--contour-length 7: expected one of \[6, 9, 14\]"):
+        pf.settings_for(32, 7)
+
+
 def test_path_x_size_renders():
     s = pf.PRESETS[128]
     o = pf.render(s, np.random.default_rng(2), 1)

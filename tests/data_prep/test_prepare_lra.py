@@ -227,11 +227,11 @@ def test_image_cifar_pickles_split_45_5_like(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ pathfinder
-def write_fake_pathfinder(root, size, n, per_folder=10):
+def write_fake_pathfinder(root, size, n, per_folder=10, folder="curv_contour_length_14"):
     from PIL import Image
 
-    rng = np.random.default_rng(size)
-    base = os.path.join(root, f"pathfinder{size}", "curv_contour_length_14")
+    rng = np.random.default_rng([size, len(folder)])
+    base = os.path.join(root, f"pathfinder{size}", folder)
     images, labels = {}, {}
     for k in range((n + per_folder - 1) // per_folder):
         os.makedirs(os.path.join(base, "imgs", str(k)), exist_ok=True)
@@ -298,3 +298,36 @@ def test_generated_pathfinder_through_prepare(tmp_path):
     m2 = pl.prepare("pathfinder", str(tmp_path / "gen"), str(tmp_path / "pf_again"), workers=1, log=quiet)
     assert hashlib.sha256(np.load(str(tmp_path / "pf_again" / "train.pixels.npy")).tobytes()).hexdigest() == digest
     assert m2["splits"] == m["splits"]
+
+
+def test_pathfinder_difficulty_folders(tmp_path):
+    """--contour-length picks the release's curv_baseline / curv_contour_length_9 folder, from a folder
+    or an archive; only LRA's 14 is comparable; a length or task without such folders is refused."""
+    import tarfile
+
+    src = str(tmp_path / "src" / "lra_release")
+    _, hard, _ = write_fake_pathfinder(src, 32, 10)
+    _, easy, _ = write_fake_pathfinder(src, 32, 20, folder="curv_baseline")
+    dest = str(tmp_path / "pf")
+    m14 = pl.prepare("pathfinder", str(tmp_path / "src"), dest, workers=1, log=quiet)
+    assert sum(m14["splits"].values()) == 10 and m14["comparable"] is True and m14["contour_length"] == 14
+    messages = []
+    m6 = pl.prepare("pathfinder", str(tmp_path / "src"), dest, workers=1, log=messages.append, contour_length=6)
+    assert not any("up to date" in msg for msg in messages)  # another difficulty is another fingerprint
+    assert sum(m6["splits"].values()) == 20 and m6["comparable"] is False and m6["contour_length"] == 6
+    assert m6["inputs_fingerprint"] != m14["inputs_fingerprint"]
+    got = set()
+    for split in ("train", "valid", "test"):
+        got |= {p[:, :, 0].tobytes() for p in np.load(os.path.join(dest, f"{split}.pixels.npy"))}
+    assert got == {img.tobytes() for img in easy.values()}
+    archive = str(tmp_path / "release.tar.gz")
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(str(tmp_path / "src"), arcname="lra_release")
+    m6a = pl.prepare("pathfinder", archive, str(tmp_path / "pf_archive"), workers=1, log=quiet, contour_length=6)
+    assert sum(m6a["splits"].values()) == 20
+    with pytest.raises(pl.PrepError, match=r"pathfinder32/curv_contour_length_9/metadata not found .*--contour-length 9"):
+        pl.prepare("pathfinder", str(tmp_path / "src"), str(tmp_path / "pf9"), workers=1, log=quiet, contour_length=9)
+    with pytest.raises(pl.PrepError, match=r"--contour-length 7: expected one of \[6, 9, 14\]"):
+        pl.prepare("pathfinder", str(tmp_path / "src"), str(tmp_path / "pf7"), workers=1, log=quiet, contour_length=7)
+    with pytest.raises(pl.PrepError, match=r"--contour-length is for pathfinder and pathx"):
+        pl.prepare("listops", str(tmp_path / "src"), str(tmp_path / "lo"), log=quiet, contour_length=6)

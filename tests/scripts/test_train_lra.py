@@ -281,8 +281,30 @@ def test_gpu_lra_jobs_must_name_task_and_spec(tmp_path, jobs):
                   env=pyrun.script_env(env), timeout=120)
     bad = [j for j in jobs.split() if not j.startswith(("listops/", "pathfinder/"))][0]
     assert r.returncode == 2, r.stdout + r.stderr
-    assert f"LRA_JOBS entry '{bad}' is not TASK/SPEC with TASK listops or pathfinder" in r.stderr
+    assert f"LRA_JOBS entry '{bad}' is not TASK/SPEC with TASK listops, pathfinder, pathfinder6 or pathfinder9" in r.stderr
     assert not (tmp_path / "work" / "data-bin").exists() and "train" not in r.stdout
+
+
+def test_gpu_lra_easier_pathfinder_data_and_cnn_control(tmp_path):
+    """pathfinder6_data: the generator's curv_baseline (contour length 6) prepared into data-bin/pathfinder6,
+    not LRA's length 14; pf_cnn runs the CNN control on it in the background and waits for it."""
+    import json
+
+    env = dict(os.environ, OUT=str(tmp_path / "out"), LRA_WORK=str(tmp_path / "work"), LRA_PF_NUM="30",
+               LRA_PARTS="pathfinder6_data,pf_cnn", LRA_PF_CNN_ARGS="--epochs 1 --width 4 --device cpu",
+               OMP_NUM_THREADS="1")
+    env.pop("LRA_CARRY", None)
+    r = pyrun.run(["bash", os.path.join(REPO, "bench", "gpu_lra.sh")], capture_output=True, text=True,
+                  env=pyrun.script_env(env), timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    meta = json.loads((tmp_path / "work" / "data-bin" / "pathfinder6" / "meta.json").read_text())
+    assert meta["contour_length"] == 6 and meta["comparable"] is False and sum(meta["splits"].values()) == 30
+    assert meta["generator_options"]["settings"]["contour_length"] == 6
+    assert (tmp_path / "work" / "generated" / "pathfinder32" / "curv_baseline").is_dir()
+    assert not (tmp_path / "work" / "data-bin" / "pathfinder").exists()
+    assert "== pf_cnn rc=0" in r.stdout, r.stdout[-3000:]
+    control = json.loads((tmp_path / "out" / "pf_cnn_control.json").read_text())
+    assert [os.path.basename(e["data_dir"].rstrip("/")) for e in control] == ["pathfinder6"]
 
 
 def test_gpu_lra_slices_end_before_the_call_does():
