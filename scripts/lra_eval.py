@@ -158,6 +158,7 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
         "data": os.path.abspath(cfg.task.data),
         "data_comparable": bool(meta.get("comparable", True)),
         "data_source": meta.get("source"),
+        "contour_length": meta.get("contour_length"),  # Pathfinder / Path-X: LRA's is 14 (prepare_lra.py)
         "checkpoint": os.path.abspath(checkpoint),
         "num_updates": updates(last_state),  # updates the run made (checkpoint_last.pt)
         "best_checkpoint_updates": updates(state),

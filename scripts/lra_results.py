@@ -56,7 +56,8 @@ def is_recipe_run(r: dict, task: str) -> bool:
     variants = ("unmasked_padding", "scratch_positions", "scan_padding")  # ablations and experiments
     return (r.get("seed", SEED) == SEED and eos and not any(r.get(k) for k in variants) and not other_norm(r)
             and not r.get("arch_overrides")  # other model options than the arch's (recorded since 2026-11-27)
-            and not r.get("recipe_overrides"))  # other training settings than the recipe's (since 2026-11-27)
+            and not r.get("recipe_overrides")  # other training settings than the recipe's (since 2026-11-27)
+            and r.get("contour_length") in (None, 14))  # Pathfinder's easier difficulties are not LRA's task
 
 
 def rows(results: dict) -> list:
@@ -99,6 +100,8 @@ def other_runs(others: list) -> str:
             ablation += ", scans see the padding"
         if r.get("pad_to_length"):
             ablation += f", every batch padded to {r['pad_to_length']}"
+        if r.get("contour_length") not in (None, 14):
+            ablation += f", contour length {r['contour_length']} (an easier Pathfinder than LRA's 14)"
         if other_norm(r):
             ablation += f", {r['norm']} norms instead of {r['recipe_norm']}"
         for name, value in sorted((r.get("arch_overrides") or {}).items()):

@@ -190,6 +190,17 @@ def test_results_table_keeps_the_recipe_seed_and_lists_other_seeds(tmp_path):
     with open(tmp_path / "results.csv") as f:
         listops = [r for r in csv.DictReader(f) if r["task"] == "listops" and r["model"] == "hgrn1"]
     assert [r["ours"] for r in listops] == ["52.5"]
+    # Pathfinder at an easier difficulty (prepare_lra.py --contour-length 6) is listed, never the table's cell
+    for folder, contour, acc in (("pathfinder6_hgrn2", 6, 81.0), ("pathfinder_hgrn2", 14, 50.5)):
+        os.makedirs(tmp_path / folder)
+        with open(tmp_path / folder / "test_result.json", "w") as f:
+            json.dump({"arch": "hgrn2_lra_pathfinder", "accuracy": acc, "num_updates": 4000, "planned_updates": 4000,
+                       "seed": 2222, "append_eos": False, "contour_length": contour, "data_comparable": False}, f)
+    assert results.main([str(tmp_path)]) == 0
+    md = (tmp_path / "results.md").read_text()
+    assert "| HGRN2 | pathfinder | 50.50 |" in md
+    assert ("- HGRN2 pathfinder, seed 2222, contour length 6 (an easier Pathfinder than LRA's 14): 81.00 after "
+            "4,000 updates") in md
 
 
 def gpu_lra_functions(*names):
