@@ -183,7 +183,7 @@ def collect(files_at: str, tag: str, dest_root: str, state: str, gpu_log: Option
             drop: Sequence[str] = ()) -> List[str]:
     done: List[str] = []
     members = read_session(files_at)
-    runs = sorted(m for m in members if re.fullmatch(r"lra/runs/train_[a-z]+_[^/]+\.log", m))
+    runs = sorted(m for m in members if re.fullmatch(r"lra/runs/train_[a-z]+[0-9]*_[^/]+\.log", m))
     if not runs:
         raise CollectError(f"the session archive in {files_at} has no lra/runs/train_*.log: was it a gpu_lra.sh call?")
     run_ids = [os.path.basename(m)[len("train_"):-len(".log")] for m in runs]
