@@ -341,9 +341,13 @@ fi
 # pathfinder: LRA's curv_contour_length_14; pathfinder6 / pathfinder9 (LRA_JOBS only): the release's easier
 # curv_baseline / curv_contour_length_9 from the same generator (data-bin/pathfinderN, runs pathfinderN_MODEL...;
 # the fairseq task and the archs are pathfinder's)
+contour_of() {  # pathfinder -> 14 (LRA's), pathfinderN -> N
+    local c=${1#pathfinder}
+    echo "${c:-14}"
+}
 for pf in pathfinder pathfinder6 pathfinder9; do
     if [[ ",$PARTS," == *",$pf,"* || ",$PARTS," == *",${pf}_data,"* ]] && ! data_ready $pf; then
-        contour=${pf#pathfinder}; contour=${contour:-14}
+        contour=$(contour_of $pf)
         echo "== $pf data (generator, ${LRA_PF_NUM:-40000} images of 32x32, contour length $contour, $NPROC_CPU workers) at $(el)s"
         python3 data_prep/lra_pathfinder.py --dest "$WORK/generated" --num "${LRA_PF_NUM:-40000}" --size 32 \
             --contour-length "$contour" --workers "$NPROC_CPU" --no-progress > "$OUT/${pf}_generate.log" 2>&1

@@ -50,12 +50,14 @@ def test_files_next_slices_results_and_state(tmp_path):
         "lra/runs/listops_hgrn2_s2222_eos.test_result.json": json.dumps({"num_updates": 250, "accuracy": 55.5}),
         "lra/runs/train_listops_hgrn1.log": valid_line(400),  # did not pass its last slice (500)
         "lra/runs/train_pathfinder_hgrn1.log": valid_line(50),  # a first slice, in another task's folder
+        "lra/runs/train_pathfinder6_hgrn2_s2222.log": valid_line(75),  # an easier Pathfinder: its own folder
         "lra.log": "== lra\n",
     }, [b"new"])
     lines = collect.collect(str(call), "two_h200", str(results), str(state), None, False)
     assert (listops / "hgrn2_s2222_eos_train_slice3_updates_180-250_two_h200.log").read_text().endswith(valid_line(250, 55.5))
     assert json.load(open(listops / "hgrn2_s2222_eos_test_result_after_250.json"))["accuracy"] == 55.5
     assert (results / "lra_pathfinder_full" / "hgrn1_train_slice1_updates_0-50_two_h200.log").is_file()
+    assert (results / "lra_pathfinder6_full" / "hgrn2_s2222_train_slice1_updates_0-75_two_h200.log").is_file()
     assert not any("slice2" in p for p in os.listdir(listops) if p.startswith("train_"))
     assert any(line.startswith("skipped listops_hgrn1: its log validated up to 400, not past the last filed slice's 500")
                for line in lines)

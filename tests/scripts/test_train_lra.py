@@ -299,27 +299,33 @@ def test_gpu_lra_jobs_must_name_task_and_spec(tmp_path, jobs):
     assert not (tmp_path / "work" / "data-bin").exists() and "train" not in r.stdout
 
 
-def test_gpu_lra_easier_pathfinder_data_and_cnn_control(tmp_path):
-    """pathfinder6_data: the generator's curv_baseline (contour length 6) prepared into data-bin/pathfinder6,
-    not LRA's length 14; pf_cnn runs the CNN control on it in the background and waits for it."""
+def test_gpu_lra_easier_pathfinder_names_and_cnn_control(tmp_path):
+    """Task pathfinderN is the generator's and prepare_lra.py's contour length N (pathfinder: LRA's 14); the
+    pf_cnn part runs the CNN control on every prepared Pathfinder data-bin, in the background, and waits for it."""
     import json
 
-    env = dict(os.environ, OUT=str(tmp_path / "out"), LRA_WORK=str(tmp_path / "work"), LRA_PF_NUM="30",
-               LRA_PARTS="pathfinder6_data,pf_cnn", LRA_PF_CNN_ARGS="--epochs 1 --width 4 --device cpu",
-               OMP_NUM_THREADS="1")
+    funcs = gpu_lra_functions("contour_of")
+    r = pyrun.run(["bash", "-c", f'{funcs}\nfor t in pathfinder pathfinder6 pathfinder9; do contour_of $t; done'],
+                  capture_output=True, text=True, timeout=30)
+    assert r.stdout.split() == ["14", "6", "9"], r.stderr
+    from tests import fixtures_corpus  # noqa: F401  (puts data_prep/ on sys.path)
+    import lra_pathfinder
+    import prepare_lra
+
+    lra_pathfinder.generate(str(tmp_path / "gen"), num=20, seed=3, workers=1, progress=False, log=lambda m: None,
+                            contour_length=6)
+    prepare_lra.prepare("pathfinder", str(tmp_path / "gen"), str(tmp_path / "work" / "data-bin" / "pathfinder6"),
+                        log=lambda m: None, contour_length=6)
+    env = dict(os.environ, OUT=str(tmp_path / "out"), LRA_WORK=str(tmp_path / "work"), LRA_PARTS="pf_cnn",
+               LRA_PF_CNN_ARGS="--epochs 1 --width 4 --device cpu", OMP_NUM_THREADS="1")
     env.pop("LRA_CARRY", None)
     r = pyrun.run(["bash", os.path.join(REPO, "bench", "gpu_lra.sh")], capture_output=True, text=True,
                   env=pyrun.script_env(env), timeout=300)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    meta = json.loads((tmp_path / "work" / "data-bin" / "pathfinder6" / "meta.json").read_text())
-    assert meta["contour_length"] == 6 and meta["comparable"] is False and sum(meta["splits"].values()) == 30
-    assert meta["generator_options"]["settings"]["contour_length"] == 6
-    assert (tmp_path / "work" / "generated" / "pathfinder32" / "curv_baseline").is_dir()
-    assert not (tmp_path / "work" / "data-bin" / "pathfinder").exists()
     assert "== pf_cnn rc=0" in r.stdout, r.stdout[-3000:]
     control = json.loads((tmp_path / "out" / "pf_cnn_control.json").read_text())
     assert [os.path.basename(e["data_dir"].rstrip("/")) for e in control] == ["pathfinder6"]
-
+    assert control[0]["splits"] == {"train": 16, "valid": 2, "test": 2} and control[0]["status"] == "done"
 
 def test_gpu_lra_slices_end_before_the_call_does():
     # no call length: the slice is the minutes asked for, killed 150 s after them
