@@ -188,6 +188,7 @@ spec_args() {  # SPEC: the fairseq-train arguments it adds (--seed N, --unmasked
             layernorm) echo "--norm layer" ;;
             scan1d) echo "--scan-2d none" ;;  # a 2-D task's raster as one bidirectional 1-D sequence
             nolb) echo "--no-lower-bound" ;;  # no layer-wise lower bounds on the forget gates
+            maxpool) echo "--pool max" ;;  # the channel-wise maximum over the positions instead of the mean
             layers[1-9]) echo "--encoder-layers ${flag#layers}" ;;
             lr[1-9]e-[1-9]|lr[1-9].[0-9]e-[1-9]) echo "--lr ${flag#lr}" ;;  # another peak rate, e.g. lr2e-4
             repocfg)  # the public OpenNLPLab/lra repository's configs/experiment/hgrn-lra-listops.yaml (HGRN1)
@@ -198,7 +199,7 @@ spec_args() {  # SPEC: the fairseq-train arguments it adds (--seed N, --unmasked
                 echo "--encoder-embed-dim 128 --glu-multiple 2 --norm layer --lr 0.001 --weight-decay 0.01" \
                      "--warmup-updates 1000 --batch-size 50 --batch-size-valid 50 --max-update 50000" ;;
             fixed[1-9][0-9]|fixed[1-9][0-9][0-9]|fixed[1-9][0-9][0-9][0-9]) echo "--pad-to-length ${flag#fixed}" ;;
-            *) echo "gpu_lra.sh: '$1' in LRA_MODELS: the third field can only be 'unmasked', 'eos', 'noeos', 'scratchK' (K 1-99), 'fixedN' (N 10-9999), 'scanpads', 'layernorm', 'scan1d', 'nolb', 'layersN' (N 1-9), 'lrXe-Y' (e.g. lr2e-4) or 'repocfg' (several joined by '+')" >&2; return 1 ;;
+            *) echo "gpu_lra.sh: '$1' in LRA_MODELS: the third field can only be 'unmasked', 'eos', 'noeos', 'scratchK' (K 1-99), 'fixedN' (N 10-9999), 'scanpads', 'layernorm', 'scan1d', 'nolb', 'maxpool', 'layersN' (N 1-9), 'lrXe-Y' (e.g. lr2e-4) or 'repocfg' (several joined by '+')" >&2; return 1 ;;
         esac
     done
     [ -n "$seed" ] && echo "--seed $seed"

@@ -31,6 +31,7 @@ from ..kernels import BACKENDS
 from ..modules.cuda_graph import GraphedCallCache
 from ..modules.lra_encoder import (
     LRA_MIXERS,
+    POOLS,
     POSITIONS,
     SCAN_2D,
     LraClassifier,
@@ -66,6 +67,9 @@ class HgrnLraConfig(FairseqDataclass):
                   "mixer along the rows, then one down the columns (HGRN2 Path-X)"},
     )
     no_lower_bound: bool = field(default=False, metadata={"help": "no layer-wise lower bounds (ablation)"})
+    pool: ChoiceEnum(list(POOLS)) = field(
+        default="mean", metadata={"help": "pooling over the valid positions: mean (the papers') or max (an ablation)"}
+    )
     unmasked_padding: bool = field(
         default=False,
         metadata={"help": "ablation, the official LRA code's handling of padding: a learned pad embedding, the "
@@ -188,6 +192,7 @@ class HgrnLraModel(TransientAttrs, BaseFairseqModel):
             compile="train" if cfg.compile_blocks else "none",
             unmasked_padding=bool(safe_getattr(cfg, "unmasked_padding", False)),
             scan_padding=bool(safe_getattr(cfg, "scan_padding", False)),
+            pool=str(safe_getattr(cfg, "pool", "mean")),
         )
         head = LraPairClassifier if info["pair"] else LraClassifier
         grid = tuple(info["grid"]) if cfg.scan_2d != "none" else None

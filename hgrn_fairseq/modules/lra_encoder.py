@@ -52,6 +52,7 @@ LRA_MIXERS = ("hgru", "hgru2", "attention")
 INPUT_KINDS = ("tokens", "pixels")
 POSITIONS = ("sin", "none")
 SCAN_2D = ("none", "parallel", "series")
+POOLS = ("mean", "max")
 
 
 def sinusoidal_positions(length: int, dim: int, device=None, dtype=torch.float32) -> Tensor:
@@ -76,6 +77,15 @@ def masked_mean(x: Tensor, padding_mask: Optional[Tensor]) -> Tensor:
         return x.mean(dim=1)
     valid = (~padding_mask).unsqueeze(-1).to(x.dtype)
     return (x * valid).sum(dim=1) / valid.sum(dim=1).clamp_min(1.0)
+
+
+def masked_max(x: Tensor, padding_mask: Optional[Tensor]) -> Tensor:
+    """Channel-wise maximum of ``x`` ``[B, T, D]`` over the positions where ``padding_mask`` is False (all
+    when None), float32 at least. (A row with no valid position gives -inf; the collaters refuse those.)"""
+    x = x.to(torch.promote_types(x.dtype, torch.float32))
+    if padding_mask is not None:
+        x = x.masked_fill(padding_mask.unsqueeze(-1), float("-inf"))
+    return x.amax(dim=1)
 
 
 def square_grid(T: int) -> Tuple[int, int]:
@@ -147,8 +157,11 @@ class LraEncoder(nn.Module):
         compile: str = "none",
         unmasked_padding: bool = False,
         scan_padding: bool = False,
+        pool: str = "mean",
     ):
         super().__init__()
+        if pool not in POOLS:
+            raise ValueError(f"pool={pool!r} is not one of {POOLS}")
         if unmasked_padding and scan_padding:
             raise ValueError("unmasked_padding and scan_padding are two settings of the padding: give one")
         if mixer not in LRA_MIXERS:
@@ -172,6 +185,7 @@ class LraEncoder(nn.Module):
         self.mixer_kind, self.dim, self.input_kind = mixer, dim, input
         self.positions, self.scan_2d, self.max_len = positions, scan_2d, max_len
         self.unmasked_padding, self.scan_padding = bool(unmasked_padding), bool(scan_padding)
+        self.pool = pool
         if input == "tokens":
             if not vocab_size or vocab_size < 1:
                 raise ValueError(f"input='tokens' needs vocab_size >= 1, got {vocab_size}")
@@ -258,12 +272,13 @@ class LraEncoder(nn.Module):
 
     def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None,
                 grid: Optional[Sequence[int]] = None, pool_exclude: Optional[Tensor] = None) -> Tensor:
-        """Mean of the features over the valid positions; ``pool_exclude`` ``[B, T]`` (True: left out of the
-        mean only) marks positions the layers see but the pooling skips (the task's scratch positions)."""
+        """Mean (``pool="max"``: channel-wise maximum) of the features over the valid positions;
+        ``pool_exclude`` ``[B, T]`` (True: left out of the pooling only) marks positions the layers see but the
+        pooling skips (the task's scratch positions)."""
         h = self.features(x, padding_mask, grid)
         if pool_exclude is not None:
             padding_mask = pool_exclude if padding_mask is None else padding_mask | pool_exclude
-        return masked_mean(h, padding_mask)
+        return (masked_max if self.pool == "max" else masked_mean)(h, padding_mask)
 
 
 class LraClassifier(nn.Module):

@@ -53,7 +53,7 @@ def test_archs_set_the_papers_settings(task):
     assert (a.token_mixer, a.encoder_layers, a.encoder_embed_dim, a.norm, a.dropout, a.glu_multiple, a.positions) == \
         ("hgru", L, d, norm, drop, mult, pos)
     assert a.scan_2d == ("parallel" if task in ("image", "pathfinder", "pathx") else "none")
-    assert a.no_lower_bound is False and a.position_dropout == 0.1
+    assert a.no_lower_bound is False and a.position_dropout == 0.1 and a.pool == "mean"
     b = arch_args(f"hgrn2_lra_{task}")
     L, d, norm, drop, mult, pos, e = SPEC_HGRN2[task]
     assert (b.token_mixer, b.encoder_layers, b.encoder_embed_dim, b.norm, b.dropout, b.glu_multiple, b.positions,
@@ -229,3 +229,17 @@ def test_scratch_positions_are_seen_by_the_layers_but_left_out_of_the_pooling(ar
                 alone = m(src_tokens=r[None], padded=False)
                 assert torch.allclose(alone, got[i : i + 1], atol=1e-10, rtol=0)
     assert torch.allclose(got, want, atol=1e-10, rtol=0)
+
+
+def test_max_pooling_is_an_option_the_results_record():
+    """--pool max reaches the encoder and is recorded as a change from the arch (the papers' mean)."""
+    from hgrn_fairseq.models.hgrn_lra import arch_overrides
+
+    a = arch_args("hgrn2_lra_pathfinder", pool="max")
+    assert arch_overrides(a, "hgrn2_lra_pathfinder") == {"pool": "max"}
+    assert arch_overrides(arch_args("hgrn2_lra_pathfinder"), "hgrn2_lra_pathfinder") == {}
+    m = build("hgrn2_lra_pathfinder", FakeTask("pixels", 1, 2, grid=(4, 4)), encoder_embed_dim=8, encoder_layers=1,
+              kernel_backend="reference", pool="max")
+    assert m.classifier.encoder.pool == "max" and m(pixels=torch.randn(2, 16, 1)).shape == (2, 2)
+    assert build("hgrn2_lra_pathfinder", FakeTask("pixels", 1, 2, grid=(4, 4)), encoder_embed_dim=8,
+                 encoder_layers=1, kernel_backend="reference").classifier.encoder.pool == "mean"

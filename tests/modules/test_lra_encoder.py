@@ -11,6 +11,7 @@ from hgrn_fairseq.modules.lra_encoder import (
     LraClassifier,
     LraEncoder,
     LraPairClassifier,
+    masked_max,
     masked_mean,
     sinusoidal_positions,
 )
@@ -435,3 +436,31 @@ def test_padding_invariance_with_triton_kernels(mixer):
     # tests allow 5e-3 on the GPU. Padding leaking in would differ at order 1 (garbage of value 7).
     rtol, atol = (5e-3, 1e-4) if mixer == "hgru2" else (1e-4, 1e-5)
     torch.testing.assert_close(model(wide, wide_mask), out, rtol=rtol, atol=atol)
+
+
+def test_max_pooling_takes_each_channels_largest_valid_value():
+    """``pool="max"`` (an ablation beside the papers' mean): per channel, the largest value over the valid
+    positions, by a loop here; padding added to the batch (training-mode batch norms) changes nothing."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 5, 3, dtype=torch.float64, generator=g)
+    x[0, 3] = 50.0  # a padded position with the largest values must not win
+    mask = torch.tensor([[False, False, True, True, True], [False, False, False, False, True]])
+    for b, n in enumerate((2, 4)):
+        for c in range(3):
+            want = max(x[b, t, c].item() for t in range(n))
+            assert masked_max(x, mask)[b, c].item() == want
+    torch.testing.assert_close(masked_max(x, None), x.max(dim=1).values)
+    torch.manual_seed(2)
+    enc = LraEncoder(mixer="hgru2", dim=8, num_layers=2, norm="batch", input="tokens", vocab_size=11, padding_idx=1,
+                     position_dropout=0.0, expand_ratio=4, backend="reference", max_len=64, pool="max")
+    enc = randomise(enc.double(), 2).train()
+    tokens = torch.randint(4, 11, (3, 6), generator=torch.Generator().manual_seed(6))
+    pad = torch.arange(6)[None, :] >= torch.tensor([6, 3, 5])[:, None]
+    tokens[pad] = 1
+    out = enc(tokens, pad)
+    torch.testing.assert_close(out, torch.stack([enc.features(tokens, pad)[i, :n].max(0).values
+                                                 for i, n in enumerate((6, 3, 5))]), rtol=1e-12, atol=1e-12)
+    wide, wide_pad = F.pad(tokens, (0, 5), value=1), F.pad(pad, (0, 5), value=True)
+    torch.testing.assert_close(enc(wide, wide_pad), out, rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match=r"pool='last' is not one of \('mean', 'max'\)"):
+        LraEncoder(mixer="hgru", dim=4, num_layers=1, vocab_size=9, padding_idx=1, pool="last")

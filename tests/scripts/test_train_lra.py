@@ -243,7 +243,7 @@ def test_gpu_lra_model_specs_name_their_runs_and_flags():
         0, "listops_hgrn1_s2222_unmasked_eos", "--unmasked-padding --append-eos --max-positions 2048 --seed 2222", "")
     assert gpu_lra_spec("hgrn1:2222:unmasked+noeos") == (0, "listops_hgrn1_s2222_unmasked_noeos", "--unmasked-padding --seed 2222", "")
     rc, _, _, err = gpu_lra_spec("hgrn1:2:pads")
-    assert rc == 1 and "'hgrn1:2:pads' in LRA_MODELS: the third field can only be 'unmasked', 'eos', 'noeos', 'scratchK' (K 1-99), 'fixedN' (N 10-9999), 'scanpads', 'layernorm', 'scan1d', 'nolb', 'layersN' (N 1-9), 'lrXe-Y' (e.g. lr2e-4) or 'repocfg'" in err
+    assert rc == 1 and "'hgrn1:2:pads' in LRA_MODELS: the third field can only be 'unmasked', 'eos', 'noeos', 'scratchK' (K 1-99), 'fixedN' (N 10-9999), 'scanpads', 'layernorm', 'scan1d', 'nolb', 'maxpool', 'layersN' (N 1-9), 'lrXe-Y' (e.g. lr2e-4) or 'repocfg'" in err
     # a 2-D task's raster as one 1-D sequence (the run id keeps the task, pathfinder6 among them)
     assert gpu_lra_spec("hgrn2:2222:scan1d", task="pathfinder6") == (
         0, "pathfinder6_hgrn2_s2222_scan1d", "--scan-2d none --seed 2222", "")
@@ -251,6 +251,7 @@ def test_gpu_lra_model_specs_name_their_runs_and_flags():
     assert gpu_lra_spec("hgrn2:2222:nolb+layers2+lr2e-4", task="pathfinder6") == (
         0, "pathfinder6_hgrn2_s2222_nolb_layers2_lr2e-4", "--no-lower-bound --encoder-layers 2 --lr 2e-4 --seed 2222", "")
     assert gpu_lra_spec("hgrn1:2:lr1.5e-3")[2] == "--lr 1.5e-3 --seed 2"
+    assert gpu_lra_spec("hgrn2:2:maxpool", task="pathfinder6")[1:3] == ("pathfinder6_hgrn2_s2_maxpool", "--pool max --seed 2")
     for bad in ("layers12", "lr0.001", "lr2e4"):
         assert gpu_lra_spec(f"hgrn2:2:{bad}")[0] == 1, bad
     # scratch positions after the token (masked padding): scratchK, K 1-99
