@@ -301,10 +301,12 @@ train_both() {  # TASK: the models of LRA_MODELS on TASK
 
 # LRA_JOBS="listops/hgrn2:2222:eos pathfinder/hgrn2 ...": runs of several tasks in one go (at once with
 # LRA_CONCURRENT=1) instead of the listops / pathfinder parts' LRA_MODELS; their data are prepared first.
+PF_TASKS="pathfinder pathfinder6 pathfinder9"  # LRA's Pathfinder, then the release's easier difficulties
 for job in ${LRA_JOBS:-}; do
-    case ${job%%/*} in
-        listops|pathfinder|pathfinder6|pathfinder9) [[ $job == */* ]] && PARTS="$PARTS,${job%%/*}_data" && continue ;;
-    esac
+    if [[ $job == */* && " listops $PF_TASKS " == *" ${job%%/*} "* ]]; then
+        PARTS="$PARTS,${job%%/*}_data"
+        continue
+    fi
     echo "gpu_lra.sh: LRA_JOBS entry '$job' is not TASK/SPEC with TASK listops, pathfinder, pathfinder6 or pathfinder9 (e.g. pathfinder/hgrn2)" >&2
     exit 2
 done
@@ -349,7 +351,7 @@ contour_of() {  # pathfinder -> 14 (LRA's), pathfinderN -> N
     local c=${1#pathfinder}
     echo "${c:-14}"
 }
-for pf in pathfinder pathfinder6 pathfinder9; do
+for pf in $PF_TASKS; do
     if [[ ",$PARTS," == *",$pf,"* || ",$PARTS," == *",${pf}_data,"* ]] && ! data_ready $pf; then
         contour=$(contour_of $pf)
         echo "== $pf data (generator, ${LRA_PF_NUM:-40000} images of 32x32, contour length $contour, $NPROC_CPU workers) at $(el)s"
@@ -365,7 +367,7 @@ done
 PF_CNN=
 if [[ ",$PARTS," == *",pf_cnn,"* ]]; then
     dirs=()
-    for pf in pathfinder pathfinder6 pathfinder9; do
+    for pf in $PF_TASKS; do
         [ -f "$WORK/data-bin/$pf/meta.json" ] && dirs+=("$WORK/data-bin/$pf")
     done
     if [ ${#dirs[@]} = 0 ]; then

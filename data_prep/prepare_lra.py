@@ -49,10 +49,12 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+for _path in (REPO, os.path.join(REPO, "data_prep")):  # the package, and lra_pathfinder.py beside this file
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 from hgrn_fairseq.tasks import lra_format as fmt  # noqa: E402
+from lra_pathfinder import DIFFICULTY_FOLDER  # noqa: E402  (the generator's names of the release's folders)
 
 LRA_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"
 IMDB_URL = "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz"
@@ -66,9 +68,7 @@ DEFAULT_MAX_LEN = {"listops": 2000, "text": 4095, "retrieval": 3999}
 PIXEL_SHAPE = {"image": (32, 32, 3), "pathfinder": (32, 32, 1), "pathx": (128, 128, 1)}
 PATHFINDER_DIR = {"pathfinder": "pathfinder32/curv_contour_length_14",
                   "pathx": "pathfinder128/curv_contour_length_14"}
-# The release's three Pathfinder difficulties (contour length -> folder); LRA's task is the hardest, 14.
-DIFFICULTY_FOLDER = {6: "curv_baseline", 9: "curv_contour_length_9", 14: "curv_contour_length_14"}
-DEFAULT_CONTOUR = 14
+DEFAULT_CONTOUR = 14  # LRA's Pathfinder; DIFFICULTY_FOLDER (the generator's): the release's three folders
 
 
 def pathfinder_dir(task: str, contour_length: int = DEFAULT_CONTOUR) -> str:

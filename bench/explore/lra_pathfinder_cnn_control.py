@@ -39,7 +39,6 @@ import datetime
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 
@@ -48,49 +47,32 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-SPLITS = ("train", "valid", "test")
-PREPARE_FIX = "data_prep/prepare_lra.py pathfinder --source ... --dest ..."
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [REPO, os.path.join(REPO, "bench")]
+import provenance  # noqa: E402  (bench/provenance.py)
+from hgrn_fairseq.tasks import lra_format as fmt  # noqa: E402
+
+SPLITS = fmt.SPLITS
 EXTRA_BLOCKS = 4  # 3x3 blocks at 8x8 after the last pool; see receptive_field()
-
-
-class DataError(Exception):
-    """A problem with a data directory; the message is one line."""
 
 
 # --------------------------------------------------------------------------------------------
 # data
 
 def check_dir(d: str) -> dict:
-    """Every file the run needs is there and meta.json says pixels; returns meta.json."""
-    meta_file = os.path.join(d, "meta.json")
-    needed = [meta_file] + [os.path.join(d, f"{s}.{k}.npy") for s in SPLITS for k in ("pixels", "label")]
-    for path in needed:
-        if not os.path.isfile(path):
-            raise DataError(f"{path}: missing; prepare the data with {PREPARE_FIX}")
-    try:
-        with open(meta_file) as f:
-            meta = json.load(f)
-    except (OSError, ValueError) as e:
-        raise DataError(f"{meta_file}: unreadable ({e}); rerun {PREPARE_FIX}")
-    if meta.get("input") != "pixels":
-        raise DataError(f"{meta_file}: input is {meta.get('input')!r}, not 'pixels'; this control needs an "
-                        f"image task such as pathfinder ({PREPARE_FIX})")
+    """The task's own check (``lra_format.validate``: every file, shapes, labels) and an image task;
+    returns meta.json. Raises ``LraDataError`` (one line: the file and the fix)."""
+    meta = fmt.validate(d)
+    if meta["input"] != "pixels":
+        raise fmt.LraDataError(f"{fmt.meta_path(d)}: input is {meta['input']!r}, not 'pixels'; this control needs "
+                               f"an image task such as pathfinder (data_prep/prepare_lra.py pathfinder ...)")
     return meta
 
 
-def load_split(d: str, split: str, num_classes: int):
-    """uint8 [N, C, H, W] and int64 [N] as numpy arrays, checked."""
-    px_path, lb_path = os.path.join(d, f"{split}.pixels.npy"), os.path.join(d, f"{split}.label.npy")
-    x, y = np.load(px_path), np.load(lb_path)
-    if x.dtype != np.uint8 or x.ndim != 4:
-        raise DataError(f"{px_path}: {x.dtype} {x.shape}, expected uint8 [N, H, W, C]; rerun {PREPARE_FIX}")
-    if y.ndim != 1 or len(y) != len(x):
-        raise DataError(f"{lb_path}: shape {y.shape} does not match {len(x)} images in {px_path}; rerun {PREPARE_FIX}")
-    if len(x) == 0:
-        raise DataError(f"{px_path}: no images; rerun {PREPARE_FIX}")
-    if y.min() < 0 or y.max() >= num_classes:
-        raise DataError(f"{lb_path}: labels outside 0..{num_classes - 1}; rerun {PREPARE_FIX}")
-    return np.ascontiguousarray(x.transpose(0, 3, 1, 2)), y.astype(np.int64)
+def load_split(d: str, split: str, meta: dict):
+    """uint8 [N, C, H, W] and int64 [N] as numpy arrays (``lra_format.load_split``, channels first)."""
+    data = fmt.load_split(d, split, meta)
+    return np.ascontiguousarray(np.asarray(data.pixels).transpose(0, 3, 1, 2)), data.labels
 
 
 def normalise(x_u8: torch.Tensor) -> torch.Tensor:
@@ -172,19 +154,6 @@ def lr_factor(step: int, warmup: int, total: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / (total - warmup))))
 
 
-def git_commit():
-    c = os.environ.get("HGRN_GIT_COMMIT")
-    if c:
-        return c
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
-                             timeout=10)
-        return (out.stdout.strip() or None) if out.returncode == 0 else None
-    except Exception:
-        return None
-
-
 def write_json(path: str, obj) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
@@ -195,7 +164,7 @@ def write_json(path: str, obj) -> None:
 def train_dir(d: str, meta: dict, args, device: torch.device, entry: dict, save) -> None:
     tag = os.path.basename(os.path.normpath(d)) or d
     num_classes = int(meta.get("num_classes", 2))
-    arrays = {s: load_split(d, s, num_classes) for s in SPLITS}
+    arrays = {s: load_split(d, s, meta) for s in SPLITS}
     X = {s: torch.from_numpy(arrays[s][0]).to(device) for s in SPLITS}
     Y = {s: torch.from_numpy(arrays[s][1]).to(device) for s in SPLITS}
     n_train = len(X["train"])
@@ -301,7 +270,7 @@ def main(argv=None) -> int:
 
     try:  # check every directory before training any
         metas = [check_dir(d) for d in args.data_dirs]
-    except DataError as e:
+    except fmt.LraDataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
@@ -316,7 +285,7 @@ def main(argv=None) -> int:
                 "schedule": "linear warm-up 1 epoch, cosine to 0"}
     common = {"settings": settings, "device": device_name, "torch": torch.__version__,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "git_commit": git_commit()}
+              "git_commit": provenance.git_version()}
     out_dir = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(out_dir, exist_ok=True)
     print(f"device {device_name}, torch {torch.__version__}, {len(args.data_dirs)} data dir(s)", flush=True)
@@ -327,7 +296,7 @@ def main(argv=None) -> int:
         results.append(entry)
         try:
             train_dir(d, meta, args, device, entry, lambda: write_json(args.out, results))
-        except DataError as e:
+        except fmt.LraDataError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
     write_json(args.out, results)
