@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# One GPU call: generated Pathfinder data of one difficulty, then lra_pathfinder_ablate.py variants, all
+# at once on the GPU (one process each, under CUDA MPS where it starts), each capped in time; everything
+# they write is packed into $OUT/pf_ablate.tar.gz (one file to bring back).
+#
+#   PF_CONTOUR=6 PF_NUM=40000 PF_STEPS=1500 PF_MINUTES=6.5 OUT=... \
+#       bash bench/explore/gpu_pf_ablate.sh "base" "model=cnn" "pool=last" ...
+#
+# PF_STATE_DIR (relative to the root, e.g. checkpoints/pf_ablate, carried): variant i resumes from / writes
+# PF_STATE_DIR/v<i>.pt (lra_pathfinder_ablate.py --state), copied back as $OUT/state_v<i>.pt.
+# Run from the repository root with .whl/ carried (fairseq is installed for the data scripts' imports).
+set -uo pipefail
+R=$PWD
+START=$(date +%s)
+el() { echo $(( $(date +%s) - START )); }
+: "${OUT:?set OUT}"
+W=/tmp/pf_ablate
+mkdir -p "$W" "$OUT"
+. bench/gpu_fairseq.sh
+gpu_env > /dev/null
+[ -d /tmp/site2/fairseq ] || install_fairseq > "$W/fairseq_install.log" 2>&1
+export PYTHONPATH=$R:/tmp/site:/tmp/site2
+NPROC=$(nproc)
+C=${PF_CONTOUR:-6}
+DATA=$W/data-bin/pathfinder$C
+if [ ! -f "$DATA/meta.json" ]; then
+    python3 data_prep/lra_pathfinder.py --dest "$W/generated" --num "${PF_NUM:-40000}" --size 32 \
+        --contour-length "$C" --workers "$NPROC" --no-progress > "$W/generate.log" 2>&1
+    python3 data_prep/prepare_lra.py pathfinder --source "$W/generated" --dest "$DATA" --contour-length "$C" \
+        --workers "$NPROC" > "$W/prepare.log" 2>&1
+    echo "data rc=$? at $(el)s"; tail -2 "$W/prepare.log"
+fi
+. bench/gpu_mps.sh
+start_mps
+echo "$MPS_MODE" | tee "$W/mps.txt"
+CAP=$(python3 -c "print(int(float('${PF_MINUTES:-6.5}') * 60 + 75))")  # a hung variant cannot hold the call
+i=0
+for v in "$@"; do
+    i=$((i + 1))
+    st=()
+    [ -n "${PF_STATE_DIR:-}" ] && mkdir -p "$PF_STATE_DIR" && st=(--state "$PF_STATE_DIR/v$i.pt")
+    timeout -s INT "$CAP" python3 bench/explore/lra_pathfinder_ablate.py "$DATA" --out "$W/v$i.json" --variant "$v" "${st[@]}" \
+        --steps "${PF_STEPS:-1500}" --minutes "${PF_MINUTES:-6.5}" --eval-every "${PF_EVAL:-500}" \
+        > "$W/v$i.log" 2>&1 &
+done
+wait
+stop_mps
+echo "variants done at $(el)s"
+if [ -n "${PF_STATE_DIR:-}" ]; then
+    for f in "$PF_STATE_DIR"/v*.pt; do [ -f "$f" ] && cp "$f" "$OUT/state_${f##*/}"; done
+fi
+for f in "$W"/v*.log; do echo "== $f"; grep -E "valid|stopped|Error|error" "$f" | tail -4; done
+python3 - "$W" <<'EOF' > "$W/summary.txt"
+import glob, json, sys
+for f in sorted(glob.glob(f"{sys.argv[1]}/v*.json"), key=lambda s: int(s.rsplit("v", 1)[1][:-5])):
+    for e in json.load(open(f)):
+        last = e["log"][-1] if e["log"] else {}
+        ev = e["evals"][-1] if e["evals"] else {}
+        print(f"{e['spec']:45s} steps {last.get('step')} loss {last.get('loss_bits')} bits train "
+              f"{last.get('train_acc')} valid {ev.get('valid_acc')} (class-1 share {ev.get('pred1_share')}) "
+              f"{last.get('seconds')} s")
+EOF
+cat "$W/summary.txt"
+tar -czf "$OUT/pf_ablate.tar.gz" -C "$W" --exclude generated --exclude data-bin .
+echo "packed at $(el)s"
