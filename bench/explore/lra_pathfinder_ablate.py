@@ -19,7 +19,8 @@ schedule compressed to ``--steps``); ``base`` is the defaults. Keys:
     pool mean|max|last|center    lb 1|0 (lower bounds)   scan parallel|series|none   lr 2e-3   wd 0
     warmup 0.1 (fraction of the steps)   batch 128   subset 0 (train on the first N images: a
     memorisation test)   augment 0|1 (the CNN control's flips / transposes)   model hgrn|cnn
-    precision bf16|fp32 (autocast)
+    precision bf16|fp32 (autocast)   stem none|conv|embed (the input side: ``conv`` puts a 3x3 conv of 32
+    channels + BN + ReLU in front of the encoder's Linear; ``embed`` reads the 256 grey levels as tokens)
 
 ``--state FILE`` (one variant): a checkpoint written at every evaluation and when ``--minutes`` stops the
 variant; rerunning the same command resumes from it (a run longer than one GPU call).
@@ -54,8 +55,10 @@ from hgrn_fairseq.modules.lra_encoder import LraEncoder  # noqa: E402
 
 DEFAULTS = dict(model="hgrn", mixer="hgru2", dim=128, layers=6, expand=2, norm="batch", pos="none", pool="mean",
                 lb=1, scan="parallel", lr=2e-3, wd=0.0, warmup=0.1, batch=128, subset=0, augment=0,
-                precision="bf16")
+                precision="bf16", stem="none")
+STEMS = ("none", "conv", "embed")
 POOLS = ("mean", "max", "last", "center")
+STEM_CHANNELS = 32
 
 
 def parse_variant(spec: str) -> dict:
@@ -70,6 +73,8 @@ def parse_variant(spec: str) -> dict:
         if k not in DEFAULTS:
             raise SystemExit(f"variant {spec!r}: unknown key {k!r} (keys: {', '.join(DEFAULTS)})")
         cfg[k] = type(DEFAULTS[k])(float(v)) if isinstance(DEFAULTS[k], (int, float)) else v
+    if cfg["stem"] not in STEMS:
+        raise SystemExit(f"variant {spec!r}: stem {cfg['stem']!r} is not one of {STEMS}")
     if cfg["pool"] not in POOLS:
         raise SystemExit(f"variant {spec!r}: pool {cfg['pool']!r} is not one of {POOLS}")
     return cfg
@@ -80,16 +85,28 @@ class Classifier(nn.Module):
 
     def __init__(self, cfg: dict, channels: int, num_classes: int, side: int):
         super().__init__()
-        self.pool, self.side = cfg["pool"], side
+        self.pool, self.side, self.stem_kind = cfg["pool"], side, cfg["stem"]
+        self.stem = None
+        if cfg["stem"] == "conv":  # local context (a paddle's orientation) before the scans: 3x3 conv, BN, ReLU
+            self.stem = nn.Sequential(nn.Conv2d(channels, STEM_CHANNELS, 3, padding=1, bias=False),
+                                      nn.BatchNorm2d(STEM_CHANNELS), nn.ReLU())
+            channels = STEM_CHANNELS
+        tokens = cfg["stem"] == "embed"  # the 256 grey levels as tokens (LRA's original input), not a Linear
         self.encoder = LraEncoder(
-            mixer=cfg["mixer"], dim=cfg["dim"], num_layers=cfg["layers"], norm=cfg["norm"], input="pixels",
-            in_channels=channels, positions=cfg["pos"], position_dropout=0.0, scan_2d=cfg["scan"],
+            mixer=cfg["mixer"], dim=cfg["dim"], num_layers=cfg["layers"], norm=cfg["norm"],
+            input="tokens" if tokens else "pixels", vocab_size=256 if tokens else None,
+            in_channels=None if tokens else channels, positions=cfg["pos"], position_dropout=0.0, scan_2d=cfg["scan"],
             expand_ratio=cfg["expand"], lower_bound=bool(cfg["lb"]), num_heads=4, max_len=side * side,
             pool="max" if cfg["pool"] == "max" else "mean")
         self.head = nn.Linear(cfg["dim"], num_classes)
 
     def forward(self, x):  # x: [B, C, H, W] normalised
-        seq = x.flatten(2).transpose(1, 2)  # raster order, [B, H*W, C]
+        if self.stem is not None:
+            x = self.stem(x)
+        if self.stem_kind == "embed":  # back to the uint8 levels (normalise is (x / 255 - 0.5) / 0.5)
+            seq = ((x[:, 0].float() * 0.5 + 0.5) * 255).round().clamp(0, 255).long().flatten(1)
+        else:
+            seq = x.flatten(2).transpose(1, 2)  # raster order, [B, H*W, C]
         if self.pool in ("mean", "max"):
             pooled = self.encoder(seq)
         else:

@@ -61,3 +61,15 @@ def test_stopped_run_resumes_to_the_same_losses(tmp_path):
     with pytest.raises(SystemExit, match="holds 'dim=4,layers=1,expand=1,batch=4'"):
         ablate.main([data, "--steps", "5", "--device", "cpu", "--variant", "dim=4,layers=2,expand=1,batch=4",
                      "--out", str(tmp_path / "c.json"), "--state", state])
+
+
+def test_embed_stem_reads_the_grey_levels_and_conv_stem_runs():
+    torch.manual_seed(0)
+    u8 = torch.randint(0, 256, (2, 1, 4, 4), dtype=torch.uint8)
+    emb = ablate.Classifier(ablate.parse_variant("dim=4,layers=1,expand=1,norm=layer,stem=embed"), 1, 2, 4).eval()
+    tokens = u8.long().flatten(1)  # every one of the 16 levels, by hand
+    torch.testing.assert_close(emb(ablate.normalise(u8)), emb.head(emb.encoder(tokens)))
+    conv = ablate.Classifier(ablate.parse_variant("dim=4,layers=1,expand=1,norm=layer,stem=conv"), 1, 2, 4).eval()
+    assert conv.encoder.embed.in_features == ablate.STEM_CHANNELS and conv(ablate.normalise(u8)).shape == (2, 2)
+    with pytest.raises(SystemExit, match="stem 'resnet' is not one of"):
+        ablate.parse_variant("stem=resnet")
