@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""CPU probe: does the LRA 2-D encoder learn connectivity at all, and at which step of difficulty does it stop?
+
+Why: on generated Pathfinder our HGRN encoders stay at chance for 10,000 updates while a small CNN learns
+the same images (docs/lra.md, "Ablations (session 41)"). This probe trains the package's ``LraEncoder``
+(PyTorch reference path, CPU) on small synthetic grids whose difficulty is a knob, so the question "can it
+trace a path at all?" is answered without a GPU:
+
+* ``rowcol``: two dots on an empty S x S grid; label 1 when they share a row or a column (one hop of the
+  row / column scans, no drawing).
+* ``path``: a path of straight legs (``--turns`` turns) from the first dot; label 1 when the two dots are
+  connected (4-connectivity of the drawn pixels, checked by flood fill, not assumed from the construction).
+  Positives draw one path of turns + 1 legs from dot A and put dot B at its end; negatives draw two paths of
+  ``turns`` legs, one from each dot (about as much ink). Each example is drawn again until the flood fill
+  agrees with the class wanted, so the classes are balanced (half and half in expectation). ``--diagonal``:
+  every leg at 45 degrees, connectivity then 8-neighbour (pixels touching at a corner join). ``--dash K`` leaves every K-th pixel of a leg
+  blank (Pathfinder's paths are dashed: paddles with gaps), the dots are always drawn.
+
+Pixels: background -1, path 0, dots 1 (Pathfinder's markers are brighter than its paddles). Each step
+draws a fresh batch (no fixed training set: no memorising). Validation: 1,000 fixed examples, scored three
+ways: with the batch norms in training mode (batch statistics), in eval mode (running statistics), and in eval
+mode after re-estimating the running statistics with the final weights (30 batches, a cumulative average) --
+the last two differ when the running statistics lag the weights.
+
+    python bench/explore/lra_grid_toy_probe.py --task path --turns 3 --steps 300 --out probe.json
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [REPO, os.path.join(REPO, "bench")]
+import provenance  # noqa: E402  (bench/provenance.py)
+from hgrn_fairseq.modules.lra_encoder import LraClassifier, LraEncoder  # noqa: E402
+from hgrn_fairseq.modules.norms import MaskedBatchNorm  # noqa: E402
+
+BACKGROUND, INK, DOT = -1.0, 0.0, 1.0
+MAX_TRIES = 1000
+
+
+NEIGHBOURS4 = ((1, 0), (-1, 0), (0, 1), (0, -1))
+NEIGHBOURS8 = NEIGHBOURS4 + ((1, 1), (1, -1), (-1, 1), (-1, -1))
+
+
+def connected(img: np.ndarray, a, b, neighbours=NEIGHBOURS4) -> bool:
+    """Whether pixels a and b (both drawn) are joined by drawn pixels (a flood fill; 4-connectivity unless
+    ``neighbours`` says otherwise)."""
+    S = img.shape[0]
+    seen = np.zeros_like(img, dtype=bool)
+    stack = [tuple(a)]
+    seen[a] = True
+    while stack:
+        r, c = stack.pop()
+        if (r, c) == tuple(b):
+            return True
+        for rr, cc in ((r + dr, c + dc) for dr, dc in neighbours):
+            if 0 <= rr < S and 0 <= cc < S and not seen[rr, cc] and img[rr, cc] > BACKGROUND:
+                seen[rr, cc] = True
+                stack.append((rr, cc))
+    return False
+
+
+def draw_path(img, r, c, legs, rng, dash, diagonal=False):
+    """``legs`` straight legs from (r, c), alternating direction (``diagonal``: every leg at 45 degrees, a
+    staircase of pixels that touch at their corners); returns the end point."""
+    horizontal = rng.random() < 0.5
+    for _ in range(legs):
+        S = img.shape[0]
+        if diagonal:
+            dr, dc = (1 if rng.random() < 0.5 else -1), (1 if rng.random() < 0.5 else -1)
+            n = int(rng.integers(1, S))
+            cells = [(r, c)]
+            while len(cells) <= n and 0 <= r + dr < S and 0 <= c + dc < S:
+                r, c = r + dr, c + dc
+                cells.append((r, c))
+        elif horizontal:
+            c2 = int(rng.integers(0, S))
+            cells = [(r, k) for k in range(min(c, c2), max(c, c2) + 1)]
+            c = c2
+        else:
+            r2 = int(rng.integers(0, S))
+            cells = [(k, c) for k in range(min(r, r2), max(r, r2) + 1)]
+            r = r2
+        for i, (rr, cc) in enumerate(cells):
+            if not dash or (i + 1) % dash:
+                img[rr, cc] = max(img[rr, cc], INK)
+        horizontal = not horizontal
+    return r, c
+
+
+def sample(task: str, S: int, turns: int, dash: int, rng, diagonal: bool = False):
+    img = np.full((S, S), BACKGROUND, np.float32)
+    if task == "rowcol":
+        a = tuple(int(v) for v in rng.integers(0, S, 2))
+        b = a
+        while b == a:
+            if rng.random() < 0.5:  # a positive: move b onto a's row or column
+                b = (a[0], int(rng.integers(0, S))) if rng.random() < 0.5 else (int(rng.integers(0, S)), a[1])
+            else:
+                b = tuple(int(v) for v in rng.integers(0, S, 2))
+        img[a] = img[b] = DOT
+        return img, int(a[0] == b[0] or a[1] == b[1])
+    want = int(rng.random() < 0.5)
+    for _ in range(MAX_TRIES):  # draw until the flood fill agrees with the class wanted (balanced classes)
+        img = np.full((S, S), BACKGROUND, np.float32)
+        a = tuple(int(v) for v in rng.integers(0, S, 2))
+        if want:
+            b = tuple(draw_path(img, *a, turns + 1, rng, dash, diagonal))
+        else:
+            draw_path(img, *a, max(turns, 1), rng, dash, diagonal)
+            b = tuple(int(v) for v in rng.integers(0, S, 2))
+            draw_path(img, *b, max(turns, 1), rng, dash, diagonal)
+        img[a] = img[b] = DOT
+        if b == a:  # one dot only: draw again
+            continue
+        y = int(connected(img, a, b, NEIGHBOURS8 if diagonal else NEIGHBOURS4))
+        if y == want:
+            return img, y
+    raise RuntimeError(f"no {'connected' if want else 'unconnected'} example in {MAX_TRIES} draws (side {S}, turns "
+                       f"{turns}, dash {dash}): use a larger --side or fewer --turns")
+
+
+def batch(task, n, S, turns, dash, rng, diagonal=False):
+    xs, ys = zip(*(sample(task, S, turns, dash, rng, diagonal) for _ in range(n)))
+    return torch.from_numpy(np.stack(xs)).reshape(n, S * S, 1), torch.tensor(ys)
+
+
+def accuracy(model, x, y) -> float:
+    with torch.no_grad():
+        return (model(x).argmax(1) == y).float().mean().item() * 100
+
+
+def recalibrate(model, task, S, turns, dash, rng, batches=30, size=64, diagonal=False) -> None:
+    """Running statistics of every batch norm re-estimated with the current weights (cumulative average)."""
+    norms = [m for m in model.modules() if isinstance(m, MaskedBatchNorm)]
+    saved = [m.momentum for m in norms]
+    for m in norms:
+        m.running_mean.zero_(), m.running_var.fill_(1.0)
+    model.train()
+    with torch.no_grad():
+        for i in range(batches):
+            for m in norms:
+                m.momentum = 1.0 / (i + 1)
+            model(batch(task, size, S, turns, dash, rng, diagonal)[0])
+    for m, mom in zip(norms, saved):
+        m.momentum = mom
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", choices=("rowcol", "path"), default="path")
+    p.add_argument("--turns", type=int, default=1)
+    p.add_argument("--dash", type=int, default=0, help="leave every K-th pixel of a leg blank (0: solid legs)")
+    p.add_argument("--diagonal", action="store_true", help="legs at 45 degrees (8-connectivity): a staircase that "
+                   "the row and column scans can only follow one step per layer")
+    p.add_argument("--side", type=int, default=16)
+    p.add_argument("--mixer", default="hgru2")
+    p.add_argument("--dim", type=int, default=32)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--expand", type=int, default=2)
+    p.add_argument("--norm", default="batch")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default="")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    S = args.side
+    enc = LraEncoder(mixer=args.mixer, dim=args.dim, num_layers=args.layers, norm=args.norm, input="pixels",
+                     in_channels=1, positions="none", scan_2d="parallel", expand_ratio=args.expand,
+                     backend="reference", max_len=S * S)
+    model = LraClassifier(enc, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    rng = np.random.default_rng(args.seed)
+    xv, yv = batch(args.task, 1000, S, args.turns, args.dash, np.random.default_rng(10_000 + args.seed), args.diagonal)
+    result = {"settings": vars(args), "valid_positive_share": round(yv.float().mean().item(), 3),
+              "git": provenance.git_version(), "date": datetime.date.today().isoformat(), "evals": []}
+    print(f"{args.task} turns {args.turns} dash {args.dash}: valid positives {result['valid_positive_share']:.3f}",
+          flush=True)
+    t0, accs = time.time(), []
+    for step in range(1, args.steps + 1):
+        x, y = batch(args.task, args.batch, S, args.turns, args.dash, rng, args.diagonal)
+        model.train()
+        logits = model(x)
+        loss = F.cross_entropy(logits, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        accs.append((logits.argmax(1) == y).float().mean().item() * 100)
+        if step % args.eval_every == 0 or step == args.steps:
+            model.eval()
+            running = accuracy(model, xv, yv)
+            buffers = {k: v.clone() for k, v in model.state_dict().items() if "running_" in k or "num_batches" in k}
+            model.train()
+            batch_stats = accuracy(model, xv, yv)
+            model.load_state_dict(buffers, strict=False)  # (the validation batch leaves no trace in them)
+            rec = {"step": step, "loss": round(loss.item(), 4), "train_acc": round(float(np.mean(accs[-50:])), 2),
+                   "valid_batch_stats": round(batch_stats, 2), "valid_eval": round(running, 2),
+                   "seconds": round(time.time() - t0, 1)}
+            result["evals"].append(rec)
+            print(rec, flush=True)
+    if args.norm in ("batch", "syncbatch"):
+        recalibrate(model, args.task, S, args.turns, args.dash, np.random.default_rng(20_000 + args.seed),
+                    diagonal=args.diagonal)
+        model.eval()
+        result["valid_eval_recalibrated"] = round(accuracy(model, xv, yv), 2)
+        print(f"eval mode after re-estimating the running statistics: {result['valid_eval_recalibrated']:.2f}",
+              flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

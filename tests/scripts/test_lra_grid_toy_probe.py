@@ -1,0 +1,111 @@
+"""bench/explore/lra_grid_toy_probe.py: the flood fill, the generated labels, and one tiny training run."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tests.script_module import load_script
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+probe = load_script(os.path.join(REPO, "bench", "explore", "lra_grid_toy_probe.py"))
+
+
+def grid(rows):
+    """'#' ink, '.' background (characters to pixels)."""
+    return np.array([[probe.INK if ch == "#" else probe.BACKGROUND for ch in r] for r in rows], np.float32)
+
+
+def components(img):
+    """Connected components of the drawn pixels by repeated min-propagation over the 4 neighbours (independent
+    of the script's flood fill): a label per pixel, -1 on the background."""
+    drawn = img > probe.BACKGROUND
+    lab = np.where(drawn, np.arange(img.size).reshape(img.shape), img.size)
+    while True:
+        p = np.pad(lab, 1, constant_values=img.size)
+        new = np.minimum.reduce([lab, p[:-2, 1:-1], p[2:, 1:-1], p[1:-1, :-2], p[1:-1, 2:]])
+        new = np.where(drawn, new, img.size)
+        if (new == lab).all():
+            return np.where(drawn, lab, -1)
+        lab = new
+
+
+def test_flood_fill_follows_4_connectivity():
+    img = grid(["##..",
+                ".#..",
+                ".###",
+                "...."])
+    assert probe.connected(img, (0, 0), (2, 3))
+    img[2, 2] = probe.BACKGROUND  # a gap in the leg
+    assert not probe.connected(img, (0, 0), (2, 3))
+    diagonal = grid(["#...", ".#..", "....", "...."])
+    assert not probe.connected(diagonal, (0, 0), (1, 1))  # touching corners do not join
+
+
+@pytest.mark.parametrize("turns, dash", [(1, 0), (3, 0), (1, 3)])
+def test_path_examples_have_their_label_and_balanced_classes(turns, dash):
+    rng = np.random.default_rng(0)
+    labels = []
+    for _ in range(200):
+        img, y = probe.sample("path", 12, turns, dash, rng)
+        dots = np.argwhere(img == probe.DOT)
+        assert len(dots) == 2
+        lab = components(img)
+        assert y == int(lab[tuple(dots[0])] == lab[tuple(dots[1])])
+        labels.append(y)
+    assert 0.4 < np.mean(labels) < 0.6
+
+
+def test_dashed_legs_leave_gaps():
+    img = np.full((8, 8), probe.BACKGROUND, np.float32)
+
+    class Rng:  # a horizontal leg from (0, 0) to (0, 7)
+        def random(self):
+            return 0.0
+
+        def integers(self, lo, hi):
+            return 7
+
+    probe.draw_path(img, 0, 0, 1, Rng(), dash=3)
+    assert [int(v > probe.BACKGROUND) for v in img[0]] == [1, 1, 0, 1, 1, 0, 1, 1]
+
+
+def test_rowcol_labels():
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        img, y = probe.sample("rowcol", 8, 0, 0, rng)
+        (r1, c1), (r2, c2) = np.argwhere(img == probe.DOT)
+        assert y == int(r1 == r2 or c1 == c2)
+
+
+def test_tiny_run_writes_its_evaluations(tmp_path):
+    out = tmp_path / "probe.json"
+    assert probe.main(["--task", "rowcol", "--side", "6", "--dim", "4", "--layers", "1", "--steps", "2",
+                       "--eval-every", "1", "--batch", "4", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [e["step"] for e in result["evals"]] == [1, 2]
+    assert 0 <= result["valid_eval_recalibrated"] <= 100 and result["settings"]["task"] == "rowcol"
+
+
+def test_diagonal_paths_join_at_corners_and_keep_their_labels():
+    diagonal = grid(["#...", ".#..", "..#.", "...."])
+    assert probe.connected(diagonal, (0, 0), (2, 2), probe.NEIGHBOURS8)
+    assert not probe.connected(diagonal, (0, 0), (2, 2))
+    rng = np.random.default_rng(2)
+    labels = []
+    for _ in range(100):
+        img, y = probe.sample("path", 12, 1, 0, rng, diagonal=True)
+        a, b = (tuple(d) for d in np.argwhere(img == probe.DOT))
+        # 8-connected components, independently: a 3x3 dilation of the component grown from a
+        drawn, comp = img > probe.BACKGROUND, np.zeros(img.shape, bool)
+        comp[a] = True
+        while True:
+            p = np.pad(comp, 1)
+            grown = drawn & np.logical_or.reduce([p[1 + dr:13 + dr, 1 + dc:13 + dc] for dr in (-1, 0, 1)
+                                                  for dc in (-1, 0, 1)])
+            if (grown == comp).all():
+                break
+            comp = grown
+        assert y == int(comp[b])
+        labels.append(y)
+    assert 0.35 < np.mean(labels) < 0.65
