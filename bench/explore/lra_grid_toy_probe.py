@@ -13,8 +13,9 @@ trace a path at all?" is answered without a GPU:
   Positives draw one path of turns + 1 legs from dot A and put dot B at its end; negatives draw two paths of
   ``turns`` legs, one from each dot (about as much ink). Each example is drawn again until the flood fill
   agrees with the class wanted, so the classes are balanced (half and half in expectation). ``--diagonal``:
-  every leg at 45 degrees, connectivity then 8-neighbour (pixels touching at a corner join). ``--dash K`` leaves every K-th pixel of a leg
-  blank (Pathfinder's paths are dashed: paddles with gaps), the dots are always drawn.
+  every leg at 45 degrees, connectivity then 8-neighbour (pixels touching at a corner join). ``--dash K``
+  leaves every K-th pixel of a leg blank (Pathfinder's paths are dashed: paddles with gaps); the dots are
+  always drawn.
 
 Pixels: background -1, path 0, dots 1 (Pathfinder's markers are brighter than its paddles). Each step
 draws a fresh batch (no fixed training set: no memorising). Validation: 1,000 fixed examples, scored three
@@ -161,8 +162,8 @@ def main(argv=None) -> int:
     p.add_argument("--task", choices=("rowcol", "path"), default="path")
     p.add_argument("--turns", type=int, default=1)
     p.add_argument("--dash", type=int, default=0, help="leave every K-th pixel of a leg blank (0: solid legs)")
-    p.add_argument("--diagonal", action="store_true", help="legs at 45 degrees (8-connectivity): a staircase that "
-                   "the row and column scans can only follow one step per layer")
+    p.add_argument("--diagonal", action="store_true", help="legs at 45 degrees (8-connectivity): a staircase of "
+                   "pixels that touch at their corners, never along a row or a column")
     p.add_argument("--side", type=int, default=16)
     p.add_argument("--mixer", default="hgru2")
     p.add_argument("--dim", type=int, default=32)

@@ -170,12 +170,15 @@ def run_variant(spec: str, data, meta, args, device, entry: dict, save) -> None:
     def checkpoint(step):
         if not args.state:
             return
-        torch.save({"spec": spec, "steps": args.steps, "data": meta.get("inputs_fingerprint"), "step": step, "model": model.state_dict(),
-                    "opt": opt.state_dict(), "sched": sched.state_dict(), "gen": gen.get_state(),
+        torch.save({"spec": spec, "steps": args.steps, "data": meta.get("inputs_fingerprint"), "step": step,
+                    "model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                    "gen": gen.get_state(),
                     "aug_gen": aug_gen.get_state(), "perm": perm.cpu(), "pos": pos, "seconds": time.time() - t0,
                     "log": entry["log"], "evals": entry["evals"], "resumed_at": entry.get("resumed_at", []),
                     "stopped_by_time_at": entry.get("stopped_by_time_at", [])}, f"{args.state}.tmp")
         os.replace(f"{args.state}.tmp", args.state)
+    # (the training loss / accuracy of a log line average the steps since the last line; after a resume, the
+    # first line averages only the steps since the resume)
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), dtype=torch.long, device=device)
     seen = 0
@@ -251,7 +254,8 @@ def main(argv=None) -> int:
     X, Y = {}, {}
     for s in ("train", "valid"):
         x, y = load_split(args.data_dir, s, meta)
-        X[s], Y[s] = torch.tensor(x, device=device), torch.tensor(y, device=device)  # (copies: the arrays are read-only)
+        # (copies: the arrays are read-only)
+        X[s], Y[s] = torch.tensor(x, device=device), torch.tensor(y, device=device)
     results = []
 
     def save():
