@@ -15,7 +15,8 @@ trace a path at all?" is answered without a GPU:
   agrees with the class wanted, so the classes are balanced (half and half in expectation). ``--diagonal``:
   every leg at 45 degrees, connectivity then 8-neighbour (pixels touching at a corner join). ``--dash K``
   leaves every K-th pixel of a leg blank (Pathfinder's paths are dashed: paddles with gaps); the dots are
-  always drawn.
+  always drawn. ``--distractors N``: N more paths from random points, drawn before the dots (a distractor
+  that happens to join the dots makes a positive: the flood fill decides).
 
 Pixels: background -1, path 0, dots 1 (Pathfinder's markers are brighter than its paddles). Each step
 draws a fresh batch (no fixed training set: no memorising). Validation: 1,000 fixed examples, scored three
@@ -98,7 +99,7 @@ def draw_path(img, r, c, legs, rng, dash, diagonal=False):
     return r, c
 
 
-def sample(task: str, S: int, turns: int, dash: int, rng, diagonal: bool = False):
+def sample(task: str, S: int, turns: int, dash: int, rng, diagonal: bool = False, distractors: int = 0):
     img = np.full((S, S), BACKGROUND, np.float32)
     if task == "rowcol":
         a = tuple(int(v) for v in rng.integers(0, S, 2))
@@ -120,6 +121,8 @@ def sample(task: str, S: int, turns: int, dash: int, rng, diagonal: bool = False
             draw_path(img, *a, max(turns, 1), rng, dash, diagonal)
             b = tuple(int(v) for v in rng.integers(0, S, 2))
             draw_path(img, *b, max(turns, 1), rng, dash, diagonal)
+        for _ in range(distractors):  # paths from random points that join the dots only by chance
+            draw_path(img, *(int(v) for v in rng.integers(0, S, 2)), max(turns, 1), rng, dash, diagonal)
         img[a] = img[b] = DOT
         if b == a:  # one dot only: draw again
             continue
@@ -130,8 +133,8 @@ def sample(task: str, S: int, turns: int, dash: int, rng, diagonal: bool = False
                        f"{turns}, dash {dash}): use a larger --side or fewer --turns")
 
 
-def batch(task, n, S, turns, dash, rng, diagonal=False):
-    xs, ys = zip(*(sample(task, S, turns, dash, rng, diagonal) for _ in range(n)))
+def batch(task, n, S, turns, dash, rng, diagonal=False, distractors=0):
+    xs, ys = zip(*(sample(task, S, turns, dash, rng, diagonal, distractors) for _ in range(n)))
     return torch.from_numpy(np.stack(xs)).reshape(n, S * S, 1), torch.tensor(ys)
 
 
@@ -140,7 +143,7 @@ def accuracy(model, x, y) -> float:
         return (model(x).argmax(1) == y).float().mean().item() * 100
 
 
-def recalibrate(model, task, S, turns, dash, rng, batches=30, size=64, diagonal=False) -> None:
+def recalibrate(model, task, S, turns, dash, rng, batches=30, size=64, diagonal=False, distractors=0) -> None:
     """Running statistics of every batch norm re-estimated with the current weights (cumulative average)."""
     norms = [m for m in model.modules() if isinstance(m, MaskedBatchNorm)]
     saved = [m.momentum for m in norms]
@@ -151,7 +154,7 @@ def recalibrate(model, task, S, turns, dash, rng, batches=30, size=64, diagonal=
         for i in range(batches):
             for m in norms:
                 m.momentum = 1.0 / (i + 1)
-            model(batch(task, size, S, turns, dash, rng, diagonal)[0])
+            model(batch(task, size, S, turns, dash, rng, diagonal, distractors)[0])
     for m, mom in zip(norms, saved):
         m.momentum = mom
 
@@ -164,6 +167,8 @@ def main(argv=None) -> int:
     p.add_argument("--dash", type=int, default=0, help="leave every K-th pixel of a leg blank (0: solid legs)")
     p.add_argument("--diagonal", action="store_true", help="legs at 45 degrees (8-connectivity): a staircase of "
                    "pixels that touch at their corners, never along a row or a column")
+    p.add_argument("--distractors", type=int, default=0, help="extra paths from random points (Pathfinder's "
+                   "distractor snakes); the flood fill still decides the label")
     p.add_argument("--side", type=int, default=16)
     p.add_argument("--mixer", default="hgru2")
     p.add_argument("--dim", type=int, default=32)
@@ -187,14 +192,16 @@ def main(argv=None) -> int:
     model = LraClassifier(enc, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     rng = np.random.default_rng(args.seed)
-    xv, yv = batch(args.task, 1000, S, args.turns, args.dash, np.random.default_rng(10_000 + args.seed), args.diagonal)
+    xv, yv = batch(args.task, 1000, S, args.turns, args.dash, np.random.default_rng(10_000 + args.seed), args.diagonal,
+                   args.distractors)
     result = {"settings": vars(args), "valid_positive_share": round(yv.float().mean().item(), 3),
               "git": provenance.git_version(), "date": datetime.date.today().isoformat(), "evals": []}
-    print(f"{args.task} turns {args.turns} dash {args.dash}: valid positives {result['valid_positive_share']:.3f}",
+    print(f"{args.task} turns {args.turns} dash {args.dash} diagonal {args.diagonal} distractors {args.distractors}: "
+          f"valid positives {result['valid_positive_share']:.3f}",
           flush=True)
     t0, accs = time.time(), []
     for step in range(1, args.steps + 1):
-        x, y = batch(args.task, args.batch, S, args.turns, args.dash, rng, args.diagonal)
+        x, y = batch(args.task, args.batch, S, args.turns, args.dash, rng, args.diagonal, args.distractors)
         model.train()
         logits = model(x)
         loss = F.cross_entropy(logits, y)
@@ -216,7 +223,7 @@ def main(argv=None) -> int:
             print(rec, flush=True)
     if args.norm in ("batch", "syncbatch"):
         recalibrate(model, args.task, S, args.turns, args.dash, np.random.default_rng(20_000 + args.seed),
-                    diagonal=args.diagonal)
+                    diagonal=args.diagonal, distractors=args.distractors)
         model.eval()
         result["valid_eval_recalibrated"] = round(accuracy(model, xv, yv), 2)
         print(f"eval mode after re-estimating the running statistics: {result['valid_eval_recalibrated']:.2f}",

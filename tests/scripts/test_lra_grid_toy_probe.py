@@ -42,12 +42,12 @@ def test_flood_fill_follows_4_connectivity():
     assert not probe.connected(diagonal, (0, 0), (1, 1))  # touching corners do not join
 
 
-@pytest.mark.parametrize("turns, dash", [(1, 0), (3, 0), (1, 3)])
-def test_path_examples_have_their_label_and_balanced_classes(turns, dash):
+@pytest.mark.parametrize("turns, dash, distractors", [(1, 0, 0), (3, 0, 0), (1, 3, 0), (1, 0, 3)])
+def test_path_examples_have_their_label_and_balanced_classes(turns, dash, distractors):
     rng = np.random.default_rng(0)
     labels = []
     for _ in range(200):
-        img, y = probe.sample("path", 12, turns, dash, rng)
+        img, y = probe.sample("path", 12, turns, dash, rng, distractors=distractors)
         dots = np.argwhere(img == probe.DOT)
         assert len(dots) == 2
         lab = components(img)
