@@ -8,28 +8,25 @@
 #
 # PF_STATE_DIR (relative to the root, e.g. checkpoints/pf_ablate, carried): variant i resumes from / writes
 # PF_STATE_DIR/v<i>.pt (lra_pathfinder_ablate.py --state), copied back as $OUT/state_v<i>.pt.
-# Run from the repository root with .whl/ carried (fairseq is installed for the data scripts' imports).
+# Run from the repository root with .whl/ carried (gpu_lra.sh installs fairseq for the data scripts' imports).
 set -uo pipefail
 R=$PWD
 START=$(date +%s)
 el() { echo $(( $(date +%s) - START )); }
 : "${OUT:?set OUT}"
-W=/tmp/pf_ablate
+W=${PF_WORK:-/tmp/pf_ablate}  # (data, logs; PF_WORK for a trial run elsewhere)
 mkdir -p "$W" "$OUT"
-. bench/gpu_fairseq.sh
-gpu_env > /dev/null
-[ -d /tmp/site2/fairseq ] || install_fairseq > "$W/fairseq_install.log" 2>&1
-export PYTHONPATH=$R:/tmp/site:/tmp/site2
-NPROC=$(nproc)
+# the data (and, on a bare machine, fairseq for the data scripts' imports) as gpu_lra.sh makes them for its
+# Pathfinder tasks: pathfinder (LRA's contour length 14), pathfinder6, pathfinder9; a warm machine's data
+# are reused. Its logs go under $W/lra, into the archive.
 C=${PF_CONTOUR:-6}
-DATA=$W/data-bin/pathfinder$C
-if [ ! -f "$DATA/meta.json" ]; then
-    python3 data_prep/lra_pathfinder.py --dest "$W/generated" --num "${PF_NUM:-40000}" --size 32 \
-        --contour-length "$C" --workers "$NPROC" --no-progress > "$W/generate.log" 2>&1
-    python3 data_prep/prepare_lra.py pathfinder --source "$W/generated" --dest "$DATA" --contour-length "$C" \
-        --workers "$NPROC" > "$W/prepare.log" 2>&1
-    echo "data rc=$? at $(el)s"; tail -2 "$W/prepare.log"
-fi
+TASK=pathfinder$([ "$C" = 14 ] || echo "$C")
+OUT="$W/lra" LRA_WORK="$W" LRA_PARTS="${TASK}_data" LRA_PF_NUM="${PF_NUM:-40000}" bash bench/gpu_lra.sh \
+    > "$W/data.log" 2>&1
+echo "data rc=$? at $(el)s"; tail -4 "$W/data.log"
+DATA=$W/data-bin/$TASK
+[ -f "$DATA/meta.json" ] || { echo "gpu_pf_ablate.sh: no prepared data in $DATA (see $W/data.log)"; exit 2; }
+export PYTHONPATH=$R:/tmp/site:/tmp/site2
 . bench/gpu_mps.sh
 start_mps
 echo "$MPS_MODE" | tee "$W/mps.txt"
