@@ -40,6 +40,18 @@ for v in "$@"; do
         --steps "${PF_STEPS:-1500}" --minutes "${PF_MINUTES:-6.5}" --eval-every "${PF_EVAL:-500}" \
         > "$W/v$i.log" 2>&1 &
 done
+# PF_PROBES: lra_grid_toy_probe.py runs beside the variants, ';'-separated argument lists (each gets
+# --device cuda, or PF_PROBE_DEVICE for a CPU trial, and --out $W/p<i>.json; give --backend triton or
+# reference), capped like the variants
+IFS=';' read -r -a probes <<< "${PF_PROBES:-}"
+j=0
+for a in "${probes[@]}"; do
+    [ -n "${a// /}" ] || continue
+    j=$((j + 1))
+    # shellcheck disable=SC2086  # (the argument list is meant to split on spaces)
+    timeout -s INT "$CAP" python3 bench/explore/lra_grid_toy_probe.py --device "${PF_PROBE_DEVICE:-cuda}" --threads 1 $a \
+        --out "$W/p$j.json" > "$W/p$j.log" 2>&1 &
+done
 wait
 stop_mps
 echo "variants done at $(el)s"
@@ -47,6 +59,7 @@ if [ -n "${PF_STATE_DIR:-}" ]; then
     for f in "$PF_STATE_DIR"/v*.pt; do [ -f "$f" ] && cp "$f" "$OUT/state_${f##*/}"; done
 fi
 for f in "$W"/v*.log; do echo "== $f"; grep -E "valid|stopped|Error|error" "$f" | tail -4; done
+for f in "$W"/p*.log; do [ -f "$f" ] && { echo "== $f"; tail -4 "$f"; }; done
 python3 - "$W" <<'EOF' > "$W/summary.txt"
 import glob, json, sys
 for f in sorted(glob.glob(f"{sys.argv[1]}/v*.json"), key=lambda s: int(s.rsplit("v", 1)[1][:-5])):

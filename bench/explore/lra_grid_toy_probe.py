@@ -139,6 +139,8 @@ def batch(task, n, S, turns, dash, rng, diagonal=False, distractors=0):
 
 
 def accuracy(model, x, y) -> float:
+    dev = next(model.parameters()).device
+    x, y = x.to(dev), y.to(dev)
     with torch.no_grad():
         return (model(x).argmax(1) == y).float().mean().item() * 100
 
@@ -154,7 +156,7 @@ def recalibrate(model, task, S, turns, dash, rng, batches=30, size=64, diagonal=
         for i in range(batches):
             for m in norms:
                 m.momentum = 1.0 / (i + 1)
-            model(batch(task, size, S, turns, dash, rng, diagonal, distractors)[0])
+            model(batch(task, size, S, turns, dash, rng, diagonal, distractors)[0].to(next(model.parameters()).device))
     for m, mom in zip(norms, saved):
         m.momentum = mom
 
@@ -181,6 +183,9 @@ def main(argv=None) -> int:
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (the batches are drawn on the CPU either way)")
+    p.add_argument("--backend", default="reference", help="the mixers' kernels: reference (PyTorch) or triton "
+                   "(CUDA only)")
     p.add_argument("--out", default="")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -188,8 +193,9 @@ def main(argv=None) -> int:
     S = args.side
     enc = LraEncoder(mixer=args.mixer, dim=args.dim, num_layers=args.layers, norm=args.norm, input="pixels",
                      in_channels=1, positions="none", scan_2d="parallel", expand_ratio=args.expand,
-                     backend="reference", max_len=S * S)
-    model = LraClassifier(enc, 2)
+                     backend=args.backend, max_len=S * S)
+    dev = torch.device(args.device)
+    model = LraClassifier(enc, 2).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     rng = np.random.default_rng(args.seed)
     xv, yv = batch(args.task, 1000, S, args.turns, args.dash, np.random.default_rng(10_000 + args.seed), args.diagonal,
@@ -202,6 +208,7 @@ def main(argv=None) -> int:
     t0, accs = time.time(), []
     for step in range(1, args.steps + 1):
         x, y = batch(args.task, args.batch, S, args.turns, args.dash, rng, args.diagonal, args.distractors)
+        x, y = x.to(dev), y.to(dev)
         model.train()
         logits = model(x)
         loss = F.cross_entropy(logits, y)
@@ -221,6 +228,9 @@ def main(argv=None) -> int:
                    "seconds": round(time.time() - t0, 1)}
             result["evals"].append(rec)
             print(rec, flush=True)
+            if args.out:  # (after every evaluation: a run cut short by a time limit keeps what it measured)
+                with open(args.out, "w") as f:
+                    json.dump(result, f, indent=1)
     if args.norm in ("batch", "syncbatch"):
         recalibrate(model, args.task, S, args.turns, args.dash, np.random.default_rng(20_000 + args.seed),
                     diagonal=args.diagonal, distractors=args.distractors)

@@ -21,6 +21,8 @@ schedule compressed to ``--steps``); ``base`` is the defaults. Keys:
     memorisation test)   augment 0|1 (the CNN control's flips / transposes)   model hgrn|cnn
     precision bf16|fp32 (autocast)   stem none|conv|embed (the input side: ``conv`` puts a 3x3 conv of 32
     channels + BN + ReLU in front of the encoder's Linear; ``embed`` reads the 256 grey levels as tokens)
+    backend auto|reference|triton (the mixers' kernels: ``reference`` is the PyTorch path, a loop over one
+    row or column on a 2-D grid, so it runs on the GPU too: a control for the Triton kernels)
 
 ``--state FILE`` (one variant): a checkpoint written at every evaluation and when ``--minutes`` stops the
 variant; rerunning the same command resumes from it (a run longer than one GPU call).
@@ -55,7 +57,8 @@ from hgrn_fairseq.modules.lra_encoder import LraEncoder  # noqa: E402
 
 DEFAULTS = dict(model="hgrn", mixer="hgru2", dim=128, layers=6, expand=2, norm="batch", pos="none", pool="mean",
                 lb=1, scan="parallel", lr=2e-3, wd=0.0, warmup=0.1, batch=128, subset=0, augment=0,
-                precision="bf16", stem="none")
+                precision="bf16", stem="none", backend="auto")
+BACKENDS = ("auto", "reference", "triton")
 STEMS = ("none", "conv", "embed")
 POOLS = ("mean", "max", "last", "center")
 STEM_CHANNELS = 32
@@ -75,6 +78,8 @@ def parse_variant(spec: str) -> dict:
         cfg[k] = type(DEFAULTS[k])(float(v)) if isinstance(DEFAULTS[k], (int, float)) else v
     if cfg["stem"] not in STEMS:
         raise SystemExit(f"variant {spec!r}: stem {cfg['stem']!r} is not one of {STEMS}")
+    if cfg["backend"] not in BACKENDS:
+        raise SystemExit(f"variant {spec!r}: backend {cfg['backend']!r} is not one of {BACKENDS}")
     if cfg["pool"] not in POOLS:
         raise SystemExit(f"variant {spec!r}: pool {cfg['pool']!r} is not one of {POOLS}")
     return cfg
@@ -97,7 +102,7 @@ class Classifier(nn.Module):
             input="tokens" if tokens else "pixels", vocab_size=256 if tokens else None,
             in_channels=None if tokens else channels, positions=cfg["pos"], position_dropout=0.0, scan_2d=cfg["scan"],
             expand_ratio=cfg["expand"], lower_bound=bool(cfg["lb"]), num_heads=4, max_len=side * side,
-            pool="max" if cfg["pool"] == "max" else "mean")
+            pool="max" if cfg["pool"] == "max" else "mean", backend=cfg["backend"])
         self.head = nn.Linear(cfg["dim"], num_classes)
 
     def forward(self, x):  # x: [B, C, H, W] normalised
