@@ -15,7 +15,8 @@ trace a path at all?" is answered without a GPU:
   agrees with the class wanted, so the classes are balanced (half and half in expectation). ``--diagonal``:
   every leg at 45 degrees, connectivity then 8-neighbour (pixels touching at a corner join). ``--dash K``
   leaves every K-th pixel of a leg blank (Pathfinder's paths are dashed: paddles with gaps); the dots are
-  always drawn. ``--distractors N``: N more paths from random points, drawn before the dots (a distractor
+  always drawn, and the flood fill then bridges a one-pixel gap (steps of two along the connectivity's
+  directions; before 2026-11-28 16:00 it did not, so dashed positives were dots a pixel or two apart). ``--distractors N``: N more paths from random points, drawn before the dots (a distractor
   that happens to join the dots makes a positive: the flood fill decides).
 
 Pixels: background -1, path 0, dots 1 (Pathfinder's markers are brighter than its paddles). Each step
@@ -51,6 +52,15 @@ MAX_TRIES = 1000
 
 NEIGHBOURS4 = ((1, 0), (-1, 0), (0, 1), (0, -1))
 NEIGHBOURS8 = NEIGHBOURS4 + ((1, 1), (1, -1), (-1, 1), (-1, -1))
+
+
+def neighbours_for(diagonal: bool, dash: int):
+    """The steps that join two drawn pixels: 4-connectivity (8 with ``diagonal``); with ``dash`` also the same
+    steps doubled, which bridge a one-pixel gap of a dashed leg (without them a dashed path is not connected
+    and the only positives the sampler finds are dots a pixel or two apart: the task degenerates to "are the
+    dots close?")."""
+    base = NEIGHBOURS8 if diagonal else NEIGHBOURS4
+    return base + tuple((2 * dr, 2 * dc) for dr, dc in base) if dash else base
 
 
 def connected(img: np.ndarray, a, b, neighbours=NEIGHBOURS4) -> bool:
@@ -126,7 +136,7 @@ def sample(task: str, S: int, turns: int, dash: int, rng, diagonal: bool = False
         img[a] = img[b] = DOT
         if b == a:  # one dot only: draw again
             continue
-        y = int(connected(img, a, b, NEIGHBOURS8 if diagonal else NEIGHBOURS4))
+        y = int(connected(img, a, b, neighbours_for(diagonal, dash)))
         if y == want:
             return img, y
     raise RuntimeError(f"no {'connected' if want else 'unconnected'} example in {MAX_TRIES} draws (side {S}, turns "
@@ -188,6 +198,8 @@ def main(argv=None) -> int:
                    "(CUDA only)")
     p.add_argument("--out", default="")
     args = p.parse_args(argv)
+    if args.dash == 1:
+        p.error("--dash 1 would blank every pixel of a leg: give 0 (solid) or K >= 2 (every K-th pixel blank)")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     S = args.side

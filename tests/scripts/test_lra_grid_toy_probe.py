@@ -16,14 +16,18 @@ def grid(rows):
     return np.array([[probe.INK if ch == "#" else probe.BACKGROUND for ch in r] for r in rows], np.float32)
 
 
-def components(img):
+def components(img, reach=1):
     """Connected components of the drawn pixels by repeated min-propagation over the 4 neighbours (independent
-    of the script's flood fill): a label per pixel, -1 on the background."""
+    of the script's flood fill): a label per pixel, -1 on the background. ``reach=2`` also joins pixels two
+    apart along a row or column (a one-pixel gap of a dashed leg bridged)."""
     drawn = img > probe.BACKGROUND
     lab = np.where(drawn, np.arange(img.size).reshape(img.shape), img.size)
+    H, W = img.shape
+    steps = [(d * s, 0) for d in range(1, reach + 1) for s in (1, -1)] + \
+        [(0, d * s) for d in range(1, reach + 1) for s in (1, -1)]
     while True:
-        p = np.pad(lab, 1, constant_values=img.size)
-        new = np.minimum.reduce([lab, p[:-2, 1:-1], p[2:, 1:-1], p[1:-1, :-2], p[1:-1, 2:]])
+        p = np.pad(lab, reach, constant_values=img.size)
+        new = np.minimum.reduce([lab] + [p[reach + dr:reach + dr + H, reach + dc:reach + dc + W] for dr, dc in steps])
         new = np.where(drawn, new, img.size)
         if (new == lab).all():
             return np.where(drawn, lab, -1)
@@ -50,10 +54,22 @@ def test_path_examples_have_their_label_and_balanced_classes(turns, dash, distra
         img, y = probe.sample("path", 12, turns, dash, rng, distractors=distractors)
         dots = np.argwhere(img == probe.DOT)
         assert len(dots) == 2
-        lab = components(img)
+        lab = components(img, reach=2 if dash else 1)
         assert y == int(lab[tuple(dots[0])] == lab[tuple(dots[1])])
         labels.append(y)
     assert 0.4 < np.mean(labels) < 0.6
+
+
+def test_dashed_positives_are_paths_not_neighbouring_dots():
+    """With gaps in the legs the positives must still be dots joined by a path: their dots lie about as far apart
+    as the negatives' (if the gaps broke connectivity, the only positives would be dots a pixel or two apart)."""
+    rng = np.random.default_rng(3)
+    dist = {0: [], 1: []}
+    for _ in range(200):
+        img, y = probe.sample("path", 16, 1, 3, rng)
+        a, b = np.argwhere(img == probe.DOT)
+        dist[y].append(np.abs(a - b).sum())
+    assert np.median(dist[1]) > 0.6 * np.median(dist[0]) and np.median(dist[1]) >= 6
 
 
 def test_dashed_legs_leave_gaps():
