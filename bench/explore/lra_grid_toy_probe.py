@@ -8,16 +8,21 @@ trace a path at all?" is answered without a GPU:
 
 * ``rowcol``: two dots on an empty S x S grid; label 1 when they share a row or a column (one hop of the
   row / column scans, no drawing).
-* ``path``: a path of straight legs (``--turns`` turns) from the first dot; label 1 when the two dots are
-  connected (4-connectivity of the drawn pixels, checked by flood fill, not assumed from the construction).
-  Positives draw one path of turns + 1 legs from dot A and put dot B at its end; negatives draw two paths of
-  ``turns`` legs, one from each dot (about as much ink). Each example is drawn again until the flood fill
-  agrees with the class wanted, so the classes are balanced (half and half in expectation). ``--diagonal``:
-  every leg at 45 degrees, connectivity then 8-neighbour (pixels touching at a corner join). ``--dash K``
-  leaves every K-th pixel of a leg blank (Pathfinder's paths are dashed: paddles with gaps); the dots are
-  always drawn, and the flood fill then bridges a one-pixel gap (steps of two along the connectivity's
-  directions; before 2026-11-28 16:00 it did not, so dashed positives were dots a pixel or two apart). ``--distractors N``: N more paths from random points, drawn before the dots (a distractor
-  that happens to join the dots makes a positive: the flood fill decides).
+* ``path``: two target paths of straight legs (``--turns`` turns, so turns + 1 legs) in every example, as in
+  Pathfinder: a positive puts dot A at the start and dot B at the end of one path and leaves the other
+  unmarked; a negative puts A at the start of one and B at the end of the other. The label is whether the two
+  dots are connected (4-connectivity of the drawn pixels, checked by flood fill, not assumed from the
+  construction). Both classes have the same ink and the same number of free path ends. (Before 2026-11-28
+  16:10 a positive drew one path and a negative two: a positive had no free path end, a negative two, and
+  a 3x3-conv network with global pooling read the label from that alone, 97.9% on 16 x 16 dashed grids:
+  the probe's earlier results measured that local cue, not path tracing.) Each example is drawn again until
+  the flood fill agrees with the class wanted, so the classes are balanced (half and half in expectation).
+  ``--diagonal``: every leg at 45 degrees, connectivity then 8-neighbour (pixels touching at a corner join).
+  ``--dash K`` leaves every K-th pixel of a leg blank (Pathfinder's paths are dashed: paddles with gaps); the
+  dots are always drawn, and the flood fill then bridges a one-pixel gap (steps of two along the
+  connectivity's directions; before 2026-11-28 16:00 it did not, so dashed positives were dots a pixel or two
+  apart). ``--distractors N``: N more paths from random points, drawn before the dots (a distractor that
+  happens to join the dots makes a positive: the flood fill decides).
 
 Pixels: background -1, path 0, dots 1 (Pathfinder's markers are brighter than its paddles). Each step
 draws a fresh batch (no fixed training set: no memorising). Validation: 1,000 fixed examples, scored three
@@ -125,12 +130,17 @@ def sample(task: str, S: int, turns: int, dash: int, rng, diagonal: bool = False
     for _ in range(MAX_TRIES):  # draw until the flood fill agrees with the class wanted (balanced classes)
         img = np.full((S, S), BACKGROUND, np.float32)
         a = tuple(int(v) for v in rng.integers(0, S, 2))
+        # two target paths of turns + 1 legs in both classes, dot A where a path starts and dot B where a path
+        # ends: a positive joins them by one path and draws the other unmarked, a negative puts them on
+        # different paths. So the classes have the same ink and the same number of free path ends (no line-end
+        # count gives the label away) and the same dash phase at each dot (a path's first pixel after its
+        # start is always ink; the one before its end is blank for a third of the lengths)
         if want:
             b = tuple(draw_path(img, *a, turns + 1, rng, dash, diagonal))
+            draw_path(img, *(int(v) for v in rng.integers(0, S, 2)), turns + 1, rng, dash, diagonal)
         else:
-            draw_path(img, *a, max(turns, 1), rng, dash, diagonal)
-            b = tuple(int(v) for v in rng.integers(0, S, 2))
-            draw_path(img, *b, max(turns, 1), rng, dash, diagonal)
+            draw_path(img, *a, turns + 1, rng, dash, diagonal)
+            b = tuple(draw_path(img, *(int(v) for v in rng.integers(0, S, 2)), turns + 1, rng, dash, diagonal))
         for _ in range(distractors):  # paths from random points that join the dots only by chance
             draw_path(img, *(int(v) for v in rng.integers(0, S, 2)), max(turns, 1), rng, dash, diagonal)
         img[a] = img[b] = DOT

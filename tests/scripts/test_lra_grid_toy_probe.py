@@ -72,6 +72,25 @@ def test_dashed_positives_are_paths_not_neighbouring_dots():
     assert np.median(dist[1]) > 0.6 * np.median(dist[0]) and np.median(dist[1]) >= 6
 
 
+def test_classes_have_as_many_free_path_ends():
+    """Line ends (drawn pixels with exactly one drawn 4-neighbour) must not give the label away: both classes draw
+    two target paths with the dots at path ends (a positive with one path and a negative with two would differ by
+    two free ends, which a 3x3 conv with global pooling reads)."""
+    rng = np.random.default_rng(4)
+    ends = {0: [], 1: []}
+    for _ in range(300):
+        img, y = probe.sample("path", 16, 1, 0, rng)
+        drawn = np.pad(img > probe.BACKGROUND, 1)
+        nbrs = drawn[:-2, 1:-1].astype(int) + drawn[2:, 1:-1] + drawn[1:-1, :-2] + drawn[1:-1, 2:]
+        ends[y].append(int(((nbrs == 1) & drawn[1:-1, 1:-1]).sum()))
+    assert abs(np.mean(ends[1]) - np.mean(ends[0])) < 0.6, (np.mean(ends[0]), np.mean(ends[1]))
+    inks = {k: [] for k in (0, 1)}
+    for _ in range(300):
+        img, y = probe.sample("path", 16, 1, 0, rng)
+        inks[y].append(int((img > probe.BACKGROUND).sum()))
+    assert abs(np.mean(inks[1]) - np.mean(inks[0])) < 0.15 * np.mean(inks[0])
+
+
 def test_dashed_legs_leave_gaps():
     img = np.full((8, 8), probe.BACKGROUND, np.float32)
 
