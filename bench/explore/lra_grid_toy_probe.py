@@ -12,7 +12,9 @@ trace a path at all?" is answered without a GPU:
   Pathfinder: a positive puts dot A at the start and dot B at the end of one path and leaves the other
   unmarked; a negative puts A at the start of one and B at the end of the other. The label is whether the two
   dots are connected (4-connectivity of the drawn pixels, checked by flood fill, not assumed from the
-  construction). Both classes have the same ink and the same number of free path ends. (Before 2026-11-28
+  construction). Both classes have the same ink and the same number of free path ends, and in neither do
+  the two target paths touch (a positive's unmarked path that joins the marked one is drawn again: a
+  negative's cannot join, so crossings would tell the classes apart). (Before 2026-11-28
   16:10 a positive drew one path and a negative two: a positive had no free path end, a negative two, and
   a 3x3-conv network with global pooling read the label from that alone, 97.9% on 16 x 16 dashed grids:
   the probe's earlier results measured that local cue, not path tracing.) Each example is drawn again until
@@ -44,6 +46,7 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path[:0] = [REPO, os.path.join(REPO, "bench")]
@@ -135,9 +138,11 @@ def sample(task: str, S: int, turns: int, dash: int, rng, diagonal: bool = False
         # different paths. So the classes have the same ink and the same number of free path ends (no line-end
         # count gives the label away) and the same dash phase at each dot (a path's first pixel after its
         # start is always ink; the one before its end is blank for a third of the lengths)
+        c = None
         if want:
             b = tuple(draw_path(img, *a, turns + 1, rng, dash, diagonal))
-            draw_path(img, *(int(v) for v in rng.integers(0, S, 2)), turns + 1, rng, dash, diagonal)
+            c = tuple(int(v) for v in rng.integers(0, S, 2))
+            draw_path(img, *c, turns + 1, rng, dash, diagonal)
         else:
             draw_path(img, *a, turns + 1, rng, dash, diagonal)
             b = tuple(draw_path(img, *(int(v) for v in rng.integers(0, S, 2)), turns + 1, rng, dash, diagonal))
@@ -146,7 +151,12 @@ def sample(task: str, S: int, turns: int, dash: int, rng, diagonal: bool = False
         img[a] = img[b] = DOT
         if b == a:  # one dot only: draw again
             continue
-        y = int(connected(img, a, b, neighbours_for(diagonal, dash)))
+        nb = neighbours_for(diagonal, dash)
+        if c is not None and (c in (a, b) or connected(img, a, c, nb)):
+            # the unmarked path touches the marked one: draw again (a negative's two paths never touch, or it
+            # would be a positive; letting a positive's cross would make crossings a cue for the label)
+            continue
+        y = int(connected(img, a, b, nb))
         if y == want:
             return img, y
     raise RuntimeError(f"no {'connected' if want else 'unconnected'} example in {MAX_TRIES} draws (side {S}, turns "
@@ -156,6 +166,23 @@ def sample(task: str, S: int, turns: int, dash: int, rng, diagonal: bool = False
 def batch(task, n, S, turns, dash, rng, diagonal=False, distractors=0):
     xs, ys = zip(*(sample(task, S, turns, dash, rng, diagonal, distractors) for _ in range(n)))
     return torch.from_numpy(np.stack(xs)).reshape(n, S * S, 1), torch.tensor(ys)
+
+
+class LocalCNN(nn.Module):
+    """The yardstick for local cues: ``layers`` 3x3 convs with ReLU (receptive field 2 * layers + 1 pixels), then
+    the mean and the max of every feature over the grid, then a Linear. What it scores, the label gives away
+    without tracing a path; an encoder's result means path tracing only as far as it is above this."""
+
+    def __init__(self, side: int, layers: int = 2, width: int = 32):
+        super().__init__()
+        convs = []
+        for i in range(layers):
+            convs += [nn.Conv2d(1 if i == 0 else width, width, 3, padding=1), nn.ReLU()]
+        self.side, self.convs, self.head = side, nn.Sequential(*convs), nn.Linear(2 * width, 2)
+
+    def forward(self, x):  # x: [B, S * S, 1] as the encoder reads it
+        h = self.convs(x.reshape(-1, 1, self.side, self.side))
+        return self.head(torch.cat([h.mean((2, 3)), h.amax((2, 3))], 1))
 
 
 def accuracy(model, x, y) -> float:
@@ -192,6 +219,8 @@ def main(argv=None) -> int:
     p.add_argument("--distractors", type=int, default=0, help="extra paths from random points (Pathfinder's "
                    "distractor snakes); the flood fill still decides the label")
     p.add_argument("--side", type=int, default=16)
+    p.add_argument("--model", choices=("encoder", "localcnn"), default="encoder", help="localcnn: the yardstick "
+                   "for local cues (--layers 3x3 convs, global mean and max pooling)")
     p.add_argument("--mixer", default="hgru2")
     p.add_argument("--dim", type=int, default=32)
     p.add_argument("--layers", type=int, default=4)
@@ -217,7 +246,7 @@ def main(argv=None) -> int:
                      in_channels=1, positions="none", scan_2d="parallel", expand_ratio=args.expand,
                      backend=args.backend, max_len=S * S)
     dev = torch.device(args.device)
-    model = LraClassifier(enc, 2).to(dev)
+    model = (LraClassifier(enc, 2) if args.model == "encoder" else LocalCNN(S, args.layers)).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     rng = np.random.default_rng(args.seed)
     xv, yv = batch(args.task, 1000, S, args.turns, args.dash, np.random.default_rng(10_000 + args.seed), args.diagonal,
@@ -253,7 +282,7 @@ def main(argv=None) -> int:
             if args.out:  # (after every evaluation: a run cut short by a time limit keeps what it measured)
                 with open(args.out, "w") as f:
                     json.dump(result, f, indent=1)
-    if args.norm in ("batch", "syncbatch"):
+    if args.norm in ("batch", "syncbatch") and args.model == "encoder":
         recalibrate(model, args.task, S, args.turns, args.dash, np.random.default_rng(20_000 + args.seed),
                     diagonal=args.diagonal, distractors=args.distractors)
         model.eval()
