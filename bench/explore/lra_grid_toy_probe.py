@@ -49,8 +49,9 @@ import torch.nn.functional as F
 from torch import nn
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path[:0] = [REPO, os.path.join(REPO, "bench")]
+sys.path[:0] = [REPO, os.path.join(REPO, "bench"), os.path.dirname(os.path.abspath(__file__))]
 import provenance  # noqa: E402  (bench/provenance.py)
+from lra_pathfinder_ablate import add_forget_gate_bias  # noqa: E402
 from hgrn_fairseq.modules.lra_encoder import LraClassifier, LraEncoder  # noqa: E402
 from hgrn_fairseq.modules.norms import MaskedBatchNorm  # noqa: E402
 
@@ -226,6 +227,8 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--expand", type=int, default=2)
     p.add_argument("--norm", default="batch")
+    p.add_argument("--gate-bias", type=float, default=0.0, help="added to the initial forget-gate logits (HGRN2): "
+                   "3 starts every gate at sigmoid 0.95, a long memory")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--steps", type=int, default=300)
@@ -246,6 +249,7 @@ def main(argv=None) -> int:
                      in_channels=1, positions="none", scan_2d="parallel", expand_ratio=args.expand,
                      backend=args.backend, max_len=S * S)
     dev = torch.device(args.device)
+    add_forget_gate_bias(enc, args.gate_bias)
     model = (LraClassifier(enc, 2) if args.model == "encoder" else LocalCNN(S, args.layers)).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     rng = np.random.default_rng(args.seed)

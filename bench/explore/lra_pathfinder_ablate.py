@@ -23,6 +23,8 @@ schedule compressed to ``--steps``); ``base`` is the defaults. Keys:
     channels + BN + ReLU in front of the encoder's Linear; ``embed`` reads the 256 grey levels as tokens)
     backend auto|reference|triton (the mixers' kernels: ``reference`` is the PyTorch path, a loop over one
     row or column on a 2-D grid, so it runs on the GPU too: a control for the Triton kernels)
+    gatebias 0 (added to the initial bias of every HGRN2 forget-gate logit: 3 starts each layer's
+    sigmoid at 0.95 instead of 0.5, a long memory from the first step, as LRU / S4 initialise theirs)
 
 ``--state FILE`` (one variant): a checkpoint written at every evaluation and when ``--minutes`` stops the
 variant; rerunning the same command resumes from it (a run longer than one GPU call).
@@ -57,11 +59,28 @@ from hgrn_fairseq.modules.lra_encoder import LraEncoder  # noqa: E402
 
 DEFAULTS = dict(model="hgrn", mixer="hgru2", dim=128, layers=6, expand=2, norm="batch", pos="none", pool="mean",
                 lb=1, scan="parallel", lr=2e-3, wd=0.0, warmup=0.1, batch=128, subset=0, augment=0,
-                precision="bf16", stem="none", backend="auto")
+                precision="bf16", stem="none", backend="auto", gatebias=0.0)
 BACKENDS = ("auto", "reference", "triton")
 STEMS = ("none", "conv", "embed")
 POOLS = ("mean", "max", "last", "center")
 STEM_CHANNELS = 32
+
+
+def add_forget_gate_bias(encoder: nn.Module, bias: float) -> None:
+    """Add ``bias`` to the initial forget-gate logits of every HGRN2 mixer of ``encoder`` (in_proj = [v, q, f]:
+    the last third); a mixer of another kind is refused."""
+    from hgrn_fairseq.modules.hgru2 import HGRU2
+    from hgrn_fairseq.modules.scan2d import Series2D
+
+    if not bias:
+        return
+    for layer in encoder.layers:
+        mixers = [layer.mixer.row_mixer, layer.mixer.col_mixer] if isinstance(layer.mixer, Series2D) else [layer.mixer]
+        for m in mixers:
+            if not isinstance(m, HGRU2) or m.in_proj.bias is None:
+                raise SystemExit(f"gatebias: {type(m).__name__} is not an HGRN2 mixer with a bias: use mixer=hgru2")
+            with torch.no_grad():
+                m.in_proj.bias[2 * m.dim:] += bias
 
 
 def parse_variant(spec: str) -> dict:
@@ -104,6 +123,7 @@ class Classifier(nn.Module):
             expand_ratio=cfg["expand"], lower_bound=bool(cfg["lb"]), num_heads=4, max_len=side * side,
             pool="max" if cfg["pool"] == "max" else "mean", backend=cfg["backend"])
         self.head = nn.Linear(cfg["dim"], num_classes)
+        add_forget_gate_bias(self.encoder, cfg["gatebias"])
 
     def forward(self, x):  # x: [B, C, H, W] normalised
         if self.stem is not None:
