@@ -227,6 +227,8 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--expand", type=int, default=2)
     p.add_argument("--norm", default="batch")
+    p.add_argument("--pool", choices=("mean", "max"), default="mean", help="the encoder's pooling over the grid "
+                   "(max: the two dots' features are not averaged with 1,022 others on a 32 x 32 grid)")
     p.add_argument("--gate-bias", type=float, default=0.0, help="added to the initial forget-gate logits (HGRN2): "
                    "3 starts every gate at sigmoid 0.95, a long memory")
     p.add_argument("--lr", type=float, default=2e-3)
@@ -247,7 +249,7 @@ def main(argv=None) -> int:
     S = args.side
     enc = LraEncoder(mixer=args.mixer, dim=args.dim, num_layers=args.layers, norm=args.norm, input="pixels",
                      in_channels=1, positions="none", scan_2d="parallel", expand_ratio=args.expand,
-                     backend=args.backend, max_len=S * S)
+                     backend=args.backend, max_len=S * S, pool=args.pool)
     dev = torch.device(args.device)
     add_forget_gate_bias(enc, args.gate_bias)
     model = (LraClassifier(enc, 2) if args.model == "encoder" else LocalCNN(S, args.layers)).to(dev)

@@ -122,6 +122,37 @@ def test_tiny_run_writes_its_evaluations(tmp_path):
     assert 0 <= result["valid_eval_recalibrated"] <= 100 and result["settings"]["task"] == "rowcol"
 
 
+def test_local_yardstick_sees_only_its_receptive_field():
+    """--model localcnn: a pixel change more than `layers` pixels away from every other change cannot interact with
+    it before the pooling, so two separate changes act on the pooled features additively."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    net = probe.LocalCNN(side=12, layers=2).eval()
+    base = torch.full((1, 144, 1), probe.BACKGROUND)
+
+    def pooled_sum(x):  # the sum over the grid of the conv features (the mean pooling without the 1/144)
+        return net.convs(x.reshape(-1, 1, 12, 12)).sum((2, 3))
+
+    a, b, ab = base.clone(), base.clone(), base.clone()
+    a[0, 0] = ab[0, 0] = probe.DOT            # (0, 0)
+    b[0, 143] = ab[0, 143] = probe.DOT        # (11, 11): 11 rows and columns apart, beyond 2 + 2 pixels
+    torch.testing.assert_close(pooled_sum(ab) - pooled_sum(b), pooled_sum(a) - pooled_sum(base))
+    near = ab.clone()
+    near[0, 143], near[0, 2] = probe.BACKGROUND, probe.DOT  # (0, 2): within reach of (0, 0)
+    interaction = (pooled_sum(near) - pooled_sum(base)) - 2 * (pooled_sum(a) - pooled_sum(base))
+    assert interaction.abs().max() > 1e-2  # (two dots within reach do interact: the net is not pixel-wise)
+
+
+def test_tiny_runs_of_the_yardstick_and_of_max_pooling(tmp_path):
+    for extra in (["--model", "localcnn", "--layers", "2"], ["--pool", "max", "--gate-bias", "3"]):
+        out = tmp_path / "probe.json"
+        assert probe.main(["--side", "6", "--dim", "4", "--layers", "1", "--steps", "2", "--eval-every", "2",
+                           "--batch", "4", "--out", str(out)] + extra) == 0
+        result = json.loads(out.read_text())
+        assert [e["step"] for e in result["evals"]] == [2]
+        assert ("valid_eval_recalibrated" in result) == (extra[0] != "--model")  # (no batch norms to re-estimate)
+
+
 def test_diagonal_paths_join_at_corners_and_keep_their_labels():
     diagonal = grid(["#...", ".#..", "..#.", "...."])
     assert probe.connected(diagonal, (0, 0), (2, 2), probe.NEIGHBOURS8)

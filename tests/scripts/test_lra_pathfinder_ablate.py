@@ -25,6 +25,23 @@ def test_variants_parse_over_the_defaults_and_refuse_bad_keys():
         ablate.parse_variant("pool=first")
 
 
+def test_gate_bias_shifts_only_the_forget_logits():
+    torch.manual_seed(0)
+    plain = ablate.Classifier(ablate.parse_variant("dim=8,layers=2,scan=series"), 1, 2, side=4)
+    torch.manual_seed(0)
+    shifted = ablate.Classifier(ablate.parse_variant("dim=8,layers=2,scan=series,gatebias=3"), 1, 2, side=4)
+    for name, p in shifted.named_parameters():
+        q = dict(plain.named_parameters())[name]
+        if ".mixer." in name and name.endswith("in_proj.bias"):  # [v, q, f]: only the forget third moves, by 3
+            torch.testing.assert_close(p[:16], q[:16])
+            torch.testing.assert_close(p[16:], q[16:] + 3)
+        else:
+            torch.testing.assert_close(p, q)
+    assert sum(".mixer." in n and n.endswith("in_proj.bias") for n, _ in shifted.named_parameters()) == 4  # 2 x 2
+    with pytest.raises(SystemExit, match="not an HGRN2 mixer"):
+        ablate.Classifier(ablate.parse_variant("mixer=hgru,expand=1,dim=8,layers=1,gatebias=3"), 1, 2, side=4)
+
+
 @pytest.mark.parametrize("pool, pos", [("last", 15), ("center", 2 * 4 + 2)])
 def test_single_position_pools_read_that_position(pool, pos):
     torch.manual_seed(0)
