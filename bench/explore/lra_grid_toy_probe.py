@@ -53,6 +53,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path[:0] = [REPO, os.path.join(REPO, "bench"), os.path.dirname(os.path.abspath(__file__))]
 import provenance  # noqa: E402  (bench/provenance.py)
 from lra_pathfinder_ablate import add_forget_gate_bias  # noqa: E402
+from hgrn_fairseq.kernels.dispatch import BACKENDS  # noqa: E402
 from hgrn_fairseq.modules.lra_encoder import LraClassifier, LraEncoder  # noqa: E402
 from hgrn_fairseq.modules.norms import MaskedBatchNorm  # noqa: E402
 
@@ -239,7 +240,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu", help="cpu or cuda (the batches are drawn on the CPU either way)")
-    p.add_argument("--backend", default="reference", help="the mixers' kernels: reference (PyTorch) or triton "
+    p.add_argument("--backend", choices=BACKENDS, default="reference", help="the mixers' kernels: reference (PyTorch) or triton "
                    "(CUDA only)")
     p.add_argument("--out", default="")
     args = p.parse_args(argv)

@@ -55,12 +55,13 @@ sys.path[:0] = [REPO, os.path.join(REPO, "bench"), HERE]
 import provenance  # noqa: E402  (bench/provenance.py)
 from lra_pathfinder_cnn_control import (PathfinderCNN, augment, check_dir, load_split, lr_factor,  # noqa: E402
                                         normalise, write_json)
+from hgrn_fairseq.kernels.dispatch import BACKENDS  # noqa: E402
+from hgrn_fairseq.modules.hgru2 import HGRU2  # noqa: E402
 from hgrn_fairseq.modules.lra_encoder import LraEncoder  # noqa: E402
 
 DEFAULTS = dict(model="hgrn", mixer="hgru2", dim=128, layers=6, expand=2, norm="batch", pos="none", pool="mean",
                 lb=1, scan="parallel", lr=2e-3, wd=0.0, warmup=0.1, batch=128, subset=0, augment=0,
                 precision="bf16", stem="none", backend="auto", gatebias=0.0)
-BACKENDS = ("auto", "reference", "triton")
 STEMS = ("none", "conv", "embed")
 POOLS = ("mean", "max", "last", "center")
 STEM_CHANNELS = 32
@@ -68,18 +69,15 @@ STEM_CHANNELS = 32
 
 def add_forget_gate_bias(encoder: nn.Module, bias: float) -> None:
     """Add ``bias`` to the initial forget-gate logits of every HGRN2 mixer of ``encoder`` (in_proj = [v, q, f]:
-    the last third); a mixer of another kind is refused."""
-    from hgrn_fairseq.modules.hgru2 import HGRU2
-    from hgrn_fairseq.modules.scan2d import Series2D
-
+    the last third; the series 2-D variant's row and column mixers alike); a layer without one is refused."""
     if not bias:
         return
     for layer in encoder.layers:
-        mixers = [layer.mixer.row_mixer, layer.mixer.col_mixer] if isinstance(layer.mixer, Series2D) else [layer.mixer]
-        for m in mixers:
-            if not isinstance(m, HGRU2) or m.in_proj.bias is None:
-                raise SystemExit(f"gatebias: {type(m).__name__} is not an HGRN2 mixer with a bias: use mixer=hgru2")
-            with torch.no_grad():
+        mixers = [m for m in layer.mixer.modules() if isinstance(m, HGRU2) and m.in_proj.bias is not None]
+        if not mixers:
+            raise SystemExit(f"gatebias: {type(layer.mixer).__name__} is not an HGRN2 mixer with a bias: use mixer=hgru2")
+        with torch.no_grad():
+            for m in mixers:
                 m.in_proj.bias[2 * m.dim:] += bias
 
 
