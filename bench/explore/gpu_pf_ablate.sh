@@ -9,6 +9,9 @@
 # PF_STATE_DIR (relative to the root, e.g. checkpoints/pf_ablate, carried): variant i resumes from / writes
 # PF_STATE_DIR/v<i>.pt (lra_pathfinder_ablate.py --state), copied back as $OUT/state_v<i>.pt.
 # Run from the repository root with .whl/ carried (gpu_lra.sh installs fairseq for the data scripts' imports).
+# With no variants (probes only, PF_PROBES) there is no data step and nothing to carry. On a machine with
+# several GPUs the runs are dealt out over them in turn (variants first, then probes; CUDA_VISIBLE_DEVICES),
+# one MPS daemon serving all; gpus.txt in the archive says which run had which GPU.
 set -uo pipefail
 R=$PWD
 START=$(date +%s)
@@ -21,12 +24,19 @@ mkdir -p "$W" "$OUT"
 # are reused. Its logs go under $W/lra, into the archive.
 C=${PF_CONTOUR:-6}
 TASK=pathfinder$([ "$C" = 14 ] || echo "$C")
-OUT="$W/lra" LRA_WORK="$W" LRA_PARTS="${TASK}_data" LRA_PF_NUM="${PF_NUM:-40000}" bash bench/gpu_lra.sh \
-    > "$W/data.log" 2>&1
-echo "data rc=$? at $(el)s"; tail -4 "$W/data.log"
 DATA=$W/data-bin/$TASK
-[ -f "$DATA/meta.json" ] || { echo "gpu_pf_ablate.sh: no prepared data in $DATA (see $W/data.log)"; exit 2; }
+if [ $# -gt 0 ]; then
+    OUT="$W/lra" LRA_WORK="$W" LRA_PARTS="${TASK}_data" LRA_PF_NUM="${PF_NUM:-40000}" bash bench/gpu_lra.sh \
+        > "$W/data.log" 2>&1
+    echo "data rc=$? at $(el)s"; tail -4 "$W/data.log"
+    [ -f "$DATA/meta.json" ] || { echo "gpu_pf_ablate.sh: no prepared data in $DATA (see $W/data.log)"; exit 2; }
+fi
 export PYTHONPATH=$R:/tmp/site:/tmp/site2
+NGPU=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU')
+[ "$NGPU" -ge 1 ] || NGPU=1
+n=0  # runs started so far: run n goes to GPU n % NGPU
+gpu_next() { GPU=$((n % NGPU)); n=$((n + 1)); }
+: > "$W/gpus.txt"
 . bench/gpu_mps.sh
 start_mps
 echo "$MPS_MODE" | tee "$W/mps.txt"
@@ -36,7 +46,8 @@ for v in "$@"; do
     i=$((i + 1))
     st=()
     [ -n "${PF_STATE_DIR:-}" ] && mkdir -p "$PF_STATE_DIR" && st=(--state "$PF_STATE_DIR/v$i.pt")
-    timeout -s INT "$CAP" python3 bench/explore/lra_pathfinder_ablate.py "$DATA" --out "$W/v$i.json" --variant "$v" "${st[@]}" \
+    gpu_next; echo "v$i GPU $GPU $v" >> "$W/gpus.txt"
+    CUDA_VISIBLE_DEVICES=$GPU timeout -s INT "$CAP" python3 bench/explore/lra_pathfinder_ablate.py "$DATA" --out "$W/v$i.json" --variant "$v" "${st[@]}" \
         --steps "${PF_STEPS:-1500}" --minutes "${PF_MINUTES:-6.5}" --eval-every "${PF_EVAL:-500}" \
         > "$W/v$i.log" 2>&1 &
 done
@@ -49,7 +60,8 @@ for a in "${probes[@]}"; do
     [ -n "${a// /}" ] || continue
     j=$((j + 1))
     # shellcheck disable=SC2086  # (the argument list is meant to split on spaces)
-    timeout -s INT "$CAP" python3 bench/explore/lra_grid_toy_probe.py --device "${PF_PROBE_DEVICE:-cuda}" --threads 1 $a \
+    gpu_next; echo "p$j GPU $GPU $a" >> "$W/gpus.txt"
+    CUDA_VISIBLE_DEVICES=$GPU timeout -s INT "$CAP" python3 bench/explore/lra_grid_toy_probe.py --device "${PF_PROBE_DEVICE:-cuda}" --threads 1 $a \
         --out "$W/p$j.json" > "$W/p$j.log" 2>&1 &
 done
 wait

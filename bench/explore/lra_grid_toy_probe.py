@@ -27,6 +27,12 @@ difficulty is a knob, so the question "can it trace a path at all?" is answered 
   apart). ``--distractors N``: N more paths from random points, drawn before the dots (a distractor that
   happens to join the dots makes a positive: the flood fill decides).
 
+What makes a larger grid harder, taken apart: ``--max-leg L`` caps every leg at L pixels on the full grid (the
+distances stay short, the grid grows); ``--canvas C`` pastes each ``--side`` example at a random place of a C x C
+background (the paths stay those of the small grid, the positions and row / column lengths grow);
+``--side-schedule 16:800,24:3000`` is a curriculum: smaller grids first (the encoder reads any square grid), then
+``--side``, on which validation always is.
+
 Pixels: background -1, path 0, dots 1 (Pathfinder's markers are brighter than its paddles). Each step
 draws a fresh batch (no fixed training set: no memorising). Validation: 1,000 fixed examples, scored three
 ways: with the batch norms in training mode (batch statistics), in eval mode (running statistics), and in eval
@@ -92,25 +98,33 @@ def connected(img: np.ndarray, a, b, neighbours=NEIGHBOURS4) -> bool:
     return False
 
 
-def draw_path(img, r, c, legs, rng, dash, diagonal=False):
+def leg_end(pos, S, rng, max_leg=0):
+    """A new coordinate for a leg from ``pos``: anywhere on the row / column, or within ``max_leg`` of ``pos``."""
+    if not max_leg:
+        return int(rng.integers(0, S))
+    return int(rng.integers(max(0, pos - max_leg), min(S, pos + max_leg + 1)))
+
+
+def draw_path(img, r, c, legs, rng, dash, diagonal=False, max_leg=0):
     """``legs`` straight legs from (r, c), alternating direction (``diagonal``: every leg at 45 degrees, a
-    staircase of pixels that touch at their corners); returns the end point."""
+    staircase of pixels that touch at their corners); returns the end point. ``max_leg`` (0: no limit) caps
+    a leg's length in pixels (the distance a dot's signal must travel, apart from the grid's size)."""
     horizontal = rng.random() < 0.5
     for _ in range(legs):
         S = img.shape[0]
         if diagonal:
             dr, dc = (1 if rng.random() < 0.5 else -1), (1 if rng.random() < 0.5 else -1)
-            n = int(rng.integers(1, S))
+            n = int(rng.integers(1, min(S, max_leg + 1) if max_leg else S))
             cells = [(r, c)]
             while len(cells) <= n and 0 <= r + dr < S and 0 <= c + dc < S:
                 r, c = r + dr, c + dc
                 cells.append((r, c))
         elif horizontal:
-            c2 = int(rng.integers(0, S))
+            c2 = leg_end(c, S, rng, max_leg)
             cells = [(r, k) for k in range(min(c, c2), max(c, c2) + 1)]
             c = c2
         else:
-            r2 = int(rng.integers(0, S))
+            r2 = leg_end(r, S, rng, max_leg)
             cells = [(k, c) for k in range(min(r, r2), max(r, r2) + 1)]
             r = r2
         for i, (rr, cc) in enumerate(cells):
@@ -120,7 +134,20 @@ def draw_path(img, r, c, legs, rng, dash, diagonal=False):
     return r, c
 
 
-def sample(task: str, S: int, turns: int, dash: int, rng, diagonal: bool = False, distractors: int = 0):
+def sample(task: str, S: int, turns: int, dash: int, rng, diagonal: bool = False, distractors: int = 0,
+           max_leg: int = 0, canvas: int = 0):
+    """One example ``(S x S image, label)``; ``canvas`` C > S: the example pasted at a random place of a C x C
+    background (more positions and longer rows and columns, the same paths)."""
+    img, y = _sample(task, S, turns, dash, rng, diagonal, distractors, max_leg)
+    if canvas and canvas > S:
+        big = np.full((canvas, canvas), BACKGROUND, np.float32)
+        r, c = (int(v) for v in rng.integers(0, canvas - S + 1, 2))
+        big[r:r + S, c:c + S] = img
+        img = big
+    return img, y
+
+
+def _sample(task: str, S: int, turns: int, dash: int, rng, diagonal: bool, distractors: int, max_leg: int):
     img = np.full((S, S), BACKGROUND, np.float32)
     if task == "rowcol":
         a = tuple(int(v) for v in rng.integers(0, S, 2))
@@ -143,14 +170,14 @@ def sample(task: str, S: int, turns: int, dash: int, rng, diagonal: bool = False
         # start is always ink; the one before its end is blank for a third of the lengths)
         c = None
         if want:
-            b = tuple(draw_path(img, *a, turns + 1, rng, dash, diagonal))
+            b = tuple(draw_path(img, *a, turns + 1, rng, dash, diagonal, max_leg))
             c = tuple(int(v) for v in rng.integers(0, S, 2))
-            draw_path(img, *c, turns + 1, rng, dash, diagonal)
+            draw_path(img, *c, turns + 1, rng, dash, diagonal, max_leg)
         else:
-            draw_path(img, *a, turns + 1, rng, dash, diagonal)
-            b = tuple(draw_path(img, *(int(v) for v in rng.integers(0, S, 2)), turns + 1, rng, dash, diagonal))
+            draw_path(img, *a, turns + 1, rng, dash, diagonal, max_leg)
+            b = tuple(draw_path(img, *(int(v) for v in rng.integers(0, S, 2)), turns + 1, rng, dash, diagonal, max_leg))
         for _ in range(distractors):  # paths from random points that join the dots only by chance
-            draw_path(img, *(int(v) for v in rng.integers(0, S, 2)), max(turns, 1), rng, dash, diagonal)
+            draw_path(img, *(int(v) for v in rng.integers(0, S, 2)), max(turns, 1), rng, dash, diagonal, max_leg)
         img[a] = img[b] = DOT
         if b == a:  # one dot only: draw again
             continue
@@ -166,9 +193,36 @@ def sample(task: str, S: int, turns: int, dash: int, rng, diagonal: bool = False
                        f"{turns}, dash {dash}): use a larger --side or fewer --turns")
 
 
-def batch(task, n, S, turns, dash, rng, diagonal=False, distractors=0):
-    xs, ys = zip(*(sample(task, S, turns, dash, rng, diagonal, distractors) for _ in range(n)))
-    return torch.from_numpy(np.stack(xs)).reshape(n, S * S, 1), torch.tensor(ys)
+def batch(task, n, S, turns, dash, rng, diagonal=False, distractors=0, max_leg=0, canvas=0):
+    xs, ys = zip(*(sample(task, S, turns, dash, rng, diagonal, distractors, max_leg, canvas) for _ in range(n)))
+    x = np.stack(xs)
+    return torch.from_numpy(x).reshape(n, x.shape[1] * x.shape[2], 1), torch.tensor(ys)
+
+
+def parse_side_schedule(text: str, final_side: int):
+    """``"16:600,24:1500"`` -> ``[(600, 16), (1500, 24)]``: train on side 16 up to step 600, 24 up to 1,500, then
+    on ``final_side``; one-line errors for a malformed schedule."""
+    if not text:
+        return []
+    out, last = [], 0
+    for item in text.split(","):
+        try:
+            side, until = (int(v) for v in item.split(":"))
+        except ValueError:
+            raise SystemExit(f"--side-schedule: {item!r} is not SIDE:UNTIL_STEP (e.g. 16:600,24:1500)") from None
+        if until <= last or side < 4 or side > final_side:
+            raise SystemExit(f"--side-schedule: {item!r}: steps must grow and sides lie in 4..--side ({final_side})")
+        out.append((until, side))
+        last = until
+    return out
+
+
+def side_at(schedule, step: int, final_side: int) -> int:
+    """The training side at ``step`` (1-based) under ``parse_side_schedule``'s schedule."""
+    for until, side in schedule:
+        if step <= until:
+            return side
+    return final_side
 
 
 class LocalCNN(nn.Module):
@@ -183,8 +237,9 @@ class LocalCNN(nn.Module):
             convs += [nn.Conv2d(1 if i == 0 else width, width, 3, padding=1), nn.ReLU()]
         self.side, self.convs, self.head = side, nn.Sequential(*convs), nn.Linear(2 * width, 2)
 
-    def forward(self, x):  # x: [B, S * S, 1] as the encoder reads it
-        h = self.convs(x.reshape(-1, 1, self.side, self.side))
+    def forward(self, x):  # x: [B, S * S, 1] as the encoder reads it (any square S)
+        side = int(round(x.shape[1] ** 0.5))
+        h = self.convs(x.reshape(-1, 1, side, side))
         return self.head(torch.cat([h.mean((2, 3)), h.amax((2, 3))], 1))
 
 
@@ -195,7 +250,8 @@ def accuracy(model, x, y) -> float:
         return (model(x).argmax(1) == y).float().mean().item() * 100
 
 
-def recalibrate(model, task, S, turns, dash, rng, batches=30, size=64, diagonal=False, distractors=0) -> None:
+def recalibrate(model, task, S, turns, dash, rng, batches=30, size=64, diagonal=False, distractors=0, max_leg=0,
+                canvas=0) -> None:
     """Running statistics of every batch norm re-estimated with the current weights (cumulative average)."""
     norms = [m for m in model.modules() if isinstance(m, MaskedBatchNorm)]
     saved = [m.momentum for m in norms]
@@ -206,7 +262,8 @@ def recalibrate(model, task, S, turns, dash, rng, batches=30, size=64, diagonal=
         for i in range(batches):
             for m in norms:
                 m.momentum = 1.0 / (i + 1)
-            model(batch(task, size, S, turns, dash, rng, diagonal, distractors)[0].to(next(model.parameters()).device))
+            x = batch(task, size, S, turns, dash, rng, diagonal, distractors, max_leg, canvas)[0]
+            model(x.to(next(model.parameters()).device))
     for m, mom in zip(norms, saved):
         m.momentum = mom
 
@@ -222,6 +279,12 @@ def main(argv=None) -> int:
     p.add_argument("--distractors", type=int, default=0, help="extra paths from random points (Pathfinder's "
                    "distractor snakes); the flood fill still decides the label")
     p.add_argument("--side", type=int, default=16)
+    p.add_argument("--max-leg", type=int, default=0, help="cap every leg at this many pixels (0: a leg may cross "
+                   "the grid): the distance a dot's signal must travel, apart from the grid's size")
+    p.add_argument("--canvas", type=int, default=0, help="paste each --side example at a random place of a C x C "
+                   "background: the grid's size apart from the paths' lengths")
+    p.add_argument("--side-schedule", default="", help="a curriculum: SIDE:UNTIL_STEP,... (e.g. 16:600,24:1500) "
+                   "trains on smaller grids first, then on --side; validation is always on --side")
     p.add_argument("--model", choices=("encoder", "localcnn"), default="encoder", help="localcnn: the yardstick "
                    "for local cues (--layers 3x3 convs, global mean and max pooling)")
     p.add_argument("--mixer", default="hgru2")
@@ -248,17 +311,23 @@ def main(argv=None) -> int:
         p.error("--dash 1 would blank every pixel of a leg: give 0 (solid) or K >= 2 (every K-th pixel blank)")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    if args.canvas and args.canvas <= args.side:
+        p.error(f"--canvas {args.canvas} must be larger than --side {args.side} (or 0: no canvas)")
+    if args.canvas and args.side_schedule:
+        p.error("--canvas and --side-schedule together: give one")
     S = args.side
+    schedule = parse_side_schedule(args.side_schedule, S)
+    G = args.canvas or S  # the grid the encoder reads
     enc = LraEncoder(mixer=args.mixer, dim=args.dim, num_layers=args.layers, norm=args.norm, input="pixels",
                      in_channels=1, positions="none", scan_2d="parallel", expand_ratio=args.expand,
-                     backend=args.backend, max_len=S * S, pool=args.pool)
+                     backend=args.backend, max_len=G * G, pool=args.pool)
     dev = torch.device(args.device)
     add_forget_gate_bias(enc, args.gate_bias)
     model = (LraClassifier(enc, 2) if args.model == "encoder" else LocalCNN(S, args.layers)).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     rng = np.random.default_rng(args.seed)
-    xv, yv = batch(args.task, 1000, S, args.turns, args.dash, np.random.default_rng(10_000 + args.seed), args.diagonal,
-                   args.distractors)
+    shape = dict(diagonal=args.diagonal, distractors=args.distractors, max_leg=args.max_leg, canvas=args.canvas)
+    xv, yv = batch(args.task, 1000, S, args.turns, args.dash, np.random.default_rng(10_000 + args.seed), **shape)
     result = {"settings": vars(args), "valid_positive_share": round(yv.float().mean().item(), 3),
               "git": provenance.git_version(), "date": datetime.date.today().isoformat(), "evals": []}
     print(f"{args.task} turns {args.turns} dash {args.dash} diagonal {args.diagonal} distractors {args.distractors}: "
@@ -266,7 +335,8 @@ def main(argv=None) -> int:
           flush=True)
     t0, accs = time.time(), []
     for step in range(1, args.steps + 1):
-        x, y = batch(args.task, args.batch, S, args.turns, args.dash, rng, args.diagonal, args.distractors)
+        side = side_at(schedule, step, S)
+        x, y = batch(args.task, args.batch, side, args.turns, args.dash, rng, **shape)
         x, y = x.to(dev), y.to(dev)
         model.train()
         logits = model(x)
@@ -282,7 +352,7 @@ def main(argv=None) -> int:
             model.train()
             batch_stats = accuracy(model, xv, yv)
             model.load_state_dict(buffers, strict=False)  # (the validation batch leaves no trace in them)
-            rec = {"step": step, "loss": round(loss.item(), 4), "train_acc": round(float(np.mean(accs[-50:])), 2),
+            rec = {"step": step, "train_side": side, "loss": round(loss.item(), 4), "train_acc": round(float(np.mean(accs[-50:])), 2),
                    "valid_batch_stats": round(batch_stats, 2), "valid_eval": round(running, 2),
                    "seconds": round(time.time() - t0, 1)}
             result["evals"].append(rec)
@@ -291,8 +361,7 @@ def main(argv=None) -> int:
                 with open(args.out, "w") as f:
                     json.dump(result, f, indent=1)
     if args.norm in ("batch", "syncbatch") and args.model == "encoder":
-        recalibrate(model, args.task, S, args.turns, args.dash, np.random.default_rng(20_000 + args.seed),
-                    diagonal=args.diagonal, distractors=args.distractors)
+        recalibrate(model, args.task, S, args.turns, args.dash, np.random.default_rng(20_000 + args.seed), **shape)
         model.eval()
         result["valid_eval_recalibrated"] = round(accuracy(model, xv, yv), 2)
         print(f"eval mode after re-estimating the running statistics: {result['valid_eval_recalibrated']:.2f}",

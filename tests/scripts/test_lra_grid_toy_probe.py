@@ -175,3 +175,54 @@ def test_diagonal_paths_join_at_corners_and_keep_their_labels():
         assert y == int(comp[b])
         labels.append(y)
     assert 0.35 < np.mean(labels) < 0.65
+
+
+def test_max_leg_caps_every_leg_and_labels_still_hold():
+    """--max-leg L: no straight run of drawn pixels (a leg) longer than L + 1 pixels, and the labels still agree with
+    an independent component count."""
+    rng = np.random.default_rng(5)
+    longest = 0
+    for _ in range(150):
+        img, y = probe.sample("path", 24, 1, 0, rng, max_leg=4)
+        a, b = np.argwhere(img == probe.DOT)
+        lab = components(img)
+        assert y == int(lab[tuple(a)] == lab[tuple(b)])
+        if y:  # (a positive's dots are the ends of one path of two legs of at most 4 pixels each)
+            assert np.abs(a - b).sum() <= 2 * 4
+        for row in (img > probe.BACKGROUND).tolist() + (img > probe.BACKGROUND).T.tolist():
+            run = 0
+            for v in row:
+                run = run + 1 if v else 0
+                longest = max(longest, run)
+    # crossing legs of different paths can line up, so allow a little, but far below the 24 pixels a free leg reaches
+    assert longest <= 10, longest
+
+
+def test_canvas_pastes_the_example_into_a_larger_background():
+    rng = np.random.default_rng(6)
+    for _ in range(50):
+        img, y = probe.sample("path", 8, 1, 0, rng, canvas=20)
+        assert img.shape == (20, 20)
+        rows, cols = np.nonzero(img > probe.BACKGROUND)
+        assert rows.max() - rows.min() < 8 and cols.max() - cols.min() < 8
+        a, b = np.argwhere(img == probe.DOT)
+        lab = components(img)
+        assert y == int(lab[tuple(a)] == lab[tuple(b)])
+    x, _ = probe.batch("path", 3, 8, 1, 0, rng, canvas=20)
+    assert tuple(x.shape) == (3, 400, 1)
+
+
+def test_side_schedule():
+    sched = probe.parse_side_schedule("8:3,12:5", 16)
+    assert [probe.side_at(sched, s, 16) for s in range(1, 8)] == [8, 8, 8, 12, 12, 16, 16]
+    for bad in ("8", "8:3,12:2", "20:3", "a:b"):
+        with pytest.raises(SystemExit):
+            probe.parse_side_schedule(bad, 16)
+
+
+def test_curriculum_run_trains_small_then_validates_on_the_final_side(tmp_path):
+    out = tmp_path / "probe.json"
+    assert probe.main(["--side", "8", "--side-schedule", "6:2", "--dim", "4", "--layers", "1", "--steps", "4",
+                       "--eval-every", "1", "--batch", "4", "--out", str(out)]) == 0
+    evals = json.loads(out.read_text())["evals"]
+    assert [e["train_side"] for e in evals] == [6, 6, 8, 8]
