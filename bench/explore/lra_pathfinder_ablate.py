@@ -55,8 +55,8 @@ sys.path[:0] = [REPO, os.path.join(REPO, "bench"), HERE]
 import provenance  # noqa: E402  (bench/provenance.py)
 from lra_pathfinder_cnn_control import (PathfinderCNN, augment, check_dir, load_split, lr_factor,  # noqa: E402
                                         normalise, write_json)
+from forget_gate_bias import add_forget_gate_bias  # noqa: E402  (bench/explore/forget_gate_bias.py)
 from hgrn_fairseq.kernels.dispatch import BACKENDS  # noqa: E402
-from hgrn_fairseq.modules.hgru2 import HGRU2  # noqa: E402
 from hgrn_fairseq.modules.lra_encoder import LraEncoder  # noqa: E402
 
 DEFAULTS = dict(model="hgrn", mixer="hgru2", dim=128, layers=6, expand=2, norm="batch", pos="none", pool="mean",
@@ -65,20 +65,6 @@ DEFAULTS = dict(model="hgrn", mixer="hgru2", dim=128, layers=6, expand=2, norm="
 STEMS = ("none", "conv", "embed")
 POOLS = ("mean", "max", "last", "center")
 STEM_CHANNELS = 32
-
-
-def add_forget_gate_bias(encoder: nn.Module, bias: float) -> None:
-    """Add ``bias`` to the initial forget-gate logits of every HGRN2 mixer of ``encoder`` (in_proj = [v, q, f]:
-    the last third; the series 2-D variant's row and column mixers alike); a layer without one is refused."""
-    if not bias:
-        return
-    for layer in encoder.layers:
-        mixers = [m for m in layer.mixer.modules() if isinstance(m, HGRU2) and m.in_proj.bias is not None]
-        if not mixers:
-            raise SystemExit(f"gatebias: {type(layer.mixer).__name__} is not an HGRN2 mixer with a bias: use mixer=hgru2")
-        with torch.no_grad():
-            for m in mixers:
-                m.in_proj.bias[2 * m.dim:] += bias
 
 
 def parse_variant(spec: str) -> dict:

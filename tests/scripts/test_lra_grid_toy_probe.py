@@ -226,3 +226,13 @@ def test_curriculum_run_trains_small_then_validates_on_the_final_side(tmp_path):
                        "--eval-every", "1", "--batch", "4", "--out", str(out)]) == 0
     evals = json.loads(out.read_text())["evals"]
     assert [e["train_side"] for e in evals] == [6, 6, 8, 8]
+
+
+def test_probe_imports_without_fairseq():
+    """The probe runs on a GPU machine that has PyTorch but no fairseq (nothing of fairseq is imported)."""
+    import subprocess
+    import sys
+    code = ("import sys, runpy; sys.modules['fairseq'] = None; "
+            f"runpy.run_path({os.path.join(REPO, 'bench', 'explore', 'lra_grid_toy_probe.py')!r})")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
