@@ -29,6 +29,8 @@
 # the public OpenNLPLab/lra repository's configs/experiment/hgrn-lra-listops.yaml instead of the paper's table:
 # d 128, GLU 2x, layer norms, lr 1e-3, weight decay 0.01, warm-up 1,000, batch 50, cosine over 50,000
 # updates (its own --max-update: LRA_LISTOPS_UPDATES does not apply), e.g. hgrn1:2222:repocfg+eos.
+# MODEL:SEED:truncate runs the paper's own schedule cut at the task's updates (SCHEDULE=truncate: warm-up and
+# cosine not compressed, so every update has the paper's learning rate), e.g. LRA_JOBS="pathfinder/hgrn2:2222:truncate".
 # (Since the recipe appends <eos>, a new MODEL:SEED:unmasked run has it too, but
 # its name is that of the finished no-<eos> ablation: restored from LRA_CARRY, that run's checkpoint is refused
 # by the data fingerprint, which records append_eos. Name such runs with the flags they have.)
@@ -183,6 +185,7 @@ spec_args() {  # SPEC: the fairseq-train arguments it adds (--seed N, --unmasked
             unmasked) echo "--unmasked-padding" ;;
             eos) echo "--append-eos --max-positions 2048" ;;
             noeos) ;;  # (train_one sets NO_EOS=1: the recipe's --append-eos cannot be undone by a later flag)
+            truncate) ;;  # (train_one sets SCHEDULE=truncate: the paper's warm-up and cosine, cut at MAX_UPDATE)
             scratch[1-9]|scratch[1-9][0-9]) echo "--scratch-positions ${flag#scratch}" ;;
             scanpads) echo "--scan-padding" ;;
             layernorm) echo "--norm layer" ;;
@@ -199,7 +202,7 @@ spec_args() {  # SPEC: the fairseq-train arguments it adds (--seed N, --unmasked
                 echo "--encoder-embed-dim 128 --glu-multiple 2 --norm layer --lr 0.001 --weight-decay 0.01" \
                      "--warmup-updates 1000 --batch-size 50 --batch-size-valid 50 --max-update 50000" ;;
             fixed[1-9][0-9]|fixed[1-9][0-9][0-9]|fixed[1-9][0-9][0-9][0-9]) echo "--pad-to-length ${flag#fixed}" ;;
-            *) echo "gpu_lra.sh: '$1' in LRA_MODELS: the third field can only be 'unmasked', 'eos', 'noeos', 'scratchK' (K 1-99), 'fixedN' (N 10-9999), 'scanpads', 'layernorm', 'scan1d', 'nolb', 'maxpool', 'layersN' (N 1-9), 'lrXe-Y' (e.g. lr2e-4) or 'repocfg' (several joined by '+')" >&2; return 1 ;;
+            *) echo "gpu_lra.sh: '$1' in LRA_MODELS: the third field can only be 'unmasked', 'eos', 'noeos', 'truncate', 'scratchK' (K 1-99), 'fixedN' (N 10-9999), 'scanpads', 'layernorm', 'scan1d', 'nolb', 'maxpool', 'layersN' (N 1-9), 'lrXe-Y' (e.g. lr2e-4) or 'repocfg' (several joined by '+')" >&2; return 1 ;;
         esac
     done
     [ -n "$seed" ] && echo "--seed $seed"
@@ -239,6 +242,7 @@ train_one() {  # TASK UPDATES SPEC: one model (SPEC: see run_id), shortened reci
     SAVE_DIR=$run LOG_DIR=$OUT/runs/$id RESULTS_DIR=$WORK/runs \
         MAX_UPDATE=$updates TRAIN_MINUTES=$cap NUM_GPUS=${LRA_NUM_GPUS:-1} SAVE_INTERVAL_UPDATES=500 \
         NO_EOS=$(case "+${3##*:}+" in *+noeos+*) echo 1 ;; *) echo 0 ;; esac) \
+        SCHEDULE=$(case "+${3##*:}+" in *+truncate+*) echo truncate ;; *) echo compress ;; esac) \
         timeout "$kill" \
         bash scripts/train_lra.sh "${task%%[0-9]*}" "$model" "$WORK/data-bin/$task" ${LRA_TRAIN_EXTRA:-} $seed \
         > "$OUT/runs/train_$id.log" 2>&1

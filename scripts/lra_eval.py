@@ -62,22 +62,36 @@ def load(checkpoint: str, data: str | None = None, cpu: bool = False, pad_to_len
     return model, cfg, task, use_cuda, bf16
 
 
+def run_schedule(cfg, r) -> str:
+    """How the run's schedule relates to its recipe ``r``: "full", "compressed" (a shortened run, warm-up and
+    cosine scaled to it: train_lra.sh's MAX_UPDATE) or "truncated" (a shortened run on the paper's schedule:
+    SCHEDULE=truncate, told by its --lr-period-updates)."""
+    from lra_recipes import schedule_kind
+
+    period = float(cfg.lr_scheduler.get("lr_period_updates", -1) or -1)
+    return schedule_kind(r, int(cfg.optimization.max_update), truncate=period > 0)
+
+
 def recipe_overrides(cfg, r) -> dict:
     """The training settings of a run that differ from its recipe ``r`` (scripts/lra_recipes.py) at the run's
-    own --max-update (a shortened run's warm-up is scaled, as train_lra.sh's MAX_UPDATE does): {name: value},
-    empty for a run of the recipe. Optimizer, schedule, learning rate, weight decay, warm-up, clipping, total
-    batch (per step x accumulation x processes) and precision; the epoch cap and the update count are
-    recorded apart (planned_updates)."""
-    from lra_recipes import LR_SCHEDULER, OPTIMIZER, schedule
+    own --max-update (a shortened run's warm-up is scaled, as train_lra.sh's MAX_UPDATE does, or kept with
+    the paper's cosine period, SCHEDULE=truncate): {name: value}, empty for a run of the recipe. Optimizer,
+    schedule, learning rate, weight decay, warm-up, cosine period, clipping, total batch (per step x
+    accumulation x processes) and precision; the epoch cap and the update count are recorded apart
+    (planned_updates)."""
+    from lra_recipes import LR_SCHEDULER, OPTIMIZER, lr_period, schedule
 
     from hgrn_fairseq.models.hgrn_lra import same_option
 
-    warmup, _, _ = schedule(r, int(cfg.optimization.max_update))
+    max_update, truncated = int(cfg.optimization.max_update), run_schedule(cfg, r) == "truncated"
+    warmup, _, _ = schedule(r, max_update, truncated)
     want = {"optimizer": OPTIMIZER, "lr_scheduler": LR_SCHEDULER, "lr": r.lr, "weight_decay": r.weight_decay,
-            "warmup_updates": warmup, "clip_norm": r.clip, "batch": r.batch, "precision": r.precision}
+            "warmup_updates": warmup, "lr_period_updates": float(lr_period(r, max_update, truncated) or -1),
+            "clip_norm": r.clip, "batch": r.batch, "precision": r.precision}
     got = {"optimizer": cfg.optimizer._name, "lr_scheduler": cfg.lr_scheduler._name,
            "lr": float(cfg.optimization.lr[0]), "weight_decay": float(cfg.optimizer.get("weight_decay", 0.0)),
            "warmup_updates": int(cfg.lr_scheduler.get("warmup_updates", 0)),
+           "lr_period_updates": float(cfg.lr_scheduler.get("lr_period_updates", -1) or -1),
            "clip_norm": float(cfg.optimization.clip_norm),
            "batch": int(cfg.dataset.batch_size) * int(cfg.optimization.update_freq[0])
            * int(cfg.distributed_training.distributed_world_size),
@@ -163,6 +177,8 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
         "num_updates": updates(last_state),  # updates the run made (checkpoint_last.pt)
         "best_checkpoint_updates": updates(state),
         "planned_updates": int(cfg.optimization.max_update),
+        # full / compressed (warm-up and cosine scaled to planned_updates) / truncated (the paper's schedule, cut)
+        "schedule": run_schedule(cfg, run_recipe) if run_recipe is not None else None,
         "seed": int(cfg.common.seed),
         "unmasked_padding": bool(getattr(cfg.model, "unmasked_padding", False)),  # the ablation, not the recipe
         "append_eos": bool(getattr(cfg.task, "append_eos", False)),  # the recipe's on token tasks since 2026-11-26

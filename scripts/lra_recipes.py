@@ -13,7 +13,12 @@ from 0 to the peak learning rate, then a cosine decay to 0 at the total step cou
 run capped at the papers' epochs as well. HGRN1 trains in fp32, HGRN2 in bf16. "batch" is the total
 over all GPUs; per-GPU batch = batch / GPUs (must divide). A shortened run (``--max-update N``
 smaller than the total: the GPU evidence's budget) compresses the schedule: warm-up
-``round(warmup * N / total)``, cosine to 0 at N, no epoch cap.
+``round(warmup * N / total)``, cosine to 0 at N, no epoch cap. With ``--truncate`` it runs the recipe's
+own schedule instead and stops at N (the paper's warm-up and cosine period, ``--lr-period-updates``): the
+learning rate of every update is the paper's run's, the run is that run's first N updates. Pathfinder
+needs this: compressed, its 2e-3 peak arrives within a few hundred updates, and at that rate the 2-D
+models never leave chance, where the paper's 50,000-update warm-up keeps the rate under 5e-4 for the
+first 12,500 updates (docs/lra.md, "The learning rate").
 
 Token tasks (ListOps, Text, Retrieval) end every sequence with ``<eos>`` (``--append-eos``), as the
 official harness's data do (its ListOps / IMDB / AAN configs: ``append_eos: True`` within lengths 2,048 /
@@ -87,19 +92,41 @@ def recipe(task: str, model: str) -> Recipe:
     return RECIPES[(task, model)]
 
 
-def schedule(r: Recipe, max_update: Optional[int]) -> Tuple[int, int, Optional[int]]:
-    """(warm-up, max updates, epoch cap) of a run with ``max_update`` (None: the paper's)."""
+SCHEDULES = ("full", "compressed", "truncated")
+
+
+def schedule_kind(r: Recipe, max_update: Optional[int], truncate: bool = False) -> str:
+    """"full" (the paper's run), "compressed" (a shortened run, warm-up and cosine scaled to it) or "truncated"
+    (a shortened run on the paper's own schedule)."""
     if max_update is None or max_update >= r.total:
-        return r.warmup, r.total, r.epochs
-    if max_update < 1:
+        return "full"
+    return "truncated" if truncate else "compressed"
+
+
+def schedule(r: Recipe, max_update: Optional[int], truncate: bool = False) -> Tuple[int, int, Optional[int]]:
+    """(warm-up, max updates, epoch cap) of a run with ``max_update`` (None: the paper's); ``truncate``: a
+    shortened run keeps the paper's warm-up (and its cosine period, ``lr_period``)."""
+    if max_update is not None and max_update < 1:
         raise ValueError(f"--max-update {max_update} must be >= 1")
+    kind = schedule_kind(r, max_update, truncate)
+    if kind == "full":
+        return r.warmup, r.total, r.epochs
+    if kind == "truncated":
+        return r.warmup, max_update, None
     return max(1, round(r.warmup * max_update / r.total)), max_update, None
 
 
+def lr_period(r: Recipe, max_update: Optional[int], truncate: bool = False) -> Optional[int]:
+    """The cosine's length for fairseq's ``--lr-period-updates`` (None: fairseq's default, max updates minus
+    warm-up): the paper's ``total - warmup`` for a truncated run, so the rate at update t is the paper's."""
+    return r.total - r.warmup if schedule_kind(r, max_update, truncate) == "truncated" else None
+
+
 def fairseq_args(task: str, model: str, nproc: int = 1, max_update: Optional[int] = None,
-                 batch_per_gpu: Optional[int] = None, eos: bool = True) -> List[str]:
+                 batch_per_gpu: Optional[int] = None, eos: bool = True, truncate: bool = False) -> List[str]:
     """fairseq-train flags of the recipe (everything except data, save and log locations); ``eos=False``:
-    no ``--append-eos`` on a token task (the recipe before 2026-11-26, an ablation now)."""
+    no ``--append-eos`` on a token task (the recipe before 2026-11-26, an ablation now); ``truncate``: a
+    shortened run (``max_update`` under the total) keeps the paper's schedule and stops at ``max_update``."""
     r = recipe(task, model)
     if nproc < 1:
         raise ValueError(f"nproc={nproc} must be >= 1")
@@ -111,7 +138,7 @@ def fairseq_args(task: str, model: str, nproc: int = 1, max_update: Optional[int
     if per_proc % per_step:
         raise ValueError(f"BATCH_PER_GPU={per_step} does not divide the {per_proc} sequences each of the {nproc} "
                          f"process(es) handles per update")
-    warmup, updates, epochs = schedule(r, max_update)
+    warmup, updates, epochs = schedule(r, max_update, truncate)
     args = [
         "--task", "lra_image" if task in PIXEL_TASKS else "lra_text",
         "--arch", f"{model}_lra_{task}",
@@ -127,6 +154,9 @@ def fairseq_args(task: str, model: str, nproc: int = 1, max_update: Optional[int
         "--best-checkpoint-metric", "accuracy", "--maximize-best-checkpoint-metric",
         "--seed", str(SEED),
     ]
+    period = lr_period(r, max_update, truncate)
+    if period is not None:
+        args += ["--lr-period-updates", str(period)]
     if task not in PIXEL_TASKS and eos:
         args += ["--append-eos"]
     if epochs is not None:
@@ -245,6 +275,8 @@ def main(argv=None) -> int:
     a.add_argument("--max-update", type=int, default=None)
     a.add_argument("--batch-per-gpu", type=int, default=None)
     a.add_argument("--no-eos", action="store_true", help="token tasks: no <eos> after each sequence (an ablation)")
+    a.add_argument("--truncate", action="store_true", help="with --max-update under the recipe's total: keep the "
+                   "paper's warm-up and cosine and stop at --max-update (default: compress them to it)")
     s = sub.add_parser("show", help="the recipe as JSON")
     s.add_argument("task")
     s.add_argument("model")
@@ -255,7 +287,8 @@ def main(argv=None) -> int:
     try:
         if args.cmd == "args":
             print(" ".join(shlex.quote(x) for x in fairseq_args(args.task, args.model, args.nproc, args.max_update,
-                                                                 args.batch_per_gpu, eos=not args.no_eos)))
+                                                                 args.batch_per_gpu, eos=not args.no_eos,
+                                                                 truncate=args.truncate)))
         elif args.cmd == "show":
             print(json.dumps(asdict(recipe(args.task, args.model))))
         else:

@@ -21,7 +21,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lra_recipes import MODELS, PIXEL_TASKS, SEED, TASKS, recipe  # noqa: E402
 
-COLUMNS = ["task", "model", "ours", "paper", "diff", "updates", "planned_updates", "recipe_updates", "data",
+COLUMNS = ["task", "model", "ours", "paper", "diff", "updates", "planned_updates", "schedule", "recipe_updates", "data",
            "precision", "device", "date", "examples"]
 
 
@@ -68,11 +68,13 @@ def rows(results: dict) -> list:
             r = results.get((task, model))
             row = {"task": task, "model": model, "paper": rec.paper_accuracy, "recipe_updates": rec.total}
             if r is None:
-                row.update(ours=None, diff=None, updates=None, planned_updates=None, data=None, precision=None, device=None, date=None,
+                row.update(ours=None, diff=None, updates=None, planned_updates=None, schedule=None, data=None, precision=None,
+                           device=None, date=None,
                            examples=None)
             else:
                 row.update(ours=r["accuracy"], diff=round(r["accuracy"] - rec.paper_accuracy, 2),
                            updates=r.get("num_updates"), planned_updates=r.get("planned_updates"),
+                           schedule=r.get("schedule"),
                            data="LRA" if r.get("data_comparable", True) else f"generated ({r.get('data_source') or 'not LRA'})",
                            precision=r.get("precision"), device=r.get("device"), date=(r.get("date") or "")[:10],
                            examples=r.get("examples"))
@@ -109,7 +111,8 @@ def other_runs(others: list) -> str:
         for name, value in sorted((r.get("recipe_overrides") or {}).items()):
             ablation += f", {name} {value} (not the recipe's)"
         lines.append(f"- {model.upper()} {task}, seed {seed(r)}{ablation}: {r['accuracy']:.2f} after "
-                     f"{r.get('num_updates') or 0:,} updates (planned {r.get('planned_updates') or 0:,}), "
+                     f"{r.get('num_updates') or 0:,} updates (planned {r.get('planned_updates') or 0:,}"
+                     f"{', the recipe schedule cut there' if r.get('schedule') == 'truncated' else ''}), "
                      f"{r.get('device', '-')}")
     return "\n".join(lines) + "\n"
 
@@ -122,6 +125,8 @@ def markdown(table: list) -> str:
              "|---|---|---:|---:|---:|---:|---:|---|---|---|---|"]
     for r in table:
         planned = "-" if r.get("planned_updates") is None else f"{r['planned_updates']:,}"
+        if r.get("schedule") == "truncated":  # (a compressed schedule is the default of a shortened run)
+            planned += ", the recipe's schedule cut there"
         upd = "-" if r["updates"] is None else f"{r['updates']:,} ({planned}; {r['recipe_updates']:,})"
         diff = "-" if r["diff"] is None else f"{r['diff']:+.2f}"
         lines.append(f"| {r['model'].upper()} | {r['task']} | {fmt(r['ours'])} | {fmt(r['paper'])} | {diff} | {upd} | "

@@ -22,6 +22,9 @@
 #   MAX_UPDATE      a shorter run than the paper's (e.g. the GPU evidence): warm-up scaled by
 #                   MAX_UPDATE / total, cosine to 0 at MAX_UPDATE, no epoch cap. The test JSON and the
 #                   results table say how many updates ran.
+#   SCHEDULE        with MAX_UPDATE: compress (default, as above) or truncate: the paper's own warm-up and
+#                   cosine, stopped at MAX_UPDATE (every update at the paper's learning rate: the run is the
+#                   paper's first MAX_UPDATE updates). Pathfinder needs truncate (docs/lra.md, "The learning rate").
 #   TRAIN_MINUTES   stop training after this many minutes (fairseq --stop-time-hours; the schedule is
 #                   not shortened: set MAX_UPDATE to what fits). The JSON says how many updates ran.
 #   SAVE_INTERVAL_UPDATES  checkpoint (and validate) every N updates as well as every epoch (default 1000)
@@ -104,6 +107,12 @@ RECIPE_OPTS=(--nproc "$NPROC")
 if [ -n "${MAX_UPDATE:-}" ]; then positive MAX_UPDATE "$MAX_UPDATE"; RECIPE_OPTS+=(--max-update "$MAX_UPDATE"); fi
 if [ -n "${BATCH_PER_GPU:-}" ]; then positive BATCH_PER_GPU "$BATCH_PER_GPU"; RECIPE_OPTS+=(--batch-per-gpu "$BATCH_PER_GPU"); fi
 case "${NO_EOS:-0}" in 0) ;; 1) RECIPE_OPTS+=(--no-eos) ;; *) die "NO_EOS='$NO_EOS' must be 0 or 1" ;; esac
+case "${SCHEDULE:-compress}" in
+    compress) ;;
+    truncate) [ -n "${MAX_UPDATE:-}" ] || die "SCHEDULE=truncate needs MAX_UPDATE (a run of the full recipe has nothing to truncate)"
+              RECIPE_OPTS+=(--truncate) ;;
+    *) die "SCHEDULE='$SCHEDULE' must be compress or truncate" ;;
+esac
 RECIPE_LINE=$(PYTHONPATH="$REPO/scripts" "$PYTHON" "$REPO/scripts/lra_recipes.py" args "$TASK" "$MODEL" "${RECIPE_OPTS[@]}" 2>&1) ||
     die "${RECIPE_LINE#lra_recipes.py: error: }"
 eval "RECIPE_ARGS=($RECIPE_LINE)"

@@ -102,6 +102,57 @@ def test_shortened_runs_compress_the_schedule():
     assert "--batch-size 32 --update-freq 4" in line and "--stop-time-hours 0.050000" in line
 
 
+def test_truncated_runs_keep_the_papers_schedule():
+    """SCHEDULE=truncate: the paper's warm-up and cosine period, stopped at MAX_UPDATE (Pathfinder's 50,000-update
+    warm-up of a 500,000-update cosine), so the learning rate at every update is the paper's run's."""
+    p = run(["--dry-run", "pathfinder", "hgrn2"], env={"NUM_GPUS": "1", "MAX_UPDATE": "20000", "SCHEDULE": "truncate"})
+    assert p.returncode == 0, p.stderr
+    line = p.stdout.splitlines()[0]
+    assert "--warmup-updates 50000 " in line and "--max-update 20000 " in line and "--max-epoch" not in line
+    assert "--lr-period-updates 450000" in line
+    p = run(["--dry-run", "pathfinder", "hgrn2"], env={"NUM_GPUS": "1", "MAX_UPDATE": "20000"})
+    assert "--warmup-updates 2000 " in p.stdout and "--lr-period-updates" not in p.stdout  # (compressed)
+    p = run(["--dry-run", "pathfinder", "hgrn2"], env={"NUM_GPUS": "1"})  # the full run: nothing to cut
+    assert "--warmup-updates 50000 " in p.stdout and "--max-update 500000 " in p.stdout
+    assert "--lr-period-updates" not in p.stdout
+
+
+def test_truncated_learning_rate_is_the_papers(tmp_path):
+    """fairseq's cosine scheduler given the truncated flags sets the paper's rate at every update: linear from 0 to
+    the peak over the warm-up, then 0.5 * peak * (1 + cos(pi * (t - warmup) / (total - warmup))) (written out here)."""
+    import math
+
+    from fairseq.optim import FairseqOptimizer
+    from fairseq.optim.lr_scheduler.cosine_lr_scheduler import CosineLRScheduleConfig, CosineLRSchedule
+
+    class Opt(FairseqOptimizer):  # the two methods the scheduler calls
+        lr = None
+
+        def __init__(self):
+            pass
+
+        def set_lr(self, lr):
+            self.lr = lr
+
+        def get_lr(self):
+            return self.lr
+
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    import lra_recipes
+
+    r = lra_recipes.recipe("pathfinder", "hgrn2")
+    flags = lra_recipes.fairseq_args("pathfinder", "hgrn2", max_update=20000, truncate=True)
+    get = lambda name: float(flags[flags.index(name) + 1])  # noqa: E731
+    cfg = CosineLRScheduleConfig(warmup_updates=int(get("--warmup-updates")), warmup_init_lr=0.0, lr=[r.lr],
+                                 min_lr=0.0, lr_period_updates=get("--lr-period-updates"),
+                                 max_update=int(get("--max-update")))
+    sched = CosineLRSchedule(cfg, Opt())
+    for t in (0, 1000, 12500, 19999, 50000, 100000, 275000, 499999):
+        want = r.lr * t / r.warmup if t < r.warmup else \
+            0.5 * r.lr * (1 + math.cos(math.pi * (t - r.warmup) / (r.total - r.warmup)))
+        assert math.isclose(sched.step_update(t), want, rel_tol=1e-9, abs_tol=1e-12), t
+
+
 @pytest.mark.parametrize("args, env, message", [
     (["lisops", "hgrn1"], {}, "unknown TASK 'lisops': use one of: listops text retrieval image pathfinder pathx"),
     (["listops", "hgrn3"], {}, "unknown MODEL 'hgrn3': use hgrn1 or hgrn2"),
@@ -109,6 +160,8 @@ def test_shortened_runs_compress_the_schedule():
     (["listops", "hgrn1"], {"NUM_GPUS": "3"}, "batch of 128 cannot be split evenly over 3 processes"),
     (["listops", "hgrn1"], {"MAX_UPDATE": "many"}, "MAX_UPDATE='many' must be a positive whole number"),
     (["listops", "hgrn1"], {"NO_EOS": "yes"}, "NO_EOS='yes' must be 0 or 1"),
+    (["listops", "hgrn1"], {"SCHEDULE": "cut"}, "SCHEDULE='cut' must be compress or truncate"),
+    (["listops", "hgrn1"], {"SCHEDULE": "truncate"}, "SCHEDULE=truncate needs MAX_UPDATE"),
     (["listops", "hgrn1"], {"BATCH_PER_GPU": "48", "NUM_GPUS": "1"}, "BATCH_PER_GPU=48 does not divide the 128"),
     (["listops", "hgrn1", "/nonexistent/lra"], {"NUM_GPUS": "0"},
      "DATA_DIR /nonexistent/lra does not exist: prepare it with data_prep/prepare_lra.py listops"),
@@ -238,12 +291,14 @@ def test_gpu_lra_model_specs_name_their_runs_and_flags():
     assert gpu_lra_spec("hgrn1:2222:unmasked") == (0, "listops_hgrn1_s2222_unmasked", "--unmasked-padding --seed 2222", "")
     assert gpu_lra_spec("hgrn2:2222:eos") == (0, "listops_hgrn2_s2222_eos", "--append-eos --max-positions 2048 --seed 2222", "")
     assert gpu_lra_spec("hgrn1:2222:noeos") == (0, "listops_hgrn1_s2222_noeos", "--seed 2222", "")
+    # the paper's schedule cut at MAX_UPDATE (train_one passes SCHEDULE=truncate): no fairseq flag of its own
+    assert gpu_lra_spec("hgrn2:2222:truncate", "pathfinder") == (0, "pathfinder_hgrn2_s2222_truncate", "--seed 2222", "")
     # the official harness's setting: both flags, joined by '+'
     assert gpu_lra_spec("hgrn1:2222:unmasked+eos") == (
         0, "listops_hgrn1_s2222_unmasked_eos", "--unmasked-padding --append-eos --max-positions 2048 --seed 2222", "")
     assert gpu_lra_spec("hgrn1:2222:unmasked+noeos") == (0, "listops_hgrn1_s2222_unmasked_noeos", "--unmasked-padding --seed 2222", "")
     rc, _, _, err = gpu_lra_spec("hgrn1:2:pads")
-    assert rc == 1 and "'hgrn1:2:pads' in LRA_MODELS: the third field can only be 'unmasked', 'eos', 'noeos', 'scratchK' (K 1-99), 'fixedN' (N 10-9999), 'scanpads', 'layernorm', 'scan1d', 'nolb', 'maxpool', 'layersN' (N 1-9), 'lrXe-Y' (e.g. lr2e-4) or 'repocfg'" in err
+    assert rc == 1 and "'hgrn1:2:pads' in LRA_MODELS: the third field can only be 'unmasked', 'eos', 'noeos', 'truncate', 'scratchK' (K 1-99), 'fixedN' (N 10-9999), 'scanpads', 'layernorm', 'scan1d', 'nolb', 'maxpool', 'layersN' (N 1-9), 'lrXe-Y' (e.g. lr2e-4) or 'repocfg'" in err
     # a 2-D task's raster as one 1-D sequence (the run id keeps the task, pathfinder6 among them)
     assert gpu_lra_spec("hgrn2:2222:scan1d", task="pathfinder6") == (
         0, "pathfinder6_hgrn2_s2222_scan1d", "--scan-2d none --seed 2222", "")
@@ -611,3 +666,29 @@ kill $sampler
     assert time.monotonic() - t0 < 20
     assert "trained listops hgrn1" in r.stdout and "trained listops hgrn2:2" in r.stdout
     assert "-- listops_hgrn1\n" in r.stdout and "-- listops_hgrn2_s2\n" in r.stdout
+
+
+def test_eval_tells_the_schedules_apart_and_flags_a_wrong_period():
+    """lra_eval records a shortened run's schedule (compressed / truncated) and lists a setting that is neither's."""
+    from omegaconf import OmegaConf
+
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    import lra_recipes
+
+    ev = load_script(os.path.join(REPO, "scripts", "lra_eval.py"))
+    r = lra_recipes.recipe("pathfinder", "hgrn2")
+
+    def cfg(max_update, warmup, period=-1.0):
+        return OmegaConf.create({
+            "optimizer": {"_name": "torch_adamw", "weight_decay": r.weight_decay},
+            "lr_scheduler": {"_name": "cosine", "warmup_updates": warmup, "lr_period_updates": period},
+            "optimization": {"lr": [r.lr], "max_update": max_update, "clip_norm": r.clip, "update_freq": [1]},
+            "dataset": {"batch_size": r.batch}, "distributed_training": {"distributed_world_size": 1},
+            "common": {"bf16": r.precision == "bf16"}})
+
+    assert ev.run_schedule(cfg(500000, 50000), r) == "full" and ev.recipe_overrides(cfg(500000, 50000), r) == {}
+    assert ev.run_schedule(cfg(20000, 2000), r) == "compressed" and ev.recipe_overrides(cfg(20000, 2000), r) == {}
+    assert ev.run_schedule(cfg(20000, 50000, 450000.0), r) == "truncated"
+    assert ev.recipe_overrides(cfg(20000, 50000, 450000.0), r) == {}
+    assert ev.recipe_overrides(cfg(20000, 50000, 100000.0), r) == {"lr_period_updates": 100000.0}
+    assert ev.recipe_overrides(cfg(20000, 50000), r) == {"warmup_updates": 50000}  # compressed expects 2,000
