@@ -297,6 +297,9 @@ def main(argv=None) -> int:
     p.add_argument("--gate-bias", type=float, default=0.0, help="added to the initial forget-gate logits (HGRN2): "
                    "3 starts every gate at sigmoid 0.95, a long memory")
     p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=0, help="linear warm-up of the rate from 0 over this many steps "
+                   "(then constant)")
+    p.add_argument("--clip", type=float, default=0.0, help="clip the gradients' global norm to this (0: no clipping)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--eval-every", type=int, default=50)
@@ -343,6 +346,10 @@ def main(argv=None) -> int:
         loss = F.cross_entropy(logits, y)
         opt.zero_grad()
         loss.backward()
+        if args.clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        for group in opt.param_groups:
+            group["lr"] = args.lr * min(1.0, step / args.warmup) if args.warmup else args.lr
         opt.step()
         accs.append((logits.argmax(1) == y).float().mean().item() * 100)
         if step % args.eval_every == 0 or step == args.steps:
@@ -352,7 +359,7 @@ def main(argv=None) -> int:
             model.train()
             batch_stats = accuracy(model, xv, yv)
             model.load_state_dict(buffers, strict=False)  # (the validation batch leaves no trace in them)
-            rec = {"step": step, "train_side": side, "loss": round(loss.item(), 4), "train_acc": round(float(np.mean(accs[-50:])), 2),
+            rec = {"step": step, "train_side": side, "lr": opt.param_groups[0]["lr"], "loss": round(loss.item(), 4), "train_acc": round(float(np.mean(accs[-50:])), 2),
                    "valid_batch_stats": round(batch_stats, 2), "valid_eval": round(running, 2),
                    "seconds": round(time.time() - t0, 1)}
             result["evals"].append(rec)

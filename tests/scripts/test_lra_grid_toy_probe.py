@@ -236,3 +236,10 @@ def test_probe_imports_without_fairseq():
             f"runpy.run_path({os.path.join(REPO, 'bench', 'explore', 'lra_grid_toy_probe.py')!r})")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_warmup_ramps_the_rate_and_clip_runs(tmp_path):
+    out = tmp_path / "probe.json"
+    assert probe.main(["--side", "6", "--dim", "4", "--layers", "1", "--steps", "4", "--eval-every", "1", "--batch", "4",
+                       "--lr", "0.004", "--warmup", "2", "--clip", "0.5", "--out", str(out)]) == 0
+    assert [e["lr"] for e in json.loads(out.read_text())["evals"]] == pytest.approx([0.002, 0.004, 0.004, 0.004])
