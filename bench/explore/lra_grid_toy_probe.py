@@ -268,6 +268,29 @@ def recalibrate(model, task, S, turns, dash, rng, batches=30, size=64, diagonal=
         m.momentum = mom
 
 
+def watch_gates(model: nn.Module) -> list:
+    """``--diagnose``: every HGRN2 mixer of ``model`` keeps the statistics of the forget gates (decay = exp(log-decay))
+    of its last forward in the returned list, a dict per mixer in layer order: mean, share above 0.99 (a memory
+    that hardly fades) and below 0.05 (none)."""
+    from hgrn_fairseq.modules.hgru2 import HGRU2
+
+    stats = []
+    for m in (m for m in model.modules() if isinstance(m, HGRU2)):
+        slot = {}
+        stats.append(slot)
+
+        def gates(x, lower_bound, _inner=m._gates, _slot=slot):
+            q, v, log_decay = _inner(x, lower_bound)
+            with torch.no_grad():
+                d = log_decay.float().exp()
+                _slot.update(mean=round(d.mean().item(), 4), above_099=round((d > 0.99).float().mean().item(), 4),
+                             below_005=round((d < 0.05).float().mean().item(), 4))
+            return q, v, log_decay
+
+        m._gates = gates
+    return stats
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -299,6 +322,9 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=0, help="linear warm-up of the rate from 0 over this many steps "
                    "(then constant)")
+    p.add_argument("--diagnose", action="store_true", help="log at every evaluation the forget gates' statistics of "
+                   "each layer (last training step), the gradient norm (median and maximum since the last evaluation) "
+                   "and the largest logit: what changes when a run collapses")
     p.add_argument("--clip", type=float, default=0.0, help="clip the gradients' global norm to this (0: no clipping)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--steps", type=int, default=300)
@@ -328,6 +354,7 @@ def main(argv=None) -> int:
     add_forget_gate_bias(enc, args.gate_bias)
     model = (LraClassifier(enc, 2) if args.model == "encoder" else LocalCNN(S, args.layers)).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    gate_stats, grad_norms = (watch_gates(model) if args.diagnose else None), []
     rng = np.random.default_rng(args.seed)
     shape = dict(diagonal=args.diagonal, distractors=args.distractors, max_leg=args.max_leg, canvas=args.canvas)
     xv, yv = batch(args.task, 1000, S, args.turns, args.dash, np.random.default_rng(10_000 + args.seed), **shape)
@@ -346,6 +373,8 @@ def main(argv=None) -> int:
         loss = F.cross_entropy(logits, y)
         opt.zero_grad()
         loss.backward()
+        if args.diagnose:
+            grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")).item())
         if args.clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         for group in opt.param_groups:
@@ -362,6 +391,12 @@ def main(argv=None) -> int:
             rec = {"step": step, "train_side": side, "lr": opt.param_groups[0]["lr"], "loss": round(loss.item(), 4), "train_acc": round(float(np.mean(accs[-50:])), 2),
                    "valid_batch_stats": round(batch_stats, 2), "valid_eval": round(running, 2),
                    "seconds": round(time.time() - t0, 1)}
+            if args.diagnose:
+                rec.update(grad_norm_median=round(float(np.median(grad_norms)), 4),
+                           grad_norm_max=round(float(np.max(grad_norms)), 4),
+                           logit_abs_max=round(logits.detach().abs().max().item(), 2),
+                           gates=[dict(g) for g in gate_stats])
+                grad_norms.clear()
             result["evals"].append(rec)
             print(rec, flush=True)
             if args.out:  # (after every evaluation: a run cut short by a time limit keeps what it measured)

@@ -243,3 +243,12 @@ def test_warmup_ramps_the_rate_and_clip_runs(tmp_path):
     assert probe.main(["--side", "6", "--dim", "4", "--layers", "1", "--steps", "4", "--eval-every", "1", "--batch", "4",
                        "--lr", "0.004", "--warmup", "2", "--clip", "0.5", "--out", str(out)]) == 0
     assert [e["lr"] for e in json.loads(out.read_text())["evals"]] == pytest.approx([0.002, 0.004, 0.004, 0.004])
+
+
+def test_diagnose_logs_gates_and_gradients(tmp_path):
+    out = tmp_path / "probe.json"
+    assert probe.main(["--side", "6", "--dim", "4", "--layers", "2", "--steps", "2", "--eval-every", "2", "--batch", "4",
+                       "--diagnose", "--out", str(out)]) == 0
+    rec = json.loads(out.read_text())["evals"][0]
+    assert len(rec["gates"]) == 2 and all(0 < g["mean"] < 1 and 0 <= g["above_099"] <= 1 for g in rec["gates"])
+    assert rec["grad_norm_max"] >= rec["grad_norm_median"] > 0 and rec["logit_abs_max"] > 0
