@@ -43,8 +43,8 @@
 #   pathfinder  LRA_PF_NUM pathfinder32 images from the generator (default 40000, ~1 min on 16 cores;
 #               LRA has 200k), prepared with LRA's 80/10/10 split, then both models as above
 #               (LRA_PF_UPDATES, default 2000; LRA_TRAIN_MINUTES each).
-#   LRA_CONCURRENT=1  (listops, pathfinder) trains the models of LRA_MODELS at the same time on the one GPU,
-#               under CUDA MPS unless LRA_MPS=0, each with the LRA_TRAIN_MINUTES cap (not measured yet
+#   LRA_CONCURRENT=1  (listops, pathfinder) trains the models of LRA_MODELS at the same time on the one GPU
+#               (on a machine with several, run k on GPU k mod N), under CUDA MPS unless LRA_MPS=0, each with the LRA_TRAIN_MINUTES cap (not measured yet
 #               against one at a time: compare the logs' "ups" with the solo rates of docs/lra.md).
 #   listops_data  only the ListOps data of the listops part (kept in /tmp/lra_evidence for later calls).
 #   speed       bench/lra_train_speed.sh on the ListOps data (listops_data first): LRA_SPEED_TREES
@@ -262,13 +262,23 @@ train_jobs() {  # JOB...: TASK/SPEC runs (SPEC: see run_id), one after the other
         # The LRA models are small (ListOps HGRN1: 66k parameters) and leave the GPU partly idle (host
         # time, small kernels): they train at once, each with its own time cap, under CUDA MPS where the
         # machine has it (kernels of every process run concurrently), else time-sliced.
+        # On a machine with several GPUs (nvidia-h200-x4: the same device time as one) the runs are dealt out
+        # over them in turn (CUDA_VISIBLE_DEVICES), unless LRA_NUM_GPUS > 1 gives each run all of them (DDP).
         MPS_MODE="MPS off (LRA_MPS=0)"
         [ "${LRA_MPS:-1}" = 1 ] && { . bench/gpu_mps.sh; start_mps; }
-        echo "== $* at once on one GPU; $MPS_MODE"
-        local pids=()
+        local pids=() ngpu k=0
+        ngpu=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU')
+        [ "$ngpu" -ge 1 ] && [ "${LRA_NUM_GPUS:-1}" = 1 ] || ngpu=1
+        echo "== $* at once on $ngpu GPU(s); $MPS_MODE"
         for job in "$@"; do
-            train_one "${job%%/*}" "$(task_updates "${job%%/*}")" "${job#*/}" &
+            if [ "$ngpu" -gt 1 ]; then
+                echo "   $job on GPU $((k % ngpu))"
+                (export CUDA_VISIBLE_DEVICES=$((k % ngpu)); train_one "${job%%/*}" "$(task_updates "${job%%/*}")" "${job#*/}") &
+            else
+                train_one "${job%%/*}" "$(task_updates "${job%%/*}")" "${job#*/}" &
+            fi
             pids+=($!)
+            k=$((k + 1))
         done
         wait "${pids[@]}"  # (these jobs only: a bare wait would also wait for the io_watch sampler, forever)
         [ "${LRA_MPS:-1}" = 1 ] && stop_mps

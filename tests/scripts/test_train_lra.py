@@ -692,3 +692,32 @@ def test_eval_tells_the_schedules_apart_and_flags_a_wrong_period():
     assert ev.recipe_overrides(cfg(20000, 50000, 450000.0), r) == {}
     assert ev.recipe_overrides(cfg(20000, 50000, 100000.0), r) == {"lr_period_updates": 100000.0}
     assert ev.recipe_overrides(cfg(20000, 50000), r) == {"warmup_updates": 50000}  # compressed expects 2,000
+
+
+def test_gpu_lra_concurrent_jobs_are_dealt_out_over_the_gpus(tmp_path):
+    """On a machine with several GPUs, LRA_CONCURRENT=1 gives run k GPU k mod N (CUDA_VISIBLE_DEVICES); with one GPU,
+    or LRA_NUM_GPUS > 1 (each run takes them all), nothing is set."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\nprintf 'GPU 0: H200\\nGPU 1: H200\\nGPU 2: H200\\n'\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    funcs = gpu_lra_functions("run_id", "train_jobs")
+    script = f"""{funcs}
+train_one() {{ echo "trained $3 on [${{CUDA_VISIBLE_DEVICES:-all}}]"; }}
+task_updates() {{ echo 10; }}
+python3() {{ :; }}
+mkdir -p "$OUT/runs"; TRAINED_RUNS=()
+train_jobs listops/hgrn1 listops/hgrn2 pathfinder/hgrn1 pathfinder/hgrn2 2> /dev/null
+echo done  # (train_jobs ends by grepping logs that this stub of train_one does not write)
+"""
+
+    def trained(**env):
+        base = dict(os.environ, LRA_CONCURRENT="1", LRA_MPS="0", OUT=str(tmp_path), WORK=str(tmp_path),
+                    PATH=f"{fake}:{os.environ['PATH']}", **env)
+        base.pop("CUDA_VISIBLE_DEVICES", None)
+        r = pyrun.run(["bash", "-c", script], capture_output=True, text=True, timeout=30, env=base)
+        assert r.returncode == 0, r.stderr
+        return sorted(line for line in r.stdout.splitlines() if line.startswith("trained"))
+
+    assert trained() == ["trained hgrn1 on [0]", "trained hgrn1 on [2]", "trained hgrn2 on [0]", "trained hgrn2 on [1]"]
+    assert trained(LRA_NUM_GPUS="3") == ["trained hgrn1 on [all]"] * 2 + ["trained hgrn2 on [all]"] * 2
