@@ -92,9 +92,6 @@ def recipe(task: str, model: str) -> Recipe:
     return RECIPES[(task, model)]
 
 
-SCHEDULES = ("full", "compressed", "truncated")
-
-
 def schedule_kind(r: Recipe, max_update: Optional[int], truncate: bool = False) -> str:
     """"full" (the paper's run), "compressed" (a shortened run, warm-up and cosine scaled to it) or "truncated"
     (a shortened run on the paper's own schedule)."""

@@ -110,9 +110,9 @@ def other_runs(others: list) -> str:
             ablation += f", {name} {value} (not the arch's)"
         for name, value in sorted((r.get("recipe_overrides") or {}).items()):
             ablation += f", {name} {value} (not the recipe's)"
+        cut = ", the recipe's schedule cut there" if r.get("schedule") == "truncated" else ""
         lines.append(f"- {model.upper()} {task}, seed {seed(r)}{ablation}: {r['accuracy']:.2f} after "
-                     f"{r.get('num_updates') or 0:,} updates (planned {r.get('planned_updates') or 0:,}"
-                     f"{', the recipe schedule cut there' if r.get('schedule') == 'truncated' else ''}), "
+                     f"{r.get('num_updates') or 0:,} updates (planned {r.get('planned_updates') or 0:,}{cut}), "
                      f"{r.get('device', '-')}")
     return "\n".join(lines) + "\n"
 

@@ -408,17 +408,19 @@ def test_results_table(tmp_path):
         os.makedirs(tmp_path / f"{task}_{model}")
         with open(tmp_path / f"{task}_{model}" / "test_result.json", "w") as f:
             json.dump({"arch": f"{model}_lra_{task}", "accuracy": acc, "num_updates": 3000, "planned_updates": 3000,
-                       "append_eos": task == "listops",
+                       "append_eos": task == "listops", "schedule": "compressed" if task == "listops" else "truncated",
                        "data_comparable": task == "listops", "data_source": None if task == "listops" else "generator",
                        "precision": "fp32", "device": "NVIDIA H100", "date": "2026-11-24T00:00:00Z",
                        "examples": 2000}, f)
     assert results.main([str(tmp_path)]) == 0
     md = (tmp_path / "results.md").read_text()
     assert "| HGRN1 | listops | 58.45 | 59.95 | -1.50 | 3,000 (3,000; 50,000) | 2000 | LRA |" in md
-    assert "| HGRN2 | pathfinder | 70.00 | 93.95 | -23.95 |" in md and "generated (generator)" in md
+    assert "| HGRN2 | pathfinder | 70.00 | 93.95 | -23.95 | 3,000 (3,000, the recipe's schedule cut there; 500,000) |" in md
+    assert "generated (generator)" in md
     assert "HGRN1 average: ours - (needs all six tasks on LRA's data), paper 86.91" in md
     rows = list(csv.DictReader(open(tmp_path / "results.csv")))
     assert len(rows) == 12 and rows[0]["task"] == "listops" and rows[0]["ours"] == "58.45"
+    assert rows[0]["schedule"] == "compressed" and [r["schedule"] for r in rows if r["ours"] == "70.0"] == ["truncated"]
 
 
 def test_cpu_run_end_to_end_and_resume(tmp_path):
