@@ -335,6 +335,8 @@ def main(argv=None) -> int:
     p.add_argument("--backend", choices=BACKENDS, default="reference", help="the mixers' kernels: reference (PyTorch) or triton "
                    "(CUDA only)")
     p.add_argument("--out", default="")
+    p.add_argument("--save", default="", help="write the model's state_dict here at the end (to inspect a collapsed "
+                   "run)")
     args = p.parse_args(argv)
     if args.dash == 1:
         p.error("--dash 1 would blank every pixel of a leg: give 0 (solid) or K >= 2 (every K-th pixel blank)")
@@ -411,6 +413,8 @@ def main(argv=None) -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
+    if args.save:
+        torch.save(model.state_dict(), args.save)
     return 0
 
 

@@ -252,3 +252,12 @@ def test_diagnose_logs_gates_and_gradients(tmp_path):
     rec = json.loads(out.read_text())["evals"][0]
     assert len(rec["gates"]) == 2 and all(0 < g["mean"] < 1 and 0 <= g["above_099"] <= 1 for g in rec["gates"])
     assert rec["grad_norm_max"] >= rec["grad_norm_median"] > 0 and rec["logit_abs_max"] > 0
+
+
+def test_save_writes_the_trained_weights(tmp_path):
+    torch = pytest.importorskip("torch")
+    out, saved = tmp_path / "probe.json", tmp_path / "model.pt"
+    assert probe.main(["--side", "6", "--dim", "4", "--layers", "1", "--steps", "1", "--eval-every", "1", "--batch", "4",
+                       "--out", str(out), "--save", str(saved)]) == 0
+    state = torch.load(saved)
+    assert "head.weight" in state and state["encoder.embed.weight"].shape == (4, 1)
