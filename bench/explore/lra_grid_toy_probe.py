@@ -320,6 +320,7 @@ def main(argv=None) -> int:
     p.add_argument("--gate-bias", type=float, default=0.0, help="added to the initial forget-gate logits (HGRN2): "
                    "3 starts every gate at sigmoid 0.95, a long memory")
     p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW's decoupled weight decay")
     p.add_argument("--warmup", type=int, default=0, help="linear warm-up of the rate from 0 over this many steps "
                    "(then constant)")
     p.add_argument("--diagnose", action="store_true", help="log at every evaluation the forget gates' statistics of "
@@ -355,7 +356,7 @@ def main(argv=None) -> int:
     dev = torch.device(args.device)
     add_forget_gate_bias(enc, args.gate_bias)
     model = (LraClassifier(enc, 2) if args.model == "encoder" else LocalCNN(S, args.layers)).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     gate_stats, grad_norms = (watch_gates(model) if args.diagnose else None), []
     rng = np.random.default_rng(args.seed)
     shape = dict(diagonal=args.diagonal, distractors=args.distractors, max_leg=args.max_leg, canvas=args.canvas)

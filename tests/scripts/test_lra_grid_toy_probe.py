@@ -238,10 +238,10 @@ def test_probe_imports_without_fairseq():
     assert r.returncode == 0, r.stderr[-2000:]
 
 
-def test_warmup_ramps_the_rate_and_clip_runs(tmp_path):
+def test_warmup_ramps_the_rate_and_clip_and_decay_run(tmp_path):
     out = tmp_path / "probe.json"
     assert probe.main(["--side", "6", "--dim", "4", "--layers", "1", "--steps", "4", "--eval-every", "1", "--batch", "4",
-                       "--lr", "0.004", "--warmup", "2", "--clip", "0.5", "--out", str(out)]) == 0
+                       "--lr", "0.004", "--warmup", "2", "--clip", "0.5", "--weight-decay", "0.1", "--out", str(out)]) == 0
     assert [e["lr"] for e in json.loads(out.read_text())["evals"]] == pytest.approx([0.002, 0.004, 0.004, 0.004])
 
 
