@@ -24,7 +24,8 @@
 #                   results table say how many updates ran.
 #   SCHEDULE        with MAX_UPDATE: compress (default, as above) or truncate: the paper's own warm-up and
 #                   cosine, stopped at MAX_UPDATE (every update at the paper's learning rate: the run is the
-#                   paper's first MAX_UPDATE updates). Pathfinder needs truncate (docs/lra.md, "The learning rate").
+#                   paper's first MAX_UPDATE updates; rerun with a larger MAX_UPDATE, it goes on at the
+#                   paper's rates). Pathfinder needs truncate (docs/lra.md, "The learning rate").
 #   TRAIN_MINUTES   stop training after this many minutes (fairseq --stop-time-hours; the schedule is
 #                   not shortened: set MAX_UPDATE to what fits). The JSON says how many updates ran.
 #   SAVE_INTERVAL_UPDATES  checkpoint (and validate) every N updates as well as every epoch (default 1000)
