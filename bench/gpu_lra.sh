@@ -267,7 +267,8 @@ train_jobs() {  # JOB...: TASK/SPEC runs (SPEC: see run_id), one after the other
         MPS_MODE="MPS off (LRA_MPS=0)"
         [ "${LRA_MPS:-1}" = 1 ] && { . bench/gpu_mps.sh; start_mps; }
         local pids=() ngpu k=0
-        ngpu=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU')
+        local NUM_GPUS=  # (count_gpus, scripts/gpu_count.sh: the GPUs of CUDA_VISIBLE_DEVICES, else nvidia-smi's)
+        . scripts/gpu_count.sh; count_gpus; ngpu=$NGPU
         [ "$ngpu" -ge 1 ] && [ "${LRA_NUM_GPUS:-1}" = 1 ] || ngpu=1
         echo "== $* at once on $ngpu GPU(s); $MPS_MODE"
         for job in "$@"; do

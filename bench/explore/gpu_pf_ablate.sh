@@ -32,7 +32,8 @@ if [ $# -gt 0 ]; then
     [ -f "$DATA/meta.json" ] || { echo "gpu_pf_ablate.sh: no prepared data in $DATA (see $W/data.log)"; exit 2; }
 fi
 export PYTHONPATH=$R:/tmp/site:/tmp/site2
-NGPU=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU')
+. scripts/gpu_count.sh
+NUM_GPUS= count_gpus  # (NGPU: the GPUs of CUDA_VISIBLE_DEVICES, else nvidia-smi's)
 [ "$NGPU" -ge 1 ] || NGPU=1
 n=0  # runs started so far: run n goes to GPU n % NGPU
 gpu_next() { GPU=$((n % NGPU)); n=$((n + 1)); }

@@ -230,12 +230,12 @@ class LocalCNN(nn.Module):
     the mean and the max of every feature over the grid, then a Linear. What it scores, the label gives away
     without tracing a path; an encoder's result means path tracing only as far as it is above this."""
 
-    def __init__(self, side: int, layers: int = 2, width: int = 32):
+    def __init__(self, layers: int = 2, width: int = 32):
         super().__init__()
         convs = []
         for i in range(layers):
             convs += [nn.Conv2d(1 if i == 0 else width, width, 3, padding=1), nn.ReLU()]
-        self.side, self.convs, self.head = side, nn.Sequential(*convs), nn.Linear(2 * width, 2)
+        self.convs, self.head = nn.Sequential(*convs), nn.Linear(2 * width, 2)
 
     def forward(self, x):  # x: [B, S * S, 1] as the encoder reads it (any square S)
         side = int(round(x.shape[1] ** 0.5))
@@ -266,6 +266,14 @@ def recalibrate(model, task, S, turns, dash, rng, batches=30, size=64, diagonal=
             model(x.to(next(model.parameters()).device))
     for m, mom in zip(norms, saved):
         m.momentum = mom
+
+
+def build_encoder(side: int, mixer: str = "hgru2", dim: int = 32, layers: int = 4, norm: str = "batch", expand: int = 2,
+                  backend: str = "reference", pool: str = "mean") -> LraEncoder:
+    """The probe's encoder for grids of up to ``side`` x ``side`` pixels (also rebuilt by lra_probe_inspect.py)."""
+    return LraEncoder(mixer=mixer, dim=dim, num_layers=layers, norm=norm, input="pixels", in_channels=1,
+                      positions="none", scan_2d="parallel", expand_ratio=expand, backend=backend, max_len=side * side,
+                      pool=pool)
 
 
 def watch_gates(model: nn.Module) -> list:
@@ -350,12 +358,10 @@ def main(argv=None) -> int:
     S = args.side
     schedule = parse_side_schedule(args.side_schedule, S)
     G = args.canvas or S  # the grid the encoder reads
-    enc = LraEncoder(mixer=args.mixer, dim=args.dim, num_layers=args.layers, norm=args.norm, input="pixels",
-                     in_channels=1, positions="none", scan_2d="parallel", expand_ratio=args.expand,
-                     backend=args.backend, max_len=G * G, pool=args.pool)
+    enc = build_encoder(G, args.mixer, args.dim, args.layers, args.norm, args.expand, args.backend, args.pool)
     dev = torch.device(args.device)
     add_forget_gate_bias(enc, args.gate_bias)
-    model = (LraClassifier(enc, 2) if args.model == "encoder" else LocalCNN(S, args.layers)).to(dev)
+    model = (LraClassifier(enc, 2) if args.model == "encoder" else LocalCNN(args.layers)).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     gate_stats, grad_norms = (watch_gates(model) if args.diagnose else None), []
     rng = np.random.default_rng(args.seed)
@@ -376,10 +382,10 @@ def main(argv=None) -> int:
         loss = F.cross_entropy(logits, y)
         opt.zero_grad()
         loss.backward()
-        if args.diagnose:
-            grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")).item())
-        if args.clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        if args.diagnose or args.clip > 0:  # (the norm before clipping; inf: measured, not clipped)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip if args.clip > 0 else float("inf"))
+            if args.diagnose:
+                grad_norms.append(norm.item())
         for group in opt.param_groups:
             group["lr"] = args.lr * min(1.0, step / args.warmup) if args.warmup else args.lr
         opt.step()

@@ -22,13 +22,11 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(os.path.dirname(HERE)), os.path.dirname(HERE), HERE]
 import lra_grid_toy_probe as probe  # noqa: E402
-from hgrn_fairseq.modules.lra_encoder import LraClassifier, LraEncoder  # noqa: E402
+from hgrn_fairseq.modules.lra_encoder import LraClassifier  # noqa: E402
 
 
 def inspect(state: dict, side: int, dim: int, layers: int, batch: int = 64, seed: int = 123) -> dict:
-    enc = LraEncoder(mixer="hgru2", dim=dim, num_layers=layers, norm="batch", input="pixels", in_channels=1,
-                     positions="none", scan_2d="parallel", expand_ratio=2, backend="reference", max_len=side * side)
-    model = LraClassifier(enc, 2)
+    model = LraClassifier(probe.build_encoder(side, dim=dim, layers=layers), 2)
     model.load_state_dict(state)
     x, y = probe.batch("path", batch, side, 1, 0, np.random.default_rng(seed))
     outputs = {}

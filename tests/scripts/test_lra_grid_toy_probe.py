@@ -127,7 +127,7 @@ def test_local_yardstick_sees_only_its_receptive_field():
     it before the pooling, so two separate changes act on the pooled features additively."""
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
-    net = probe.LocalCNN(side=12, layers=2).eval()
+    net = probe.LocalCNN(layers=2).eval()
     base = torch.full((1, 144, 1), probe.BACKGROUND)
 
     def pooled_sum(x):  # the sum over the grid of the conv features (the mean pooling without the 1/144)
