@@ -99,14 +99,23 @@ def recipe_overrides(cfg, r) -> dict:
     return {k: got[k] for k in want if not same_option(got[k], want[k])}
 
 
-def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batch_size: int = 64,
-             cpu: bool = False, pad_to_length: int | None = None) -> dict:
+def prepare_sample(sample, use_cuda: bool, bf16: bool):
+    """A batch on the model's device and in its precision (floating inputs in bf16 for a bf16 run)."""
     import torch
-    from fairseq import checkpoint_utils, utils
+    from fairseq import utils
 
-    from hgrn_fairseq.tasks import lra_format
+    if use_cuda:
+        sample = utils.move_to_cuda(sample)
+    if bf16:
+        sample = utils.apply_to_sample(lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t, sample)
+    return sample
 
-    model, cfg, task, use_cuda, bf16 = load(checkpoint, data, cpu, pad_to_length)
+
+def score(model, task, split: str, batch_size: int, use_cuda: bool, bf16: bool):
+    """Every example of ``split`` once through ``model`` as it is (eval mode): -> (correct, ids seen). An error
+    when the number scored differs from the split's size (meta.json)."""
+    import torch
+
     task.load_dataset(split)
     dataset = task.dataset(split)
     itr = task.get_batch_iterator(dataset, max_sentences=batch_size, required_batch_size_multiple=1,
@@ -117,10 +126,7 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
         for sample in itr:
             if not sample:
                 continue
-            if use_cuda:
-                sample = utils.move_to_cuda(sample)
-            if bf16:
-                sample = utils.apply_to_sample(lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t, sample)
+            sample = prepare_sample(sample, use_cuda, bf16)
             logits = model(**sample["net_input"])
             correct += int(logits.argmax(-1).eq(sample["target"]).sum())
             seen.update(sample["id"].tolist())
@@ -129,6 +135,16 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
     if len(seen) != n or n != expected:
         raise RuntimeError(f"scored {len(seen)} examples of {split} but it has {expected} (dataset {n}): "
                            f"the test accuracy would not cover the split; check the data directory")
+    return correct, seen
+
+
+def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batch_size: int = 64,
+             cpu: bool = False, pad_to_length: int | None = None) -> dict:
+    import torch
+    from fairseq import checkpoint_utils
+
+    model, cfg, task, use_cuda, bf16 = load(checkpoint, data, cpu, pad_to_length)
+    correct, seen = score(model, task, split, batch_size, use_cuda, bf16)
     state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint)
     extra = state.get("extra_state", {}) or {}
     last = os.path.join(os.path.dirname(os.path.abspath(checkpoint)), "checkpoint_last.pt")

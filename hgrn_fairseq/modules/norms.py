@@ -8,7 +8,7 @@ SyncBatchNorm with the same rule.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Iterable, Optional
 
 import torch
 from torch import nn
@@ -125,3 +125,57 @@ def apply_norm(norm: nn.Module, x: Tensor, padding_mask: Optional[Tensor] = None
     if backend is not None and type(norm) is nn.LayerNorm and norm.elementwise_affine:
         return layer_norm(x, norm.weight, norm.bias, norm.eps, backend=backend)
     return norm(x)
+
+
+def reestimate_running_stats(model: nn.Module, batches: Iterable, forward: Callable[[nn.Module, object], object]) -> int:
+    """Set the running mean and variance of every ``MaskedBatchNorm`` in ``model`` to the pooled statistics
+    of its inputs' valid positions over ``batches`` (``forward(model, batch)`` runs one), the weights fixed.
+
+    The pooled mean and the unbiased pooled variance are exact over all the valid positions the batches
+    gave each norm (float64 sums, not a running average), with the batch norms in training mode as they
+    see their inputs ("precise BN": each norm's output in these passes uses the batch's statistics, as in
+    training); every other module stays in eval mode (no dropout), no gradients. The model is left in eval
+    mode. Returns the number of batches. Why: a norm's running average (momentum 0.1) lags the weights
+    while they move, so a checkpoint scored in eval mode mid-run reads stale statistics (docs/lra.md)."""
+    norms = [m for m in model.modules() if isinstance(m, MaskedBatchNorm)]
+    if not norms:
+        raise ValueError("reestimate_running_stats: the model has no MaskedBatchNorm (norm='layer' keeps no running statistics)")
+    sums = {id(m): [0.0, 0.0, 0.0] for m in norms}
+
+    def pre_hook(module, args, kwargs):
+        x = args[0] if args else kwargs["x"]
+        mask = args[1] if len(args) > 1 else kwargs.get("padding_mask")
+        xs = x.detach().to(torch.float64).reshape(-1, module.dim)
+        if mask is not None:
+            xs = xs[~mask.reshape(-1)]
+        acc = sums[id(module)]
+        acc[0] = acc[0] + xs.shape[0]
+        acc[1] = acc[1] + xs.sum(0)
+        acc[2] = acc[2] + (xs * xs).sum(0)
+
+    model.eval()
+    handles = [m.register_forward_pre_hook(pre_hook, with_kwargs=True) for m in norms]
+    n = 0
+    try:
+        for m in norms:
+            m.train()
+        with torch.no_grad():
+            for batch in batches:
+                forward(model, batch)
+                n += 1
+    finally:
+        for h in handles:
+            h.remove()
+        model.eval()
+    if n == 0:
+        raise ValueError("reestimate_running_stats: no batches; pass at least one")
+    with torch.no_grad():
+        for m in norms:
+            count, s1, s2 = sums[id(m)]
+            if count < 2:
+                raise ValueError(f"reestimate_running_stats: a norm saw {int(count)} valid positions; pass more batches")
+            mean = s1 / count
+            var = (s2 / count - mean * mean).clamp_min(0.0) * count / (count - 1)
+            m.running_mean.copy_(mean.to(m.running_mean.dtype))
+            m.running_var.copy_(var.to(m.running_var.dtype))
+    return n
