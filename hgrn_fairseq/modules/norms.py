@@ -139,7 +139,8 @@ def reestimate_running_stats(model: nn.Module, batches: Iterable, forward: Calla
     while they move, so a checkpoint scored in eval mode mid-run reads stale statistics (docs/lra.md)."""
     norms = [m for m in model.modules() if isinstance(m, MaskedBatchNorm)]
     if not norms:
-        raise ValueError("reestimate_running_stats: the model has no MaskedBatchNorm (norm='layer' keeps no running statistics)")
+        raise ValueError("reestimate_running_stats: the model has no MaskedBatchNorm "
+                         "(norm='layer' keeps no running statistics)")
     sums = {id(m): [0.0, 0.0, 0.0] for m in norms}
 
     def pre_hook(module, args, kwargs):
@@ -173,7 +174,8 @@ def reestimate_running_stats(model: nn.Module, batches: Iterable, forward: Calla
         for m in norms:
             count, s1, s2 = sums[id(m)]
             if count < 2:
-                raise ValueError(f"reestimate_running_stats: a norm saw {int(count)} valid positions; pass more batches")
+                raise ValueError(f"reestimate_running_stats: a norm saw {int(count)} valid positions; "
+                                 "pass more batches")
             mean = s1 / count
             var = (s2 / count - mean * mean).clamp_min(0.0) * count / (count - 1)
             m.running_mean.copy_(mean.to(m.running_mean.dtype))
