@@ -37,10 +37,12 @@ def git_commit() -> str:
         return ""
 
 
-def load(checkpoint: str, data: str | None = None, cpu: bool = False, pad_to_length: int | None = None):
+def load(checkpoint: str, data: str | None = None, cpu: bool = False, pad_to_length: int | None = None,
+         kernel_backend: str | None = None):
     """The checkpoint's model in eval mode, in its training precision, on the GPU unless ``cpu``; its
     config and task (on ``data`` when given, else the data it trained on; batches padded to
-    ``pad_to_length`` when given, else as the run padded them). -> (model, cfg, task, use_cuda, bf16)"""
+    ``pad_to_length`` when given, else as the run padded them; the model's ``kernel_backend`` when
+    given, e.g. "reference" for the PyTorch path on a GPU). -> (model, cfg, task, use_cuda, bf16)"""
     import torch
     from fairseq import checkpoint_utils
 
@@ -51,6 +53,8 @@ def load(checkpoint: str, data: str | None = None, cpu: bool = False, pad_to_len
     overrides = {"data": data} if data else {}
     if pad_to_length is not None:  # (nested: older checkpoints' task configs have no such key to overwrite)
         overrides = {"task": dict(overrides, pad_to_length=int(pad_to_length))}
+    if kernel_backend is not None:
+        overrides = dict(overrides, model={"kernel_backend": kernel_backend})
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides=overrides)
     model = models[0]
     use_cuda = torch.cuda.is_available() and not cpu
@@ -111,9 +115,10 @@ def prepare_sample(sample, use_cuda: bool, bf16: bool):
     return sample
 
 
-def score(model, task, split: str, batch_size: int, use_cuda: bool, bf16: bool):
+def score(model, task, split: str, batch_size: int, use_cuda: bool, bf16: bool, logits_out: dict | None = None):
     """Every example of ``split`` once through ``model`` as it is (eval mode): -> (correct, ids seen). An error
-    when the number scored differs from the split's size (meta.json)."""
+    when the number scored differs from the split's size (meta.json). ``logits_out``: a dict that gets each
+    example's logits (float32, on the CPU) under its id."""
     import torch
 
     task.load_dataset(split)
@@ -130,6 +135,8 @@ def score(model, task, split: str, batch_size: int, use_cuda: bool, bf16: bool):
             logits = model(**sample["net_input"])
             correct += int(logits.argmax(-1).eq(sample["target"]).sum())
             seen.update(sample["id"].tolist())
+            if logits_out is not None:
+                logits_out.update(zip(sample["id"].tolist(), logits.float().cpu().unbind(0)))
     n = len(dataset)
     expected = task.meta["splits"][split]
     if len(seen) != n or n != expected:

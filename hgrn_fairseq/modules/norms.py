@@ -137,11 +137,26 @@ def reestimate_running_stats(model: nn.Module, batches: Iterable, forward: Calla
     training); every other module stays in eval mode (no dropout), no gradients. The model is left in eval
     mode. Returns the number of batches. Why: a norm's running average (momentum 0.1) lags the weights
     while they move, so a checkpoint scored in eval mode mid-run reads stale statistics (docs/lra.md)."""
-    norms = [m for m in model.modules() if isinstance(m, MaskedBatchNorm)]
+    n, stats = pooled_norm_statistics(model, batches, forward)
+    set_running_stats(model, stats[n])
+    return n
+
+
+def pooled_norm_statistics(model: nn.Module, batches: Iterable, forward: Callable[[nn.Module, object], object],
+                           at: Optional[Iterable[int]] = None):
+    """What ``reestimate_running_stats`` computes, without setting it, after the first k batches for each k in
+    ``at`` (default: all of them): one pass gives nested re-estimates (k = 50 and 200 of the same draw).
+    -> (number of batches, {k: {name of the norm in ``model``: (mean, unbiased variance), float64}}); the
+    model is left in eval mode, its running statistics whatever the passes left (set them with
+    ``set_running_stats``). An error when a k exceeds the number of batches."""
+    norms = [(name, m) for name, m in model.named_modules() if isinstance(m, MaskedBatchNorm)]
     if not norms:
         raise ValueError("reestimate_running_stats: the model has no MaskedBatchNorm "
                          "(norm='layer' keeps no running statistics)")
-    sums = {id(m): [0.0, 0.0, 0.0] for m in norms}
+    want = None if at is None else sorted({int(k) for k in at})
+    if want is not None and (not want or want[0] < 1):
+        raise ValueError(f"pooled_norm_statistics: at={list(at)} must hold batch counts >= 1")
+    sums = {id(m): [0.0, 0.0, 0.0] for _, m in norms}
 
     def pre_hook(module, args, kwargs):
         x = args[0] if args else kwargs["x"]
@@ -154,30 +169,51 @@ def reestimate_running_stats(model: nn.Module, batches: Iterable, forward: Calla
         acc[1] = acc[1] + xs.sum(0)
         acc[2] = acc[2] + (xs * xs).sum(0)
 
+    def pooled() -> dict:
+        out = {}
+        for name, m in norms:
+            count, s1, s2 = sums[id(m)]
+            if count < 2:
+                raise ValueError(f"reestimate_running_stats: a norm saw {int(count)} valid positions; "
+                                 "pass more batches")
+            mean = s1 / count
+            out[name] = (mean, (s2 / count - mean * mean).clamp_min(0.0) * count / (count - 1))
+        return out
+
     model.eval()
-    handles = [m.register_forward_pre_hook(pre_hook, with_kwargs=True) for m in norms]
-    n = 0
+    handles = [m.register_forward_pre_hook(pre_hook, with_kwargs=True) for _, m in norms]
+    n, stats = 0, {}
     try:
-        for m in norms:
+        for _, m in norms:
             m.train()
         with torch.no_grad():
             for batch in batches:
                 forward(model, batch)
                 n += 1
+                if want is not None and n in want:
+                    stats[n] = pooled()
     finally:
         for h in handles:
             h.remove()
         model.eval()
     if n == 0:
         raise ValueError("reestimate_running_stats: no batches; pass at least one")
+    if want is None:
+        stats[n] = pooled()
+    elif want[-1] > n:
+        raise ValueError(f"pooled_norm_statistics: asked for the statistics after {want[-1]} batches; "
+                         f"there were {n}")
+    return n, stats
+
+
+def set_running_stats(model: nn.Module, stats: dict) -> None:
+    """Write ``{norm name: (mean, variance)}`` (one entry of ``pooled_norm_statistics``) into the running
+    statistics of ``model``'s ``MaskedBatchNorm``s (in their dtype); every such norm must be named."""
+    norms = {name: m for name, m in model.named_modules() if isinstance(m, MaskedBatchNorm)}
+    if set(norms) != set(stats):
+        raise ValueError(f"set_running_stats: the statistics name {sorted(set(stats) ^ set(norms))[:4]}, "
+                         f"which the model's batch norms do not match")
     with torch.no_grad():
-        for m in norms:
-            count, s1, s2 = sums[id(m)]
-            if count < 2:
-                raise ValueError(f"reestimate_running_stats: a norm saw {int(count)} valid positions; "
-                                 "pass more batches")
-            mean = s1 / count
-            var = (s2 / count - mean * mean).clamp_min(0.0) * count / (count - 1)
-            m.running_mean.copy_(mean.to(m.running_mean.dtype))
-            m.running_var.copy_(var.to(m.running_var.dtype))
-    return n
+        for name, (mean, var) in stats.items():
+            norms[name].running_mean.copy_(mean.to(norms[name].running_mean.dtype))
+            norms[name].running_var.copy_(var.to(norms[name].running_var.dtype))
