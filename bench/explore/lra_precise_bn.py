@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import itertools
 import json
 import math
@@ -39,9 +38,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-for _path in (HERE, os.path.join(REPO, "scripts"), REPO):
+for _path in (HERE, os.path.join(REPO, "scripts"), os.path.join(REPO, "data_prep"), REPO):
     if _path not in sys.path:
         sys.path.insert(0, _path)
+
+from sentencepiece_bpe import sha256_file as sha256  # noqa: E402  (data_prep/: a file's SHA-256, read in blocks)
 
 
 def train_batches(task, batch_size: int, count: int, seed: int, use_cuda: bool, bf16: bool):
@@ -58,14 +59,6 @@ def train_batches(task, batch_size: int, count: int, seed: int, use_cuda: bool, 
             yield prepare_sample(sample, use_cuda, bf16)
     if got < count:
         raise ValueError(f"the training split gave {got} batches of {batch_size}, fewer than --batches {count}")
-
-
-def sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def data_record(task, data_dir: str, splits) -> dict:
