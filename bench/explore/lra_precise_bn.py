@@ -21,7 +21,9 @@ recorded numbers (its best validation accuracy; the run's test JSON with ``--rec
 hashes, each row's accuracy with its counts and loss (bits, as fairseq logs it), the predictions (one digit per
 example, by id) and, as stored, each example's top-1 minus top-2 logit, for comparisons between machines. Every
 other row also holds its margins over the as-stored row of its split: ``delta_correct``, ``delta_accuracy``,
-``delta_loss_bits`` and ``changed_predictions`` (examples whose prediction differs), beside ``std_error``
+``delta_loss_bits``, ``changed_predictions`` (examples whose prediction differs), ``wrong_to_right`` /
+``right_to_wrong`` (the paired counts behind ``delta_correct``) and ``mcnemar_z`` ((wrong_to_right - right_to_wrong)
+/ sqrt(their sum): |z| < 2 is a change the same examples scored twice can give by chance), beside ``std_error``
 (sqrt(p (1 - p) / n) of its accuracy, in points), so that a change can be read against the noise.
 With ``--cpu`` (or no GPU) the model runs the PyTorch reference path.
 """
@@ -257,6 +259,11 @@ def main(argv=None) -> int:
             row.update(delta_correct=correct - base["correct"], delta_accuracy=round(acc - base["accuracy"], 3),
                        delta_loss_bits=round(loss - base["loss_bits"], 5),
                        changed_predictions=sum(a != b for a, b in zip(row["predictions"], base["predictions"])))
+            truth = [str(int(v)) for v in task.dataset(split).labels[:n]]
+            up = sum(a == t != b for a, b, t in zip(row["predictions"], base["predictions"], truth))
+            down = sum(b == t != a for a, b, t in zip(row["predictions"], base["predictions"], truth))
+            row.update(wrong_to_right=up, right_to_wrong=down,
+                       mcnemar_z=round((up - down) / math.sqrt(up + down), 2) if up + down else 0.0)
         rows.append(row)
         if setting == "as stored":  # (how near a tie each prediction is: for comparisons between machines)
             rows[-1]["margins"] = [round(v, 4) for v in margins]
@@ -270,7 +277,8 @@ def main(argv=None) -> int:
                     else f"  (recorded {recorded['best_valid_accuracy']}: {d:+.2f})")
         if "delta_correct" in row:
             note = (f"  (as stored {row['delta_accuracy']:+.2f} points, {row['delta_loss_bits']:+.4f} bits, "
-                    f"{row['changed_predictions']} predictions changed; std error {se:.2f})")
+                    f"{row['changed_predictions']} predictions changed, "
+                    f"{row['wrong_to_right']} to right / {row['right_to_wrong']} to wrong: z {row['mcnemar_z']:+.2f})")
         print(f"[{setting}] {split}: {acc:.2f}% ({correct}/{n}), loss {loss:.4f} bits, {seconds:.0f} s{note}",
               flush=True)
         write()

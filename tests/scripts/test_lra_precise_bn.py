@@ -187,6 +187,14 @@ def test_cli_end_to_end(tiny, tmp_path, capsys):
         assert row["delta_accuracy"] == pytest.approx(row["accuracy"] - base["accuracy"], abs=1e-9)
         assert row["delta_loss_bits"] == pytest.approx(row["loss_bits"] - base["loss_bits"], abs=2e-5)
         assert row["changed_predictions"] == sum(a != b for a, b in zip(row["predictions"], base["predictions"]))
+        task.load_dataset(row["split"])
+        y = np.asarray(task.dataset(row["split"]).labels)
+        now = np.array([int(c) for c in row["predictions"]]) == y
+        was = np.array([int(c) for c in base["predictions"]]) == y
+        assert (row["wrong_to_right"], row["right_to_wrong"]) == (int((now & ~was).sum()), int((was & ~now).sum()))
+        assert row["wrong_to_right"] - row["right_to_wrong"] == row["delta_correct"]
+        flips = row["wrong_to_right"] + row["right_to_wrong"]
+        assert row["mcnemar_z"] == pytest.approx(row["delta_correct"] / np.sqrt(flips) if flips else 0.0, abs=0.006)
         p = row["accuracy"] / 100
         assert row["std_error"] == pytest.approx(100 * np.sqrt(p * (1 - p) / row["examples"]), abs=0.006)
     # the stale statistics (mean 3, variance 0.05) against the re-estimated ones: the loss must move
