@@ -204,3 +204,17 @@ def test_cli_end_to_end(tiny, tmp_path, capsys):
     o = json.loads(only.read_text())
     assert [(row["setting"], row["split"]) for row in o["rows"]] == [("as stored", "test")]
     assert o["rows"][0]["predictions"] == stored_test["predictions"] and o["precision"] == "fp32"
+
+
+def test_kernel_backend_override_reaches_the_model_config(tiny):
+    """``--kernel-backend`` (lra_eval.load's ``kernel_backend``) replaces the checkpoint's, with and without --data."""
+    from lra_eval import load as lra_load
+
+    path, data = tiny
+    _, cfg, _, _, _ = lra_load(path, cpu=True)
+    saved = cfg.model.kernel_backend
+    for other in ("reference", "triton"):
+        for d in (None, data):
+            _, cfg, _, _, _ = lra_load(path, d, cpu=True, kernel_backend=other)
+            assert cfg.model.kernel_backend == other and cfg.task.data == data
+    assert saved in ("auto", "reference", "triton")
