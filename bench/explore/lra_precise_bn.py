@@ -251,22 +251,22 @@ def main(argv=None) -> int:
         n = task.meta["splits"][split]
         acc = round(100.0 * correct / n, 3)
         se = round(100.0 * math.sqrt(acc / 100 * (1 - acc / 100) / n), 2)
-        loss, margins = loss_and_margins(logits, task.dataset(split).labels)
+        labels = task.dataset(split).labels
+        loss, margins = loss_and_margins(logits, labels)
         row = dict(setting=setting, split=split, correct=correct, examples=n, accuracy=acc, std_error=se,
                    loss_bits=round(loss, 5), seconds=round(seconds, 1), **info, predictions=predictions(logits, n))
         base = next((r for r in rows if r["setting"] == "as stored" and r["split"] == split), None)
-        if setting != "as stored" and base is not None:  # the margins over the checkpoint as stored
+        if setting == "as stored":  # (how near a tie each prediction is: for comparisons between machines)
+            row["margins"] = [round(v, 4) for v in margins]
+        elif base is not None:  # the margins over the checkpoint as stored, and the paired counts behind them
+            pairs = [(a, b, str(int(t))) for a, b, t in zip(row["predictions"], base["predictions"], labels[:n])]
+            up = sum(a == t != b for a, b, t in pairs)
+            down = sum(b == t != a for a, b, t in pairs)
             row.update(delta_correct=correct - base["correct"], delta_accuracy=round(acc - base["accuracy"], 3),
                        delta_loss_bits=round(loss - base["loss_bits"], 5),
-                       changed_predictions=sum(a != b for a, b in zip(row["predictions"], base["predictions"])))
-            truth = [str(int(v)) for v in task.dataset(split).labels[:n]]
-            up = sum(a == t != b for a, b, t in zip(row["predictions"], base["predictions"], truth))
-            down = sum(b == t != a for a, b, t in zip(row["predictions"], base["predictions"], truth))
-            row.update(wrong_to_right=up, right_to_wrong=down,
+                       changed_predictions=sum(a != b for a, b, _ in pairs), wrong_to_right=up, right_to_wrong=down,
                        mcnemar_z=round((up - down) / math.sqrt(up + down), 2) if up + down else 0.0)
         rows.append(row)
-        if setting == "as stored":  # (how near a tie each prediction is: for comparisons between machines)
-            rows[-1]["margins"] = [round(v, 4) for v in margins]
         note = ""
         if setting == "as stored" and split == "test" and recorded.get("test_correct") is not None:
             d = correct - recorded["test_correct"]
