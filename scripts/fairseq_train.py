@@ -42,8 +42,11 @@ def check_lra_resume(args) -> None:
     """An LRA run (``hgrn_lra`` archs) that resumes ``--save-dir``'s checkpoint_last.pt must keep the settings
     it trained with: fairseq would load the weights of a run trained with, say, masked padding into one that
     goes on with ``--unmasked-padding`` and mix the two settings silently (an other norm fails to load, with
-    a traceback). One line naming the changed options and the fix instead. Not checked: ``--restore-file``
-    other than the default, ``--finetune-from-model``, and the reset flags (those start something new)."""
+    a traceback), or go on with another learning-rate schedule from the resumed update (``schedule_changes``).
+    One line naming the changed options and the fix instead. Not checked: ``--restore-file`` other than the
+    default, ``--finetune-from-model``, ``--reset-optimizer`` / ``--reset-dataloader`` / ``--reset-meters``
+    (those start something new); ``--reset-lr-scheduler`` lets the schedule change on purpose and checks the
+    rest."""
     import os
 
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY
@@ -52,8 +55,7 @@ def check_lra_resume(args) -> None:
         return
     if (getattr(args, "restore_file", "checkpoint_last.pt") != "checkpoint_last.pt"
             or getattr(args, "finetune_from_model", None) or getattr(args, "reset_optimizer", False)
-            or getattr(args, "reset_dataloader", False) or getattr(args, "reset_meters", False)
-            or getattr(args, "reset_lr_scheduler", False)):
+            or getattr(args, "reset_dataloader", False) or getattr(args, "reset_meters", False)):
         return
     path = os.path.join(args.save_dir, "checkpoint_last.pt")
     if not os.path.isfile(path):
@@ -66,10 +68,49 @@ def check_lra_resume(args) -> None:
     if cfg is None:
         return
     changes = resume_changes(cfg, args)
-    if changes:
-        sys.exit(f"fairseq_train.py: {path} trained with other settings than this command: {', '.join(changes)}: "
-                 f"rerun with the checkpoint's settings to resume it, or give another --save-dir (SAVE_DIR) "
-                 f"to start a run with these")
+    schedule = [] if getattr(args, "reset_lr_scheduler", False) else schedule_changes(cfg, args)
+    if changes or schedule:
+        sys.exit(f"fairseq_train.py: {path} trained with other settings than this command: "
+                 f"{', '.join(changes + schedule)}: rerun with the checkpoint's settings to resume it"
+                 + (" (a schedule changed on purpose: add --reset-lr-scheduler)" if schedule and not changes else "")
+                 + ", or give another --save-dir (SAVE_DIR) to start a run with these")
+
+
+def _effective_schedule(lr, max_update, sched, opt) -> dict:
+    """The learning-rate schedule a run follows, as fairseq's schedulers compute it: the peak, the warm-up,
+    and for ``cosine`` the period (``--lr-period-updates``, or when that is not positive ``--max-update``
+    less the warm-up), the floor, ``t_mult`` and ``lr_shrink``; the optimizer and its weight decay."""
+    get = (lambda c, k, d=None: c.get(k, d)) if hasattr(sched, "get") else (lambda c, k, d=None: getattr(c, k, d))
+    name = get(sched, "_name", get(sched, "lr_scheduler"))
+    peak = lr if isinstance(lr, (int, float)) else lr[0]  # --lr is a list (one value for these schedulers)
+    out = {"--lr-scheduler": name, "--lr": float(peak), "--warmup-updates": int(get(sched, "warmup_updates", 0) or 0),
+           "--optimizer": get(opt, "_name", get(opt, "optimizer")), "--weight-decay": float(get(opt, "weight_decay", 0.0) or 0.0)}
+    if name == "cosine":
+        period = float(get(sched, "lr_period_updates", -1) or -1)
+        out["cosine period"] = period if period > 0 else float(max_update) - out["--warmup-updates"]
+        floor = float(get(sched, "min_lr", 0.0) or 0.0)
+        init = get(sched, "warmup_init_lr", -1)
+        init = -1.0 if init is None else float(init)
+        out["--min-lr"] = floor
+        out["--warmup-init-lr"] = init if init >= 0 else floor  # fairseq's default: the floor
+        out["--t-mult"] = float(get(sched, "t_mult", 1.0))
+        out["--lr-shrink"] = float(get(sched, "lr_shrink", 0.1))
+    return out
+
+
+def schedule_changes(saved_cfg, args) -> list:
+    """What resuming with ``args`` would change in the learning-rate schedule a checkpoint trained on
+    (``["--warmup-updates 3750 (now 5000)", "cosine period 33750.0 (now 45000.0)"]``), empty when nothing.
+    A longer ``--max-update`` with the period given (``--lr-period-updates``) changes nothing but where the run
+    stops; with the period taken from ``--max-update`` it changes the cosine of every later update, which fairseq
+    would apply silently from the resumed update on."""
+    from hgrn_fairseq.models.hgrn_lra import same_option
+
+    optimization = saved_cfg["optimization"]
+    was = _effective_schedule(optimization["lr"], optimization["max_update"], saved_cfg["lr_scheduler"],
+                              saved_cfg["optimizer"])
+    now = _effective_schedule(args.lr, args.max_update, args, args)
+    return [f"{k} {was[k]} (now {now.get(k)})" for k in was if not same_option(was[k], now.get(k))]
 
 
 MATMUL_PRECISIONS = {"fp32": "highest", "tf32": "high"}

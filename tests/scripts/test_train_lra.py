@@ -470,13 +470,20 @@ def test_cpu_run_end_to_end_and_resume(tmp_path):
     p = run(["listops", "hgrn1", data, *tiny], env=dict(env, SKIP_TEST="1"), timeout=300)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     assert "training already reached --max-update 12" in p.stderr
-    # a longer plan resumes from checkpoint_last.pt at update 12, also after gpu_lra.sh's strip of the best in
-    # place and a best that is the newer file (the resume used to pick it and restart at update 0)
+    # a longer plan stretches the compressed warm-up and cosine of every later update: refused in one line
+    # unless asked for (--reset-lr-scheduler); asked for, it resumes from checkpoint_last.pt at update 12, also
+    # after gpu_lra.sh's strip of the best in place and a best that is the newer file (the resume used to pick
+    # it and restart at update 0)
     run_best = tmp_path / "runs" / "listops_hgrn1" / "checkpoint_best.pt"
     s = pyrun.run(strip + [str(run_best)], capture_output=True, text=True, timeout=120)
     assert s.returncode == 0 and "optimizer state dropped" in s.stdout, s.stdout + s.stderr
     os.utime(run_best, (time.time() + 5, time.time() + 5))
     p = run(["listops", "hgrn1", data, *tiny], env=dict(env, SKIP_TEST="1", MAX_UPDATE="14"), timeout=300)
+    assert p.returncode != 0
+    refused = [line for line in p.stderr.splitlines() if "trained with other settings" in line]
+    assert len(refused) == 1 and "cosine period" in refused[0] and "--reset-lr-scheduler" in refused[0], p.stderr[-3000:]
+    p = run(["listops", "hgrn1", data, *tiny, "--reset-lr-scheduler"], env=dict(env, SKIP_TEST="1", MAX_UPDATE="14"),
+            timeout=300)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     assert re.search(r"Loaded checkpoint \S+checkpoint_last.pt \(epoch \d+ @ 12 updates\)", p.stdout + p.stderr)
     log = open(tmp_path / "runs" / "listops_hgrn1" / "logs" / "train.log").read()  # fairseq_cli.train's messages
@@ -565,7 +572,8 @@ def _gpus() -> int:
 @pytest.mark.skipif(_gpus() < 2, reason="needs 2 GPUs (torchrun + NCCL; TRITON_INTERPRET unset)")
 def test_two_gpu_run_end_to_end_and_resume(tmp_path):
     """The entry point on 2 GPUs: torchrun starts two processes, the recipe's sync-batch norms all-reduce
-    over NCCL inside DDP, the run trains, saves, resumes on a longer plan and writes the test JSON."""
+    over NCCL inside DDP, the run trains, saves, resumes on a longer plan (a schedule changed on purpose:
+    --reset-lr-scheduler, as the CPU test above checks) and writes the test JSON."""
     import torch
 
     data = str(tmp_path / "data")
@@ -586,7 +594,8 @@ def test_two_gpu_run_end_to_end_and_resume(tmp_path):
     assert norm == "syncbatch" and any(k.endswith("running_mean") for k in state["model"])
     result = json.load(open(save / "test_result.json"))
     assert result["examples"] == 20 and result["num_updates"] == 12 and (save / "finished_max_update_12").is_file()
-    p = run(["listops", "hgrn1", data, *tiny], env=dict(env, SKIP_TEST="1", MAX_UPDATE="14"), timeout=600)
+    p = run(["listops", "hgrn1", data, *tiny, "--reset-lr-scheduler"], env=dict(env, SKIP_TEST="1", MAX_UPDATE="14"),
+            timeout=600)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-3000:]
     assert re.search(r"Loaded checkpoint \S+checkpoint_last.pt \(epoch \d+ @ 12 updates\)", out), out[-3000:]

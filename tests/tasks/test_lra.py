@@ -684,8 +684,9 @@ def test_a_checkpoint_knows_its_data(tmp_path):
 
 def test_resuming_with_other_settings_is_refused_in_one_line(runs):
     """scripts/fairseq_train.py (what train_lra.sh runs): a command that would resume --save-dir's
-    checkpoint_last.pt with other run settings (the norm, padding, <eos>, the arch) exits with one line naming
-    them; the same settings, a longer --max-update, a reset flag or a new --save-dir go on."""
+    checkpoint_last.pt with other run settings (the norm, padding, <eos>, the arch, the learning-rate schedule)
+    exits with one line naming them; the same settings, a longer --max-update that leaves the schedule as it was,
+    a reset flag or a new --save-dir go on."""
     from fairseq import options
 
     from tests.script_module import load_script
@@ -706,7 +707,21 @@ def test_resuming_with_other_settings_is_refused_in_one_line(runs):
         return None
 
     assert check() is None
-    assert check(updates=updates * 2) is None  # a longer schedule resumes
+    # the run's cosine took its period from --max-update (updates - 10 warm-up): a longer --max-update alone
+    # would stretch the cosine of every later update; with that period given, it only moves the end
+    period = f"{updates - 10}"
+    msg = check(updates=updates * 2)
+    assert msg is not None and "\n" not in msg, msg
+    assert f"cosine period {float(updates - 10)} (now {float(2 * updates - 10)})" in msg
+    assert "add --reset-lr-scheduler" in msg
+    assert check(["--lr-period-updates", period], updates=updates * 2) is None
+    assert check(["--reset-lr-scheduler"], updates=updates * 2) is None  # a change on purpose
+    assert "--reset-lr-scheduler" not in check(["--norm", "layer", "--reset-lr-scheduler"])  # only the schedule
+    assert "--warmup-updates 10 (now 20)" in check(["--warmup-updates", "20"])
+    assert "--lr 0.003 (now 0.001)" in check(["--lr", "1e-3"])
+    assert "--weight-decay 0.0 (now 0.1)" in check(["--weight-decay", "0.1"])
+    assert "--min-lr 0.0 (now 1e-05)" in check(["--min-lr", "1e-5"])
+    assert check(["--warmup-init-lr", "0"]) is None  # fairseq's default start of the warm-up is the floor, 0 here
     assert check(["--reset-optimizer", "--norm", "layer"]) is None  # a reset starts something new: fairseq's
     assert check(["--norm", "layer"], save=save_dir + "_new") is None  # nothing to resume there
     msg = check(["--norm", "layer"])
