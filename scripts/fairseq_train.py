@@ -83,8 +83,10 @@ def _effective_schedule(lr, max_update, sched, opt) -> dict:
     get = (lambda c, k, d=None: c.get(k, d)) if hasattr(sched, "get") else (lambda c, k, d=None: getattr(c, k, d))
     name = get(sched, "_name", get(sched, "lr_scheduler"))
     peak = lr if isinstance(lr, (int, float)) else lr[0]  # --lr is a list (one value for these schedulers)
-    out = {"--lr-scheduler": name, "--lr": float(peak), "--warmup-updates": int(get(sched, "warmup_updates", 0) or 0),
-           "--optimizer": get(opt, "_name", get(opt, "optimizer")), "--weight-decay": float(get(opt, "weight_decay", 0.0) or 0.0)}
+    out = {"--lr-scheduler": name, "--lr": float(peak),
+           "--warmup-updates": int(get(sched, "warmup_updates", 0) or 0),
+           "--optimizer": get(opt, "_name", get(opt, "optimizer")),
+           "--weight-decay": float(get(opt, "weight_decay", 0.0) or 0.0)}
     if name == "cosine":
         period = float(get(sched, "lr_period_updates", -1) or -1)
         out["cosine period"] = period if period > 0 else float(max_update) - out["--warmup-updates"]
