@@ -31,6 +31,8 @@
 # updates (its own --max-update: LRA_LISTOPS_UPDATES does not apply), e.g. hgrn1:2222:repocfg+eos.
 # MODEL:SEED:truncate runs the paper's own schedule cut at the task's updates (SCHEDULE=truncate: warm-up and
 # cosine not compressed, so every update has the paper's learning rate), e.g. LRA_JOBS="pathfinder/hgrn2:2222:truncate".
+# MODEL:SEED:eos+dropX / +wdX: residual dropout X / weight decay X on the recipe (regularisers within the issue's
+# rules), e.g. hgrn2:2222:eos+drop0.1 in listops_hgrn2_s2222_eos_drop0.1.
 # (Since the recipe appends <eos>, a new MODEL:SEED:unmasked run has it too, but
 # its name is that of the finished no-<eos> ablation: restored from LRA_CARRY, that run's checkpoint is refused
 # by the data fingerprint, which records append_eos. Name such runs with the flags they have.)
@@ -194,6 +196,10 @@ spec_args() {  # SPEC: the fairseq-train arguments it adds (--seed N, --unmasked
             maxpool) echo "--pool max" ;;  # the channel-wise maximum over the positions instead of the mean
             layers[1-9]) echo "--encoder-layers ${flag#layers}" ;;
             lr[1-9]e-[1-9]|lr[1-9].[0-9]e-[1-9]) echo "--lr ${flag#lr}" ;;  # another peak rate, e.g. lr2e-4
+            # regularisers within the issue's rules (ListOps' masked recipe overfits: docs/lra.md): residual
+            # dropout, e.g. drop0.1, and weight decay, e.g. wd0.05
+            drop0.[0-9]|drop0.[0-9][0-9]) echo "--dropout ${flag#drop}" ;;
+            wd0.[0-9]|wd0.[0-9][0-9]|wd0.[0-9][0-9][0-9]) echo "--weight-decay ${flag#wd}" ;;
             repocfg)  # the public OpenNLPLab/lra repository's configs/experiment/hgrn-lra-listops.yaml (HGRN1)
                 if [ "$model" != hgrn1 ]; then
                     echo "gpu_lra.sh: '$1' in LRA_MODELS: 'repocfg' is the public repository's HGRN1 ListOps config (model hgrn1)" >&2
@@ -202,7 +208,7 @@ spec_args() {  # SPEC: the fairseq-train arguments it adds (--seed N, --unmasked
                 echo "--encoder-embed-dim 128 --glu-multiple 2 --norm layer --lr 0.001 --weight-decay 0.01" \
                      "--warmup-updates 1000 --batch-size 50 --batch-size-valid 50 --max-update 50000" ;;
             fixed[1-9][0-9]|fixed[1-9][0-9][0-9]|fixed[1-9][0-9][0-9][0-9]) echo "--pad-to-length ${flag#fixed}" ;;
-            *) echo "gpu_lra.sh: '$1' in LRA_MODELS: the third field can only be 'unmasked', 'eos', 'noeos', 'truncate', 'scratchK' (K 1-99), 'fixedN' (N 10-9999), 'scanpads', 'layernorm', 'scan1d', 'nolb', 'maxpool', 'layersN' (N 1-9), 'lrXe-Y' (e.g. lr2e-4) or 'repocfg' (several joined by '+')" >&2; return 1 ;;
+            *) echo "gpu_lra.sh: '$1' in LRA_MODELS: the third field can only be 'unmasked', 'eos', 'noeos', 'truncate', 'scratchK' (K 1-99), 'fixedN' (N 10-9999), 'scanpads', 'layernorm', 'scan1d', 'nolb', 'maxpool', 'layersN' (N 1-9), 'lrXe-Y' (e.g. lr2e-4), 'dropX' (e.g. drop0.1), 'wdX' (e.g. wd0.05) or 'repocfg' (several joined by '+')" >&2; return 1 ;;
         esac
     done
     [ -n "$seed" ] && echo "--seed $seed"

@@ -298,7 +298,7 @@ def test_gpu_lra_model_specs_name_their_runs_and_flags():
         0, "listops_hgrn1_s2222_unmasked_eos", "--unmasked-padding --append-eos --max-positions 2048 --seed 2222", "")
     assert gpu_lra_spec("hgrn1:2222:unmasked+noeos") == (0, "listops_hgrn1_s2222_unmasked_noeos", "--unmasked-padding --seed 2222", "")
     rc, _, _, err = gpu_lra_spec("hgrn1:2:pads")
-    assert rc == 1 and "'hgrn1:2:pads' in LRA_MODELS: the third field can only be 'unmasked', 'eos', 'noeos', 'truncate', 'scratchK' (K 1-99), 'fixedN' (N 10-9999), 'scanpads', 'layernorm', 'scan1d', 'nolb', 'maxpool', 'layersN' (N 1-9), 'lrXe-Y' (e.g. lr2e-4) or 'repocfg'" in err
+    assert rc == 1 and "'hgrn1:2:pads' in LRA_MODELS: the third field can only be 'unmasked', 'eos', 'noeos', 'truncate', 'scratchK' (K 1-99), 'fixedN' (N 10-9999), 'scanpads', 'layernorm', 'scan1d', 'nolb', 'maxpool', 'layersN' (N 1-9), 'lrXe-Y' (e.g. lr2e-4), 'dropX' (e.g. drop0.1), 'wdX' (e.g. wd0.05) or 'repocfg'" in err
     # a 2-D task's raster as one 1-D sequence (the run id keeps the task, pathfinder6 among them)
     assert gpu_lra_spec("hgrn2:2222:scan1d", task="pathfinder6") == (
         0, "pathfinder6_hgrn2_s2222_scan1d", "--scan-2d none --seed 2222", "")
@@ -307,7 +307,12 @@ def test_gpu_lra_model_specs_name_their_runs_and_flags():
         0, "pathfinder6_hgrn2_s2222_nolb_layers2_lr2e-4", "--no-lower-bound --encoder-layers 2 --lr 2e-4 --seed 2222", "")
     assert gpu_lra_spec("hgrn1:2:lr1.5e-3")[2] == "--lr 1.5e-3 --seed 2"
     assert gpu_lra_spec("hgrn2:2:maxpool", task="pathfinder6")[1:3] == ("pathfinder6_hgrn2_s2_maxpool", "--pool max --seed 2")
-    for bad in ("layers12", "lr0.001", "lr2e4"):
+    # regularisers on the masked ListOps recipe: residual dropout and weight decay
+    assert gpu_lra_spec("hgrn2:2222:eos+drop0.1") == (
+        0, "listops_hgrn2_s2222_eos_drop0.1", "--append-eos --max-positions 2048 --dropout 0.1 --seed 2222", "")
+    assert gpu_lra_spec("hgrn2:2:eos+wd0.05")[1:3] == (
+        "listops_hgrn2_s2_eos_wd0.05", "--append-eos --max-positions 2048 --weight-decay 0.05 --seed 2")
+    for bad in ("layers12", "lr0.001", "lr2e4", "drop1", "drop0.", "drop.1", "wd1", "wd0.1234"):
         assert gpu_lra_spec(f"hgrn2:2:{bad}")[0] == 1, bad
     # scratch positions after the token (masked padding): scratchK, K 1-99
     assert gpu_lra_spec("hgrn1:2222:scratch16") == (0, "listops_hgrn1_s2222_scratch16", "--scratch-positions 16 --seed 2222", "")
