@@ -10,6 +10,11 @@ cut before saving had logged too); the table gives, for each mark 0 < M <= upto 
 updates, and the run's last update), the best validation accuracy reached up to M updates, so runs
 that validated at different updates compare at the same budget. "-" where a run has not reached M.
 Markdown on stdout.
+
+``--fit-gap W`` prints instead, for each run, how well it fits its training data against how well it
+validates: fairseq's training accuracy and loss (``train_inner`` lines: training mode, the weights moving)
+averaged over the lines of the run's last W updates (W = 750 is one ListOps epoch), its best validation,
+and training minus best validation. A run whose batch norms overfit shows a positive gap (docs/lra.md).
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import os
 import re
 
 VALID = re.compile(r"valid on 'valid' subset \|.*?\| accuracy ([0-9.]+) \|.*?\| num_updates (\d+)")
+TRAIN = re.compile(r"\| train_inner \|.*? loss=([0-9.]+),.*? accuracy=([0-9.]+),.*? num_updates=(\d+)")
 
 
 def curve(paths: list[str]) -> dict[int, float]:
@@ -31,6 +37,36 @@ def curve(paths: list[str]) -> dict[int, float]:
                 if m:
                     points[int(m.group(2))] = float(m.group(1))
     return points
+
+
+def train_points(paths: list[str]) -> dict[int, tuple[float, float]]:
+    """{update: (training loss, training accuracy)} from the logs' ``train_inner`` lines (later logs win)."""
+    points: dict[int, tuple[float, float]] = {}
+    for path in paths:
+        with open(path, errors="replace") as f:
+            for line in f:
+                m = TRAIN.search(line)
+                if m:
+                    points[int(m.group(3))] = (float(m.group(1)), float(m.group(2)))
+    return points
+
+
+def fit_gap(runs: dict[str, tuple[dict, dict]], window: int) -> str:
+    """Markdown: per run, the training accuracy / loss over its last ``window`` updates, best valid, the gap."""
+    lines = [f"| run | last update | training lines in the last {window:,} | training accuracy | training loss "
+             "| best valid | training - best valid |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name, (valid, train) in runs.items():
+        last = max(max(train, default=0), max(valid, default=0))
+        near = [train[u] for u in train if last - window < u <= last]
+        best = best_up_to(valid, last) if valid else None
+        if not near or best is None:
+            lines.append(f"| {name} | {last:,} | {len(near)} | - | - | {'-' if best is None else f'{best:.2f}'} | - |")
+            continue
+        acc = sum(a for _, a in near) / len(near)
+        loss = sum(l for l, _ in near) / len(near)
+        lines.append(f"| {name} | {last:,} | {len(near)} | {acc:.1f} | {loss:.3f} | {best:.2f} | {acc - best:+.1f} |")
+    return "\n".join(lines) + "\n"
 
 
 def best_up_to(points: dict[int, float], mark: int) -> float | None:
@@ -68,9 +104,14 @@ def main(argv=None) -> int:
     p.add_argument("runs", nargs="+", metavar="NAME=GLOB")
     p.add_argument("--every", type=int, default=2500)
     p.add_argument("--upto", type=int, default=None)
+    p.add_argument("--fit-gap", type=int, default=None, metavar="W",
+                   help="instead of the curves: training accuracy over each run's last W updates against its best valid")
     args = p.parse_args(argv)
     if args.every < 1:
         p.error("--every must be at least 1")
+    if args.fit_gap is not None and args.fit_gap < 1:
+        p.error("--fit-gap must be at least 1 (updates)")
+    trains = {}
     runs = {}
     for spec in args.runs:
         name, sep, pattern = spec.partition("=")
@@ -82,6 +123,10 @@ def main(argv=None) -> int:
         runs[name] = curve(paths)
         if not runs[name]:
             p.error(f"{name}: the {len(paths)} logs matching {pattern} have no validation line")
+        trains[name] = train_points(paths) if args.fit_gap is not None else {}
+    if args.fit_gap is not None:
+        print(fit_gap({n: (runs[n], trains[n]) for n in runs}, args.fit_gap), end="")
+        return 0
     print(table(runs, args.every, args.upto), end="")
     return 0
 

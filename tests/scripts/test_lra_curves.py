@@ -43,3 +43,31 @@ def test_bad_arguments_name_the_problem(tmp_path, capsys):
         with pytest.raises(SystemExit):
             curves.main(argv)
         assert message in capsys.readouterr().err
+
+
+def train_line(loss, acc, upd):
+    return (f"2026-11-29 03:30:23 | INFO | train_inner | epoch 016:    550 / 750 loss={loss}, examples=12800, "
+            f"accuracy={acc}, wps=1.39e+06, ups=10.49, wpb=132926, bsz=128, num_updates={upd}, lr=0.0004, gnorm=1.1\n")
+
+
+def test_fit_gap_averages_the_last_window_of_training_lines(tmp_path, capsys):
+    # run a: two slices; its last update is 1,000. The window of 300 holds the lines at 800, 900 and 1,000
+    # (700 is outside: 1000 - 300 < u), and the second slice's 900 replaces the first's.
+    with open(tmp_path / "a_slice1.log", "w") as f:
+        f.writelines([train_line(2.0, 40.0, 700), train_line(1.9, 99.0, 900), valid_line(41, 900)])
+    with open(tmp_path / "a_slice2.log", "w") as f:
+        f.writelines([train_line(1.8, 50.0, 800), train_line(1.6, 53.0, 900), train_line(1.7, 56.0, 1000),
+                      valid_line(45, 1000)])
+    # run b: validation only, no training line in the window
+    with open(tmp_path / "b_slice1.log", "w") as f:
+        f.writelines([valid_line(30, 500)])
+    assert curves.main([str(tmp_path), "a=a_slice*.log", "b=b_slice*.log", "--fit-gap", "300"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("| run | last update | training lines in the last 300 |")
+    # (50 + 53 + 56) / 3 = 53.0; (1.8 + 1.6 + 1.7) / 3 = 1.7; best valid 45: gap +8.0
+    assert out[2] == "| a | 1,000 | 3 | 53.0 | 1.700 | 45.00 | +8.0 |"
+    assert out[3] == "| b | 500 | 0 | - | - | 30.00 | - |"
+    assert len(out) == 4
+    with pytest.raises(SystemExit):
+        curves.main([str(tmp_path), "a=a_slice*.log", "--fit-gap", "0"])
+    assert "--fit-gap must be at least 1" in capsys.readouterr().err
