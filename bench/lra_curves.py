@@ -27,28 +27,27 @@ VALID = re.compile(r"valid on 'valid' subset \|.*?\| accuracy ([0-9.]+) \|.*?\| 
 TRAIN = re.compile(r"\| train_inner \|.*? loss=([0-9.]+),.*? accuracy=([0-9.]+),.*? num_updates=(\d+)")
 
 
-def curve(paths: list[str]) -> dict[int, float]:
-    """{update: validation accuracy} from the logs, in the order given (later ones win)."""
-    points: dict[int, float] = {}
+def read_points(paths: list[str], pattern: re.Pattern, value) -> dict:
+    """{update: value(match)} for the lines of the logs that ``pattern`` matches (its last group is the
+    update), in the order given: a later log replaces an update an earlier one logged too."""
+    points = {}
     for path in paths:
         with open(path, errors="replace") as f:
             for line in f:
-                m = VALID.search(line)
+                m = pattern.search(line)
                 if m:
-                    points[int(m.group(2))] = float(m.group(1))
+                    points[int(m.group(m.re.groups))] = value(m)
     return points
+
+
+def curve(paths: list[str]) -> dict[int, float]:
+    """{update: validation accuracy} from the logs, in the order given (later ones win)."""
+    return read_points(paths, VALID, lambda m: float(m.group(1)))
 
 
 def train_points(paths: list[str]) -> dict[int, tuple[float, float]]:
     """{update: (training loss, training accuracy)} from the logs' ``train_inner`` lines (later logs win)."""
-    points: dict[int, tuple[float, float]] = {}
-    for path in paths:
-        with open(path, errors="replace") as f:
-            for line in f:
-                m = TRAIN.search(line)
-                if m:
-                    points[int(m.group(3))] = (float(m.group(1)), float(m.group(2)))
-    return points
+    return read_points(paths, TRAIN, lambda m: (float(m.group(1)), float(m.group(2))))
 
 
 def fit_gap(runs: dict[str, tuple[dict, dict]], window: int) -> str:

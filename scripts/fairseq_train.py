@@ -76,27 +76,26 @@ def check_lra_resume(args) -> None:
                  + ", or give another --save-dir (SAVE_DIR) to start a run with these")
 
 
-def _effective_schedule(lr, max_update, sched, opt) -> dict:
-    """The learning-rate schedule a run follows, as fairseq's schedulers compute it: the peak, the warm-up,
-    and for ``cosine`` the period (``--lr-period-updates``, or when that is not positive ``--max-update``
-    less the warm-up), the floor, ``t_mult`` and ``lr_shrink``; the optimizer and its weight decay."""
-    get = (lambda c, k, d=None: c.get(k, d)) if hasattr(sched, "get") else (lambda c, k, d=None: getattr(c, k, d))
-    name = get(sched, "_name", get(sched, "lr_scheduler"))
-    peak = lr if isinstance(lr, (int, float)) else lr[0]  # --lr is a list (one value for these schedulers)
-    out = {"--lr-scheduler": name, "--lr": float(peak),
-           "--warmup-updates": int(get(sched, "warmup_updates", 0) or 0),
-           "--optimizer": get(opt, "_name", get(opt, "optimizer")),
-           "--weight-decay": float(get(opt, "weight_decay", 0.0) or 0.0)}
-    if name == "cosine":
-        period = float(get(sched, "lr_period_updates", -1) or -1)
+def _effective_schedule(cfg) -> dict:
+    """The learning-rate schedule a run's config (``optimization`` / ``lr_scheduler`` / ``optimizer`` sections)
+    follows, as fairseq's schedulers compute it: the peak, the warm-up, and for ``cosine`` the period
+    (``--lr-period-updates``, or when that is not positive ``--max-update`` less the warm-up), the floor, the
+    warm-up's start, ``t_mult`` and ``lr_shrink``; the optimizer and its weight decay."""
+    sched, opt = cfg["lr_scheduler"] or {}, cfg["optimizer"] or {}
+    lr, max_update = cfg["optimization"]["lr"], cfg["optimization"]["max_update"]
+    out = {"--lr-scheduler": sched.get("_name"), "--lr": float(lr if isinstance(lr, (int, float)) else lr[0]),
+           "--warmup-updates": int(sched.get("warmup_updates", 0) or 0),
+           "--optimizer": opt.get("_name"), "--weight-decay": float(opt.get("weight_decay", 0.0) or 0.0)}
+    if out["--lr-scheduler"] == "cosine":
+        period = float(sched.get("lr_period_updates", -1) or -1)
         out["cosine period"] = period if period > 0 else float(max_update) - out["--warmup-updates"]
-        floor = float(get(sched, "min_lr", 0.0) or 0.0)
-        init = get(sched, "warmup_init_lr", -1)
+        floor = float(sched.get("min_lr", 0.0) or 0.0)
+        init = sched.get("warmup_init_lr", -1)
         init = -1.0 if init is None else float(init)
         out["--min-lr"] = floor
         out["--warmup-init-lr"] = init if init >= 0 else floor  # fairseq's default: the floor
-        out["--t-mult"] = float(get(sched, "t_mult", 1.0))
-        out["--lr-shrink"] = float(get(sched, "lr_shrink", 0.1))
+        out["--t-mult"] = float(sched.get("t_mult", 1.0))
+        out["--lr-shrink"] = float(sched.get("lr_shrink", 0.1))
     return out
 
 
@@ -108,10 +107,10 @@ def schedule_changes(saved_cfg, args) -> list:
     would apply silently from the resumed update on."""
     from hgrn_fairseq.models.hgrn_lra import same_option
 
-    optimization = saved_cfg["optimization"]
-    was = _effective_schedule(optimization["lr"], optimization["max_update"], saved_cfg["lr_scheduler"],
-                              saved_cfg["optimizer"])
-    now = _effective_schedule(args.lr, args.max_update, args, args)
+    flat = vars(args)  # the command line's options, in the sections a saved config has
+    now = {"optimization": flat, "lr_scheduler": dict(flat, _name=args.lr_scheduler),
+           "optimizer": dict(flat, _name=args.optimizer)}
+    was, now = _effective_schedule(saved_cfg), _effective_schedule(now)
     return [f"{k} {was[k]} (now {now.get(k)})" for k in was if not same_option(was[k], now.get(k))]
 
 
