@@ -471,6 +471,20 @@ def test_cpu_run_end_to_end_and_resume(tmp_path):
     log = open(tmp_path / "runs" / "listops_hgrn1" / "logs" / "train.log").read().splitlines()
     valid = [line for line in log if "valid on 'valid' subset" in line]
     assert [int(re.search(r"num_updates (\d+)", line).group(1)) for line in valid] == [4, 6, 8, 12], valid
+    # tensorboard (the entry point's --tensorboard-logdir; the writer needs the `tensorboard` dependency, without it
+    # fairseq only warns): the same validations, with accuracy, and the training curves
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    tb = tmp_path / "runs" / "listops_hgrn1" / "logs" / "tensorboard"
+    scalars = {}
+    for split in ("train", "valid"):
+        assert (tb / split).is_dir(), f"no tensorboard events for {split} under {tb}"
+        events = EventAccumulator(str(tb / split))
+        events.Reload()
+        scalars[split] = events
+    assert {"loss", "accuracy", "lr"} <= set(scalars["train"].Tags()["scalars"])
+    assert [e.step for e in scalars["valid"].Scalars("accuracy")] == [4, 6, 8, 12]
+    logged = [float(re.search(r"\| accuracy ([\d.]+)", line).group(1)) for line in valid]
+    assert [round(e.value, 2) for e in scalars["valid"].Scalars("accuracy")] == [round(v, 2) for v in logged]
     # rerun of a finished run: no training (fairseq would make a 13th update), straight to the test
     p = run(["listops", "hgrn1", data, *tiny], env=dict(env, SKIP_TEST="1"), timeout=300)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
