@@ -19,6 +19,7 @@ setup(
         # plots, logs and progress are part of what the commands promise, not optional extras
         "matplotlib",
         "tensorboard",
+        "tensorboardX",  # fairseq logs "Please install tensorboardX" at start-up without it
         "tqdm",
         "Pillow",
     ],

@@ -122,7 +122,7 @@ def resume_choice(save_dir: str, last: str, master: bool) -> Optional[str]:
         return None  # the usual case, decided without reading any checkpoint
     # A checkpoint without optimizer state is never resumed from (has_optimizer_state): a best stripped for
     # evaluation after the last was written is newer than it, and resuming from it restarted a run at
-    # update 0 with the best's weights (two LRA calls on 2026-11-27).
+    # update 0 with the best's weights.
     newest = newest_intact_checkpoint(save_dir, resumable=True)
     if os.path.exists(last) and not is_intact(last):
         if master:

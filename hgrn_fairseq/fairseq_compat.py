@@ -9,8 +9,8 @@ The fixes are narrow and idempotent; ``install()`` runs when the plugin is impor
    defaults to ``weights_only=False``, the behaviour fairseq was written for, and the same to
    ``fairseq.distributed.utils``: on several GPUs only rank 0 reads the checkpoint and sends it to
    the others as a pickle (``broadcast_object``), which they unpickled with the new default and
-   refused (found on 2 H200s, 2026-11-27: every multi-GPU resume failed with "Unsupported global:
-   omegaconf.dictconfig.DictConfig"). Nothing outside those two modules is affected. As with any
+   refused (every multi-GPU resume failed with "Unsupported global: omegaconf.dictconfig.DictConfig").
+   Nothing outside those two modules is affected. As with any
    fairseq checkpoint, load only files you trust: a checkpoint is a pickle.
 2. numpy 2 removed ``numpy.compat``; fairseq's ``TokenBlockDataset`` still reads
    ``np.compat.long`` (the inference datasets of ``fairseq-interactive`` / ``-generate`` for LMs).

@@ -10,8 +10,27 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 # Tiny models on a small CPU run faster on one thread per process (and tests start subprocesses).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+# Without an NVIDIA GPU, torch's CPU build goes in first: pip's default torch wheel brings ~5 GB of CUDA
+# libraries. A torch already installed is kept. TORCH_INDEX_URL: where the CPU build comes from.
+CPU_TORCH=0
+if ! command -v nvidia-smi >/dev/null 2>&1 && ! $PYTHON -c "import torch" >/dev/null 2>&1; then
+    CPU_TORCH=1
+    TORCH_INDEX_URL=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
+    echo "== no GPU and no torch: installing torch's CPU build (and torchvision) from $TORCH_INDEX_URL"
+    $PYTHON -m pip install --quiet --progress-bar off --index-url "$TORCH_INDEX_URL" torch torchvision
+fi
 echo "== installing hgrn_fairseq[test,eval] into $($PYTHON -c 'import sys; print(sys.prefix)')"
 $PYTHON -m pip install --quiet --progress-bar off -e ".[test,eval]"
+if [ "$CPU_TORCH" = 1 ]; then
+    # the package's own install must not have replaced the CPU build by a CUDA one
+    $PYTHON - <<'PY' || exit 1
+import importlib.metadata as md, sys, torch
+cuda = sorted({d.metadata["Name"] for d in md.distributions() if d.metadata["Name"].lower().startswith("nvidia-")})
+if torch.version.cuda is not None or cuda:
+    sys.exit(f"test.sh: the CPU install pulled CUDA: torch {torch.__version__} (CUDA {torch.version.cuda}), {cuda}")
+print(f"== torch {torch.__version__}: CPU build, no CUDA libraries installed")
+PY
+fi
 echo "== running the tests"
 WORKERS=${TEST_WORKERS:-2}
 case "$WORKERS" in '' | *[!0-9]*) echo "test.sh: TEST_WORKERS='$WORKERS' is not a number (0: no worker processes)" >&2; exit 2 ;; esac

@@ -34,7 +34,7 @@ def pytest_runtest_logreport(report):
         _log_time(f"{report.duration:8.1f} {report.when}:{report.outcome} {report.nodeid}")
 
 
-# The files that take longest (2 CPU cores, 2026-11-27, after tests/pyrun.py: 75-225 s each), run first.
+# The files that take longest on 2 CPU cores run first.
 # scripts/test.sh hands files to its worker processes in collection order (--dist loadfile
 # --no-loadscope-reorder): pytest-xdist's own order, most tests first, had left the one-test sm90 file
 # (224 s) to run last on one worker while the other sat idle.

@@ -1,5 +1,5 @@
 """fairseq-train checkpoints survive a kill at any moment, one run per save directory, a missing
---restore-file is an error (hgrn_fairseq/checkpoint_safety.py, issue 19).
+--restore-file is an error (hgrn_fairseq/checkpoint_safety.py).
 
 The runs go through a launcher that makes checkpoint copies slow (the file grows in 64 KiB steps),
 so that a test can SIGKILL the process while a checkpoint file is being written. Checkpoints are
@@ -142,7 +142,7 @@ def test_damaged_last_checkpoint_resumes_from_the_newest_intact_one(data, launch
 
 
 def test_a_best_without_optimizer_state_newer_than_last_is_not_resumed_from(data, launcher, tmp_path):
-    # What two LRA calls hit on 2026-11-27: checkpoint_best.pt rewritten without its optimizer state (for
+    # checkpoint_best.pt rewritten without its optimizer state (for
     # evaluation only) after checkpoint_last.pt, so the newer file; resuming from it restarted at update 0
     save, env = trained_to_4(launcher, data, tmp_path)
     best = save / "checkpoint_best.pt"

@@ -1,7 +1,7 @@
 """fairseq_compat fix 1 on several processes: with DDP only rank 0 reads a checkpoint and sends it to the
 others as a pickle (``fairseq.distributed.utils.broadcast_object``); torch >= 2.6 unpickled it with
-``weights_only=True`` and refused fairseq's configs, so every multi-GPU resume failed (2 H200s,
-2026-11-27). Two gloo processes on CPU send a checkpoint-like object with an omegaconf config."""
+``weights_only=True`` and refused fairseq's configs, so every multi-GPU resume failed.
+Two gloo processes on CPU send a checkpoint-like object with an omegaconf config."""
 import os
 
 import pytest
