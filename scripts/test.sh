@@ -10,13 +10,14 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 # Tiny models on a small CPU run faster on one thread per process (and tests start subprocesses).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-# Without an NVIDIA GPU, torch's CPU build goes in first: pip's default torch wheel brings ~5 GB of CUDA
-# libraries. A torch already installed is kept. TORCH_INDEX_URL: where the CPU build comes from.
+# TORCH_CPU=1: on a machine without a GPU, install torch's CPU build first (pip's default torch wheel
+# brings ~5 GB of CUDA libraries), then check that the package's install kept it. An installed torch is
+# kept. TORCH_INDEX_URL: where the CPU build comes from (its torchvision must match it).
 CPU_TORCH=0
-if ! command -v nvidia-smi >/dev/null 2>&1 && ! $PYTHON -c "import torch" >/dev/null 2>&1; then
+if [ "${TORCH_CPU:-0}" = 1 ] && ! $PYTHON -c "import torch" >/dev/null 2>&1; then
     CPU_TORCH=1
     TORCH_INDEX_URL=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
-    echo "== no GPU and no torch: installing torch's CPU build (and torchvision) from $TORCH_INDEX_URL"
+    echo "== installing torch's CPU build (and torchvision) from $TORCH_INDEX_URL"
     $PYTHON -m pip install --quiet --progress-bar off --index-url "$TORCH_INDEX_URL" torch torchvision
 fi
 echo "== installing hgrn_fairseq[test,eval] into $($PYTHON -c 'import sys; print(sys.prefix)')"
@@ -28,6 +29,11 @@ import importlib.metadata as md, sys, torch
 cuda = sorted({d.metadata["Name"] for d in md.distributions() if d.metadata["Name"].lower().startswith("nvidia-")})
 if torch.version.cuda is not None or cuda:
     sys.exit(f"test.sh: the CPU install pulled CUDA: torch {torch.__version__} (CUDA {torch.version.cuda}), {cuda}")
+try:
+    import torchvision.ops  # a torchvision built for another torch fails here (timm needs it)
+except Exception as e:
+    sys.exit(f"test.sh: torchvision does not match torch {torch.__version__} ({type(e).__name__}: {e}); "
+             "install both from the same index (TORCH_INDEX_URL)")
 print(f"== torch {torch.__version__}: CPU build, no CUDA libraries installed")
 PY
 fi
