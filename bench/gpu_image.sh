@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# GPU evidence for the image models (issue 21), run by bench/gpu_session.sh (stage image) or alone:
+# GPU evidence for the image models, run by bench/gpu_session.sh (stage image) or alone:
 #
-#   OUT=/some/dir bash bench/gpu_image.sh                      # everything (~8-9 min on an H100)
+#   OUT=/some/dir bash bench/gpu_image.sh                      # everything (~8-9 min)
 #   OUT=/some/dir IMG_STAGES=tests,bench bash bench/gpu_image.sh    # ~4 min
 #   OUT=/some/dir IMG_STAGES=evidence bash bench/gpu_image.sh       # ~5 min
-# (alone it needs the .whl/ wheels of DEVICE.md for hydra, not fairseq; or as stage image of gpu_session.sh)
+# (alone it needs hydra-core / omegaconf wheels in .whl/ (bench/gpu_fairseq.sh), not fairseq; or run it as
+# stage image of gpu_session.sh)
 #
 # Stages (IMG_STAGES, default tests,evidence,bench):
 #   tests     tests/image/test_models.py on CUDA: the models' Triton path against float64 (forward,
@@ -21,7 +22,7 @@
 #   deit_tiny_patch16_224]  IMG_WORKERS [12]  IMG_DATA [digits]  IMG_TRAIN_S [150: limit per model]
 #   IMG_EXTRA (more KEY=VALUE overrides for every evidence run, word-split)
 #   IMG_TEST_PATHS [tests/image/test_models.py tests/kernels/test_block_ops.py]  IMG_TESTS_S [240: their limit;
-#   with tests/models/test_cuda_graphs.py give ~420: its fairseq-train tests did not fit 240 on 2026-11-27]
+#   with tests/models/test_cuda_graphs.py give ~420: its fairseq-train tests take longer]
 #   HGRN_GIT_COMMIT: the commit the tree was copied from, for env.txt (the copy's git metadata can be stale)
 #   IMG_TEST_PROCS [1]: above 1, the tests run in that many pytest processes at once (bench/split_pytest.sh),
 #   each under IMG_TESTS_S, so that Triton compiles in parallel
@@ -34,7 +35,7 @@ STAGES=${IMG_STAGES:-tests,evidence,bench}
 EPOCHS=${IMG_EPOCHS:-60}
 RES=${IMG_RES:-112}
 MODELS=${IMG_MODELS:-hgrn1d_vit_tiny,hgrn2_vit_tiny,deit_tiny_patch16_224}
-# Alone (not under gpu_session.sh): hydra-core / omegaconf from the wheels of .whl/ (DEVICE.md) and their
+# Alone (not under gpu_session.sh): hydra-core / omegaconf from the wheels of .whl/ and their
 # antlr4 runtime from its source archive; fairseq is not needed (hgrn_fairseq skips it when absent).
 if ! python3 -c "import hydra" 2>/dev/null; then
   R=$PWD

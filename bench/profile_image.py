@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where does a training step of the image models spend its GPU time? (issue 21's speed goals)
+"""Where does a training step of the image models spend its GPU time?
 
     python3 bench/profile_image.py --out $OUT [--models hgrn1d_vit_tiny,deit_tiny_patch16_224] [--res 224,448]
     python3 bench/profile_image.py --out $OUT --phase infer --batch 256   # bench_image.py's inference call

@@ -5,20 +5,14 @@
 
 ``--sanitize`` runs each case under ``compute-sanitizer --tool memcheck`` (on PATH or in
 /usr/local/cuda/bin) and keeps its first report lines: whether a faulting config reads shared memory out of
-bounds (a Triton layout-conversion fault, as the output kernel's at heads 16 / 32 in bench/README.md) or
-global memory (an indexing error of ours), and whether the configs that run clean are clean under the
-sanitizer too (BK 64 / 4 warps, adopted for heads of 64 on 2026-11-27, included). The candidates are the
-dq/dg space (hgrn2_triton._DQDG_CONFIGS, pinned one at a time: a single config is not pruned) plus BK 32 /
-4 warps, which hit an illegal address on an H200 on 2026-11-27. Under the sanitizer (H200, 2026-11-27,
-B 16, bench/results/image_h200_2026-11-27/dqdg_sanitize.log): BK 32 / 4 warps and BK 16 / 4 warps capped
-at 128 registers read shared memory out of bounds, BK 16 / 4 warps hit an out-of-range shared address
-(forwards) or gave NaN gradients with no sanitizer error (backwards); BK 64 / 4 warps and both BK 32 /
-8-warp configs ran clean. Only Triton's layout conversions use shared memory there: compiler faults.
+bounds (a Triton layout-conversion fault, since only those conversions use shared memory there) or global
+memory (an indexing error of ours), and whether the configs that run clean are clean under the sanitizer
+too. The candidates are the dq/dg space (hgrn2_triton._DQDG_CONFIGS, pinned one at a time: a single config
+is not pruned) plus BK 32 / 4 warps.
 
 Each case runs in its own process (an illegal address poisons the CUDA context) with the dq/dg
 autotuner pinned to one config, forward + backward, bf16, and prints ok / FAULT and the error of the
-gradients against the float64 reference. Found on an H100, 2026-11-24: the backward faulted at
-B 128 x 3 heads of 64, T 196.
+gradients against the float64 reference. Findings: docs/image.md.
 """
 import argparse
 import json

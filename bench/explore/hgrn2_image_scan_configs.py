@@ -1,40 +1,23 @@
-"""Which chunk-kernel configs are fastest at the HGRN2 image models' scans? (issue 21's speed goal)
+"""Which chunk-kernel configs are fastest at the HGRN2 image models' scans (head 64, 196 or 784 steps)?
 
     python bench/explore/hgrn2_image_scan_configs.py --out DIR [--shapes tiny224,small224,tiny448]
                                                              [--kernels dqdg,output,dv]
 
-After HGRU2's gates and LayerNorm were fused (2026-11-27), the scans are 9.9 of `hgrn2_vit_tiny`'s 18.3
-GPU-ms a training step (H200, bench/results/image_h200_2026-11-27/profile_image.md): the dq/dg backward
-4.6 ms for 24 calls, the output forward 2.1. Their autotune spaces were chosen for the LM's head 128 and long
-sequences; here the heads are 64 and a scan has 196 steps (784 at 448 px).
-
-For each kernel and each candidate config (the autotune space plus a few extras), in its own process (an
-illegal address poisons the CUDA context; at head 64 the dq/dg kernel with BK 16 faulted on an H100, see
-hgrn2_head64_configs.py), that kernel's autotuner is pinned to the one config and the model's bidirectional
-pair is run as HGRU2 runs it: o = scan(q, v, g) + scan(q, v, g, reverse), bf16, then the backward of
-sum(o * w). Reported per config: the GPU time of that forward + backward under CUDA graphs
+For each kernel and each candidate config (the autotune space plus the extras below), in its own process
+(an illegal address poisons the CUDA context), that kernel's autotuner is pinned to the one config and the
+model's bidirectional pair is run as HGRU2 runs it: o = scan(q, v, g) + scan(q, v, g, reverse), bf16, then
+the backward of sum(o * w). Reported per config: the GPU time of that forward + backward under CUDA graphs
 (bench/graph_timing.py: launches and host work left out, as in a graphed training step), its ratio to the
 unpinned autotuner's choice, and the gradients' norm-relative errors against the float64 reference for the
-first REF_SEQS sequences (each sequence's gradients depend on that sequence alone, so the rows of the full
-batch's run are compared). A config is only worth adopting if it is faster on every shape, its errors are
-those of the current choice, and the GPU tests pass with it. Writes DIR/hgrn2_image_scan_configs.{json,md}.
-Run on an H200 on 2026-11-27 (bench/results/image_h200_2026-11-27/hgrn2_image_scan_configs.md): BK 64 /
-4 warps won for both kernels and is now in their spaces for K = V = 64 (hgrn2_triton._small_head_only);
-dq/dg BK 32 / 4 warps hit an illegal address. The later runs of the day (`..._dv.md`,
-`..._extras_small224.md`: stages, PREFETCH, 2 warps, dv warps) found nothing faster around the adopted
-configs. The register caps in EXTRA (maxnreg 168 / 128 on the adopted configs: three or four programs
-an SM instead of two, no spills offline) were slower (H200 08:44, `..._regcaps.md`: dq/dg 0.80-0.92x,
-output 0.97-1.01x): nothing cheap is left at head 64. One call runs EXTRA alone (~3 minutes):
-`SCAN_CONFIGS_ARGS="--kernels dqdg,output --shapes tiny224,small224 --extras-only" OUT=$OUT bash
-bench/gpu_session.sh scan_configs:300` (one process per kernel and config, every shape in it). Without
-`--extras-only` every config of the autotune spaces is timed too (~25 s a process).
-`--split-min-head 64 --no-extras` times the two-launch scheme at head 64 (path 1 alone for every chunk, then
-the chunks the forward listed again with every path: 128-152 registers instead of 255 at head 128), which
-head 64 left on 2026-11-24 after a fault later traced to the dq/dg BK 16 config; its rows' speeds are
-against the package's one-launch autotuner (H200 2026-11-27: no faster, not adopted; docs/image.md).
-`--chunk 64` / `--chunk 32` time every candidate at that chunk size (a 196-step scan: 4 chunks, 256 padded
-rows, or 7 chunks, 224 rows) beside the package's choice (32 at these shapes since 2026-11-28; 64 before);
-`--chunk 32` also times EXTRA_CHUNK32.
+first REF_SEQS sequences (each sequence's gradients depend on that sequence alone). A config is worth
+adopting only if it is faster on every shape, its errors are those of the current choice, and the GPU
+tests pass with it. Writes DIR/hgrn2_image_scan_configs.{json,md}.
+
+`--extras-only` times the unpinned autotuner and EXTRA alone (~3 minutes for two kernels); without it every
+config of the autotune spaces is timed too (~25 s a process). `--split-min-head 64 --no-extras` times the
+two-launch scheme at head 64 against the package's one launch. `--chunk 64` / `--chunk 32` time every
+candidate at that chunk size beside the package's automatic choice (hgrn2_triton.chunk_size); `--chunk 32`
+also times EXTRA_CHUNK32. Findings: docs/image.md.
 """
 import argparse
 import json
@@ -50,37 +33,18 @@ SHAPES = {"tiny224": (128, 196, 3), "small224": (128, 196, 6), "tiny448": (32, 7
 REF_SEQS = 4
 
 K = 64  # the image models' head size (the child's K)
-# extra candidates beyond each autotune space (the space itself comes from hgrn2_triton)
-# Register caps on the adopted BK 64 / 4-warp configs (timed on an H200 2026-11-27: slower, see the
-# docstring; kept as the last extras measured). Offline sm_90 compiles
-# with Triton 3.6 (head 64, bf16, 2026-11-27; `python -m tests.kernels.sm90_compile --match K=64 --resources
-# --maxnreg 168`, without TRITON_INTERPRET): dq/dg uncapped 255 registers (two programs an SM),
-# maxnreg 168: 168 and no spills (+9% SASS instructions; three programs an SM), maxnreg 128: 128 and no
-# spills (+19%; four an SM); the output kernel 255 -> 168 with no spills (+7%). Both kernels take 32 KiB of
-# shared memory a program, so registers are what limit them to two programs an SM today.
-# In chunks of 32 (the package's choice at these shapes since 2026-11-28; same compiles, `--match BT=32`,
-# 2026-11-28) the caps cost fewer instructions and the shared memory is smaller (dq/dg 8 KiB, output 16
-# KiB): dq/dg 255 registers / 4,904 SASS instructions uncapped, 168 / 5,104 (+4%), 128 / 5,320 (+8%), no
-# spills; output 248 / 5,072, 168 / 5,080, 128 / 5,112 (+1%). Timed there on an H200 on 2026-11-28
-# (`--extras-only`, results/image_h200_2026-11-28/chunk32/regcaps): dq/dg 1.00x (168) and 0.95x (128), the
-# output kernel 1.03x (168) and 1.04-1.05x (128), which is now in its autotune space for chunks of 32 at
-# head 64 (hgrn2_triton._prune_output); its row here times the same config again.
+# extra candidates beyond each autotune space (the space itself comes from hgrn2_triton): register caps
+# on the BK 64 / 4-warp configs (more programs an SM for more instructions; no spills at 168 or 128 in
+# offline sm_90 compiles, `python -m tests.kernels.sm90_compile --match K=64 --resources --maxnreg 168`)
 EXTRA = {
     "dqdg": [dict(kwargs={"BK": 64}, num_warps=4, maxnreg=168), dict(kwargs={"BK": 64}, num_warps=4, maxnreg=128)],
     "output": [dict(kwargs={"BK": 64, "PREFETCH": False}, num_warps=4, maxnreg=168),
                dict(kwargs={"BK": 64, "PREFETCH": False}, num_warps=4, maxnreg=128)],
     "dv": [dict(kwargs={}, num_warps=4)],
 }
-# Timed on an H200 on 2026-11-27 and no faster than the adopted configs (results/image_h200_2026-11-27/
-# hgrn2_image_scan_configs_{dv,extras_small224}.md), so no longer in EXTRA: dq/dg BK 64 with 8 warps, 4 warps
-# with 1 or 2 stages, 2 warps (0.55x), BK 32 / 8 warps with 1 stage; output BK 32 / 4 warps, BK 64 / 4 warps
-# with PREFETCH, 1 or 2 stages, 2 warps; dv 2 warps, 4 and 8 warps with 1 stage.
-# Left out at head 64: dq/dg with 4 warps and BK < 64 (BK 16 on 2026-11-24, BK 32 on 2026-11-27: illegal
-# addresses; an illegal address costs a process and says nothing about speed)
-# With chunks of 32 steps (--chunk 32), also 2 warps: offline sm_90 compiles (Triton 3.6, head 64, bf16,
-# 2026-11-27; `python -m tests.kernels.sm90_compile --match BT=32 --resources [--warps 2]`) give dq/dg 255
-# registers at 4 warps (two programs an SM, 4,904 SASS instructions against 10,808 for a chunk of 64) and at
-# 2 warps (four an SM, 9,200), the output kernel 248 / 255. These are timed whether or not --no-extras is set.
+# Left out at head 64: dq/dg with 4 warps and BK < 64 (illegal addresses from Triton's layout conversions,
+# see hgrn2_head64_configs.py; a fault costs a process and says nothing about speed).
+# In chunks of 32 steps (--chunk 32) also 2 warps, timed whether or not --no-extras is set.
 EXTRA_CHUNK32 = {
     "dqdg": [dict(kwargs={"BK": 64}, num_warps=2)],
     "output": [dict(kwargs={"BK": 64, "PREFETCH": False}, num_warps=2)],
@@ -158,8 +122,8 @@ def candidates(kernel, extras_only=False, overrides=None, no_extras=False):
         spec = dict(dict(num_stages=default.num_stages, maxnreg=None), **extra)
         if spec not in specs:
             specs.append(spec)
-    # dq/dg with 4 warps (or fewer) and BK < 64 at head 64: the faults of 2026-11-24 (BK 16,
-    # hgrn2_head64_configs.py) and 2026-11-27 (BK 32); the autotuner's prune keeps neither there
+    # dq/dg with 4 warps (or fewer) and BK < 64 at head 64 fault (hgrn2_head64_configs.py); the
+    # autotuner's prune keeps neither there
     specs = [s for s in specs if s["kwargs"].get("BK", 64) >= 32
              and not (kernel == "dqdg" and s["kwargs"]["BK"] < 64 and s["num_warps"] <= 4)]
     if (overrides or {}).get("SPLIT_MIN_HEAD", 10**9) <= K and kernel == "output":
@@ -198,7 +162,7 @@ def main(argv=None):
     p.add_argument("--chunk", type=int, default=None,
                    help="also time every candidate with hgrn2_triton.CHUNK set to this (64 or 32 steps a chunk: 4 or 7 "
                    "chunks for a 196-step scan); speeds are against the package's automatic choice (32 at these "
-                   "shapes since 2026-11-28, hgrn2_triton.chunk_size)")
+                   "shapes, hgrn2_triton.chunk_size)")
     p.add_argument("--no-extras", action="store_true", help="leave out EXTRA (the register caps)")
     p.add_argument("--extras-only", action="store_true",
                    help="time the unpinned autotuner and EXTRA only, not every config of the autotune space")

@@ -1,4 +1,4 @@
-"""HGRN1 / HGRN2 image classifiers (SPEC 8), registered with timm 1.x.
+"""HGRN1 / HGRN2 image classifiers (the papers' DeiT-style ImageNet models), registered with timm 1.x.
 
 ``import hgrn_fairseq.image`` registers the names below; then ``timm.create_model(name, ...)`` builds
 them like any timm model (``num_classes``, ``img_size``, ``drop_rate``, ``drop_path_rate``, ...)::
@@ -6,7 +6,7 @@ them like any timm model (``num_classes``, ``img_size``, ``drop_rate``, ``drop_p
     patches (linear embedding of each flattened p x p x 3 patch, raster order, no class token,
     no position embedding)
     -> depth x HgrnBlock [pre-norm LayerNorm; bidirectional HGRU / HGRU2; pre-norm LayerNorm; GLU SiLU]
-       with the layer-wise lower bounds of SPEC 2 (one Gamma for the network)
+       with the layer-wise lower bounds (one Gamma for the network)
     -> mean over the patches -> weightless RMS norm -> dropout -> linear head
 
 The blocks, mixers, lower bounds and GLU are the package's shared modules (``hgrn_fairseq.modules``):
@@ -211,13 +211,10 @@ class HgrnVit(BlockOpsSwitch, TransientAttrs, nn.Module):
     def patch_tokens(self, x: Tensor) -> Tensor:
         """``[B, C, H, W] -> [B, (H/p) * (W/p), embed_dim]``: each p x p patch flattened in the
         convolution weight's (channel, row, column) order, raster order over the patches, then one matrix
-        product with ``patch_embed.proj``'s weight: the same function as the strided convolution.
-        cuDNN's convolution for it (patch 16, 3 channels, bf16) took 0.73 of 18.3 GPU-ms of an
-        hgrn2_vit_tiny training step on an H200 with its two layout conversions (2026-11-27,
-        bench/results/image_h200_2026-11-27/profile_image.md); the gather here is one copy of the
-        images at the autocast dtype. The tokens come out contiguous: element-wise ops keep their
-        input's memory layout, so a strided view here would leave the whole residual stream strided
-        (measured on an H100: ~50 extra strided kernels per training step of hgrn1d_vit_tiny)."""
+        product with ``patch_embed.proj``'s weight: the same function as the strided convolution, without
+        cuDNN's layout conversions (the gather is one copy of the images at the autocast dtype). The
+        tokens come out contiguous: element-wise ops keep their input's memory layout, so a strided view
+        here would leave the whole residual stream strided."""
         B, C = x.shape[:2]
         gh, gw = self.patch_grid(x.shape[2], x.shape[3])
         p = self.patch_size

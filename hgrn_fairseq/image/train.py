@@ -272,11 +272,9 @@ def build_model(cfg, num_classes: int):
 
 def cuda_graph_setting(cfg, model, device: torch.device) -> str:
     """Apply ``train.cuda_graphs`` and say what it does (logged in the plan): the HGRN models record
-    their training forward and backward as CUDA graphs (``HgrnVit(cuda_graphs=...)``: at the DeiT
-    recipe's 128 images per GPU an eager step is bound by the host issuing ~1,300 kernels, measured
-    on an H100 2026-11-24: 71 ms wall for 20 ms of GPU work), and their evaluation forwards under
-    no_grad (``InferenceGraphCache``; eagerly hgrn2_vit_tiny's was host-bound at 0.30x DeiT-tiny's,
-    H200 2026-11-27); other timm models train eagerly."""
+    their training forward and backward, and their evaluation forward under no_grad, as CUDA graphs
+    (``HgrnVit(cuda_graphs=...)``; eagerly a step at the recipe's per-GPU batch is bound by the host
+    issuing over a thousand kernel launches); other timm models train eagerly."""
     if not cfg.train.get("cuda_graphs", False):
         return "off"
     if not hasattr(model, "cuda_graphs"):

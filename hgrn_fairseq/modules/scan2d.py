@@ -1,7 +1,7 @@
 """Non-causal scans over an H x W grid of tokens (LRA Image / Pathfinder / Path-X, 2-D image models).
 
-A sequence of ``T = H * W`` tokens in raster order (row by row) is a grid. The parallel 2-D scan
-(SPEC 7) runs the bidirectional 1-D scan along every row and down every column, each row and column
+A sequence of ``T = H * W`` tokens in raster order (row by row) is a grid. The parallel 2-D scan (the
+LRA 2-D models') runs the bidirectional 1-D scan along every row and down every column, each row and column
 starting from a zero state, and sums the two. The mixers (``HGRU``, ``HGRU2``) call
 ``grid_scan`` with their own bidirectional scan, so the projections, gates and norm are computed once
 and only the recurrences run per axis; on CUDA those are the same Triton kernels as in 1-D (rows and

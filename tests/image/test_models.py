@@ -1,6 +1,6 @@
 """hgrn_fairseq.image.models: timm registration, parameter counts by hand, any resolution, drop-path and
 dropout, and the whole forward (1-D and 2-D scans, HGRN1 and HGRN2) against a float64 loop written
-here from SPEC 1-4 and 8."""
+here from the papers' equations (HGRU, HGRU2, lower bounds, blocks, patches)."""
 import contextlib
 import math
 import os

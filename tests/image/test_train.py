@@ -43,7 +43,7 @@ def run(capsys, *args):
 
 
 # ------------------------------------------------------------------------------------------- recipes
-PAPER = {  # SPEC 8: (base lr, total batch, weight decay, warm-up epochs, clip)
+PAPER = {  # the papers' recipes: (base lr, total batch, weight decay, warm-up epochs, clip)
     "hgrn1": (5e-4, 2048, 0.05, 10, 5.0),
     "hgrn2_tiny": (7.5e-4, 1024, 0.05, 20, 5.0),
     "hgrn2_small": (7.5e-4, 2048, 0.1, 10, 5.0),

@@ -1,5 +1,5 @@
 """The 2-D grid scans, padding masks, masked batch norms and drop-path of the shared blocks, against
-float64 / complex128 loops written here from SPEC 1, 3 and 7 (rows and columns walked cell by cell)."""
+float64 / complex128 loops written here from the papers' equations (rows and columns walked cell by cell)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -210,7 +210,7 @@ def test_block_drop_path_in_training_only():
 
 @pytest.mark.parametrize("kind", ["hgru", "hgru2"])
 def test_two_d_mixers_commute_with_transposing_the_grid(kind):
-    """Rows and columns share the mixer's gates and theta (SPEC 1/7: one set of projections, the four
+    """Rows and columns share the mixer's gates and theta (one set of projections, the four
     directions summed), so transposing a square grid transposes the output: with mean pooling and no
     position encoding (the Pathfinder / Path-X archs) a 2-D classifier gives an image and its transpose
     the same logits. Pathfinder's labels share that symmetry; docs/lra.md says so."""
