@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""MQAR sweep (HGRN2 paper Fig. 3, SPEC 9): HGRN1 vs HGRN2 over model width and learning rate.
+"""MQAR sweep (HGRN2 paper Fig. 3): HGRN1 vs HGRN2 over model width and learning rate.
 
 For every (seq_len, kv pairs) setting, model (``hgrn1_mqar`` / ``hgrn2_mqar``), width d and learning
 rate, runs ``fairseq-train --user-dir hgrn_fairseq --task mqar`` (AdamW -- fairseq's ``adam`` decays
@@ -26,9 +26,8 @@ The budget is ``--epochs`` or ``--max-update``, one value for every setting or o
 ``--gpus`` devices: each run gets the GPU with the fewest runs on it when it starts.
 
 HGRN2 runs once per ``--hgrn2-expand`` ratio that d allows (<= d); a cell is the best run over the
-learning rates and expand ratios. The task is Zoology's layout unless ``--reveal-answers`` (the
-pre-issue-25 layout, whose answers shown after the queries allow a 21%-at-16-pairs shortcut:
-docs/mqar.md).
+learning rates and expand ratios. The task is Zoology's layout unless ``--reveal-answers`` (answers
+shown after the queries, a layout that allows a 21%-at-16-pairs shortcut: docs/mqar.md).
 
 Every run checkpoints (``--checkpoint-every``) into ``checkpoints/<name>/``. ``--slice-s`` stops the
 runs still going after that many seconds, with a checkpoint, as ``paused``; a rerun with the same
@@ -44,8 +43,9 @@ Example (a few minutes on CPU, for trying the pipeline)::
     python scripts/mqar_sweep.py --out /tmp/mqar --settings 32:4 --vocab-size 64 --dims 32,64 \\
         --lrs 3e-3 --train-size 2000 --test-size 300 --epochs 2 --models hgrn1
 
-``scripts/run_mqar.sh`` wraps this with the GPU settings; ``bench/gpu_checks.sh mqar`` runs it on the
-GPU machine.
+``--plan`` prints the grid's size and budget without training. ``scripts/run_mqar.sh`` wraps this
+(environment variables, and a ``--yes`` before it trains); ``bench/gpu_mqar.sh`` runs one slice of it per
+GPU call.
 """
 import argparse
 import csv
@@ -166,7 +166,7 @@ class RunResult:
     batch_size: int = 0  # 0: not recorded (runs from before per-setting batch sizes)
     segments: int = 0  # fairseq-train processes the run took (1 + resumptions from its checkpoint)
     restarts: int = 0  # times it started over because its checkpoint was missing
-    reveal_answers: bool = False  # the task's pre-issue-25 layout (answers shown after the queries)
+    reveal_answers: bool = False  # the leaking layout (answers shown after the queries)
     seed: int = 1  # fairseq --seed of the run (records from before --seeds: 1, the only seed then)
 
     @classmethod
@@ -304,8 +304,8 @@ def fairseq_command(run: Run, args, use_cpu: bool, stop_at_update: int = 0,
     batch = run.batch_size or int(args.batch_size)
     warmup = warmup_updates(total, args)
     cmd = [
-        # scripts/fairseq_train.py: fairseq-train that exits as soon as training returns (on the H100 the
-        # process lingered 1-2 minutes after "done training", a sweep slot held for nothing)
+        # scripts/fairseq_train.py: fairseq-train that exits as soon as training returns (a process that
+        # lingers after "done training" holds a sweep slot for nothing)
         sys.executable, FAIRSEQ_TRAIN,
         "--user-dir", PLUGIN, "--task", "mqar",
         "--vocab-size", args.vocab_size, "--seq-len", run.setting.seq_len,
@@ -587,8 +587,8 @@ CUT_FOOTNOTE = ("\\* no run of this cell finished its schedule (cut by the run t
 
 
 # A cell counts as a win (or a loss) only by more than this many percentage points of held-out accuracy;
-# closer is a tie. Runs on the same shortcut level differ by tenths of a point (GPU sweep, 2026-11-25:
-# 6.1 against 6.4 at the 6.25% bag level), which is not one model recalling better than the other.
+# closer is a tie. Runs on the same no-recall level differ by tenths of a point (e.g. 6.1 against 6.4
+# at the 6.25% level of 16 pairs), which is not one model recalling better than the other.
 WIN_MARGIN = 1.0
 
 
@@ -613,7 +613,7 @@ def write_table(path: str, results: List[RunResult], best: Dict, cut: Dict, sett
     totals = planned_updates(args, settings)
     batches = batch_sizes(args, settings)
     every = getattr(args, "validate_interval_updates", 0)
-    layout = ("answers shown after the queries (--reveal-answers, the pre-issue-25 layout)"
+    layout = ("answers shown after the queries (--reveal-answers, a leaking layout)"
               if getattr(args, "reveal_answers", False) else "Zoology's layout (answers never in the input)")
     lines = [
         "# MQAR: validation accuracy (%) on query positions, best run per cell (learning rate; HGRN2: and expand ratio)",
@@ -799,7 +799,7 @@ def main(argv=None) -> None:
                    help="HGRN2 expand ratios (head dimensions), each run where <= d (the paper: 64, 128); "
                         "empty: the arch default min(d, 128) only")
     p.add_argument("--reveal-answers", action="store_true",
-                   help="the task's pre-issue-25 layout, each query's answer shown after it (leaks: see "
+                   help="each query's answer shown after it in the input (a leaking layout: see "
                         "docs/mqar.md); default Zoology's layout")
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--train-size", type=int, default=100_000)
