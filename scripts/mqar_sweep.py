@@ -775,6 +775,33 @@ def order_runs(settings, models, dims, lrs, totals: Dict[str, int], expands: Lis
     return runs
 
 
+def plan_text(runs: List[Run], settings: List[Setting], args) -> str:
+    """What the sweep would train: the number of runs (per setting and model), updates per run and in
+    all, and how many of the runs already have a result in ``--out`` (read only)."""
+    batches = batch_sizes(args, settings)
+    total_updates = sum(r.max_update for r in runs)
+    seeds = parse_list(args.seeds, int)
+    lines = [f"MQAR sweep plan: {len(runs)} runs, {total_updates:,} updates in all"
+             + (f" ({len(seeds)} seeds)" if len(seeds) > 1 else "")]
+    for s in settings:
+        mine = [r for r in runs if r.setting == s]
+        per_model = ", ".join(f"{LABELS[m]} {sum(r.model == m for r in mine)}"
+                              for m in dict.fromkeys(r.model for r in mine))
+        total = mine[0].max_update if mine else 0
+        epochs = total / updates_per_epoch(args, batches[s.name])
+        lines.append(f"  {s.title}: {len(mine)} runs ({per_model}), {total:,} updates each "
+                     f"({epochs:.3g} epochs of {args.train_size:,} examples, batch {batches[s.name]})")
+    lines.append(f"  grid: d {args.dims}; learning rates {args.lrs}; HGRN2 expand ratios "
+                 f"{args.hgrn2_expand or 'min(d, 128)'} (each where <= d); seeds {args.seeds}")
+    layout = "answers shown (--reveal-answers)" if args.reveal_answers else "Zoology's layout"
+    lines.append(f"  task: vocab {args.vocab_size}, {args.test_size:,} held-out examples, {layout}; output {args.out}")
+    done = [r for r in runs if os.path.exists(os.path.join(args.out, "runs", r.name + ".json"))]
+    if done:
+        lines.append(f"  {len(done)} of the {len(runs)} runs already have a record in {args.out}/runs "
+                     "(finished ones are skipped, paused ones continued)")
+    return "\n".join(lines)
+
+
 def preflight(models, use_cpu: bool) -> None:
     """Build each arch and run one step on the target device, so a missing module or kernel fails
     the sweep in seconds instead of in every run."""
@@ -864,6 +891,8 @@ def main(argv=None) -> None:
                    help="skip the one-step check of each model on the device before the runs")
     p.add_argument("--report-only", action="store_true", help="rewrite the reports from runs/*.json")
     p.add_argument("--dry-run", action="store_true", help="print the commands and exit")
+    p.add_argument("--plan", action="store_true",
+                   help="print the grid's size and budget (runs, updates) and exit; trains nothing, writes nothing")
     args = p.parse_args(argv)
 
     settings = parse_settings(args.settings)
@@ -876,11 +905,6 @@ def main(argv=None) -> None:
     seeds = parse_list(args.seeds, int)
     if not seeds or len(set(seeds)) != len(seeds):
         raise SystemExit(f"--seeds {args.seeds!r}: expected distinct integers, e.g. 1,2,3")
-    os.makedirs(os.path.join(args.out, "runs"), exist_ok=True)
-    import torch  # noqa: E402 (only to see whether CUDA is there)
-
-    use_cpu = args.cpu or not torch.cuda.is_available()
-
     if args.validate_interval_updates < 0:
         raise SystemExit(f"--validate-interval-updates {args.validate_interval_updates}: expected >= 0")
     if args.checkpoint_every < 0 or args.slice_updates < 0:
@@ -891,6 +915,15 @@ def main(argv=None) -> None:
     expands = parse_list(args.hgrn2_expand, int)
     totals = planned_updates(args, settings)
     runs = order_runs(settings, models, dims, lrs, totals, expands, batch_sizes(args, settings), seeds)
+    if args.plan:
+        print(plan_text(runs, settings, args))
+        return
+    os.makedirs(os.path.join(args.out, "runs"), exist_ok=True)
+    import torch  # noqa: E402 (only to see whether CUDA is there)
+
+    use_cpu = args.cpu or not torch.cuda.is_available()
+    if use_cpu:  # one thread per process (the preflight's and the runs'): more only contend on a shared CPU
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.dry_run:
         for run in runs:
             print(" ".join(shlex.quote(c) for c in fairseq_command(run, args, use_cpu)))

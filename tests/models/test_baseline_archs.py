@@ -1,4 +1,4 @@
-"""The baselines' archs of hgrn_lm (issue 22): parameter counts by hand, incremental decoding equals the
+"""The baselines' archs of hgrn_lm: parameter counts by hand, incremental decoding equals the
 full forward, bad switches, and fairseq-train end to end on a tiny corpus for each mixer."""
 import argparse
 import json
