@@ -108,7 +108,7 @@ def test_lru_optimiser_groups_reach_fairseqs_optimizer():
 
 
 # fairseq-preprocess and every fairseq-train run below share one Python process: importing fairseq and
-# torch costs ~12 s of CPU a process, a 30-update run of a tiny model ~1.5 s.
+# torch costs several times more CPU than a 30-update run of a tiny model.
 DRIVER = r"""
 import json, sys, traceback
 from fairseq_cli import train  # first: its logging format (preprocess imports fairseq before setting one)

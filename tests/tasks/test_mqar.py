@@ -345,9 +345,9 @@ RUNS = {
 }
 
 # glibc's malloc, left to itself, maps and unmaps the CPU reference's per-step state tensors (HGRN2's
-# 64 x 64 per example, ~1 MB a step) from the kernel again and again: two such processes spent ~40 s of
-# a 126 s run in the kernel. Keeping them in the heap gives the same numbers (bit for bit, same
-# accuracies) in 72 s on the old recipe. (Ignored where the C library is not glibc.)
+# 64 x 64 per example, ~1 MB a step) from the kernel again and again, about a third of the run's time.
+# Keeping them in the heap gives the same numbers, bit for bit, faster. (Ignored where the C library is
+# not glibc.)
 MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=4294967295"
 
 
