@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU evidence for the baselines (issue 22), run by bench/gpu_session.sh (stage baselines) with fairseq
+# GPU evidence for the baselines (docs/baselines.md), run by bench/gpu_session.sh (stage baselines) with fairseq
 # on the PYTHONPATH:
 #   1. tests/modules/test_baseline_mixers.py and tests/models/test_baseline_archs.py on CUDA (the Triton
 #      scans of LRU / MLGRU against the reference, gradients included);

@@ -9,7 +9,7 @@
 #      split in 8 chunks with the recurrent state carried against one full forward (fp32), and ms per generated
 #      token of the path generate_until takes, after a 16-token and a long prefix, fp32 and bf16 (O(1) per token
 #      for the recurrent model; the Transformer re-reads up to its 512 positions).
-# Expected: about 4 minutes on one H100 (training 2 x 2 minutes in parallel, the rest under a minute).
+# Expected: a few minutes on one GPU (training 2 x 2 minutes in parallel, the rest under a minute).
 # Environment: ZS_MAX_UPDATE [800] ZS_TRAIN_MINUTES [2] ZS_DOCS [400] ZS_MODELS [hgrn_lm_base,transformer_lm_wt103_small]
 #   ZS_ROLL_TOKENS [8192]
 set -uo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The MQAR sweep of issue 25 on the GPU machine, one time-boxed slice per call (docs/mqar.md):
+# The MQAR sweep (scripts/run_mqar.sh) on the GPU machine, one time-boxed slice per call (docs/mqar.md):
 #
 #   OUT=/some/dir bash bench/gpu_mqar.sh
 #
@@ -77,7 +77,7 @@ SETTINGS=${MQAR_SETTINGS:-256:16,512:64} DIMS=${MQAR_DIMS:-64,128,256,512} MODEL
   EPOCHS=${MQAR_EPOCHS:-16} MAX_UPDATE=${MQAR_MAX_UPDATE:-} TRAIN_SIZE=${MQAR_TRAIN_SIZE:-100000} \
   VALIDATE_EVERY=${MQAR_VALIDATE_EVERY:-500} CKPT_EVERY=${MQAR_CKPT_EVERY:-500} JOBS=${MQAR_JOBS:-8} \
   FAIRSEQ_ARGS=${MQAR_FAIRSEQ_ARGS---cuda-graphs} REVEAL_ANSWERS=${MQAR_REVEAL_ANSWERS:-0} SLICE_S=$SLICE \
-  OUT=$STATE PYTHON=python3 bash scripts/run_mqar.sh --slice-grace-s 30 2>&1 | tee -a "$LOG" | grep -v "^|" | tail -40
+  OUT=$STATE PYTHON=python3 bash scripts/run_mqar.sh --yes --slice-grace-s 30 2>&1 | tee -a "$LOG" | grep -v "^|" | tail -40
 [ "${MQAR_MPS:-1}" = 1 ] && stop_mps
 say "sweep slice done at $(el)s"
 

@@ -4,9 +4,10 @@
 #
 #   bash scripts/eval_zero_shot.sh CKPT DATA_DIR [extra arguments of python -m hgrn_fairseq.evaluation.lm_eval]
 #
-# Runs the commonsense list (piqa, hellaswag, winogrande, arc_easy, arc_challenge, openbookqa, boolq)
-# and the SuperGLUE list (wsc, wic, rte, cb, multirc, copa); prints a table per list in the papers' layout
-# (a column per task and AVG; rows: acc and acc_norm as the harness reports them, then the paper's HGRN row)
+# Runs the commonsense list (boolq, piqa, hellaswag, winogrande, arc_easy, arc_challenge, openbookqa: Table 4)
+# and the SuperGLUE list (wsc, wic, rte, cb, multirc, boolq, copa: Table 5; BoolQ is in both tables, so it is
+# scored twice); prints a table per list in the papers' layout (a column per task and AVG; rows: acc and
+# acc_norm as the harness reports them, then the papers' rows: hgrn_fairseq/evaluation/lm_eval.py, PAPER_HGRN)
 # and writes OUT_DIR/{commonsense,superglue}.json (results, the table, the model's info and token counts).
 # Offline by default: the tasks' data must be in the local Hugging Face cache (the error names a task whose
 # data are not); --online lets the datasets library download.
@@ -24,8 +25,8 @@ OUT_DIR=${OUT_DIR:-zero_shot_results}
 mkdir -p "$OUT_DIR"
 for list in $(echo "${TASK_LISTS:-commonsense,superglue}" | tr ',' ' '); do
     case $list in
-        commonsense) TASKS=piqa,hellaswag,winogrande,arc_easy,arc_challenge,openbookqa,boolq ;;
-        superglue) TASKS=wsc,wic,rte,cb,multirc,copa ;;
+        commonsense) TASKS=boolq,piqa,hellaswag,winogrande,arc_easy,arc_challenge,openbookqa ;;
+        superglue) TASKS=wsc,wic,rte,cb,multirc,boolq,copa ;;
         *) die "TASK_LISTS: '$list' is not commonsense or superglue" ;;
     esac
     echo "== $list: $TASKS"

@@ -17,10 +17,9 @@ or given on the command line), prints and writes as JSON (``--json``):
   the example holds and *which have been shown*, not which key they belong to; ``bag``: guess
   uniformly among the example's N values (expected 1/N).
 
-With ``--reveal-answers`` layout data (each query's value follows it in the input: the layout of this
-repository's task before issue 25), the elimination baseline is ``mean_j 1/(N - j)``: 21.1% at 16 pairs,
-34.0% at 8, 7.4% at 64 (the ~20% plateau of the README). In Zoology's layout (the default since) no
-answer is shown and it equals the bag baseline, 1/N.
+With ``--reveal-answers`` layout data (each query's value follows it in the input), the elimination
+baseline is ``mean_j 1/(N - j)``: 21.1% at 16 pairs, 34.0% at 8, 7.4% at 64 (docs/mqar.md, Findings).
+In Zoology's layout (the default) no answer is shown and it equals the bag baseline, 1/N.
 
 Example::
 
@@ -215,7 +214,7 @@ def main(argv=None) -> None:
     p.add_argument("--test-size", type=int, default=3000)
     p.add_argument("--data-seed", type=int, default=1)
     p.add_argument("--power-a", type=float, default=0.01)
-    p.add_argument("--reveal-answers", action="store_true", help="the pre-issue-25 layout (value after each query)")
+    p.add_argument("--reveal-answers", action="store_true", help="the leaking layout (value after each query)")
     args = p.parse_args(argv)
 
     from hgrn_fairseq.tasks.mqar import generate_mqar

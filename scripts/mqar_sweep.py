@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""MQAR sweep (HGRN2 paper Fig. 3, SPEC 9): HGRN1 vs HGRN2 over model width and learning rate.
+"""MQAR sweep (HGRN2 paper Fig. 3): HGRN1 vs HGRN2 over model width and learning rate.
 
 For every (seq_len, kv pairs) setting, model (``hgrn1_mqar`` / ``hgrn2_mqar``), width d and learning
 rate, runs ``fairseq-train --user-dir hgrn_fairseq --task mqar`` (AdamW -- fairseq's ``adam`` decays
@@ -26,9 +26,8 @@ The budget is ``--epochs`` or ``--max-update``, one value for every setting or o
 ``--gpus`` devices: each run gets the GPU with the fewest runs on it when it starts.
 
 HGRN2 runs once per ``--hgrn2-expand`` ratio that d allows (<= d); a cell is the best run over the
-learning rates and expand ratios. The task is Zoology's layout unless ``--reveal-answers`` (the
-pre-issue-25 layout, whose answers shown after the queries allow a 21%-at-16-pairs shortcut:
-docs/mqar.md).
+learning rates and expand ratios. The task is Zoology's layout unless ``--reveal-answers`` (answers
+shown after the queries, a layout that allows a 21%-at-16-pairs shortcut: docs/mqar.md).
 
 Every run checkpoints (``--checkpoint-every``) into ``checkpoints/<name>/``. ``--slice-s`` stops the
 runs still going after that many seconds, with a checkpoint, as ``paused``; a rerun with the same
@@ -44,8 +43,9 @@ Example (a few minutes on CPU, for trying the pipeline)::
     python scripts/mqar_sweep.py --out /tmp/mqar --settings 32:4 --vocab-size 64 --dims 32,64 \\
         --lrs 3e-3 --train-size 2000 --test-size 300 --epochs 2 --models hgrn1
 
-``scripts/run_mqar.sh`` wraps this with the GPU settings; ``bench/gpu_checks.sh mqar`` runs it on the
-GPU machine.
+``--plan`` prints the grid's size and budget without training. ``scripts/run_mqar.sh`` wraps this
+(environment variables, and a ``--yes`` before it trains); ``bench/gpu_mqar.sh`` runs one slice of it per
+GPU call.
 """
 import argparse
 import csv
@@ -166,7 +166,7 @@ class RunResult:
     batch_size: int = 0  # 0: not recorded (runs from before per-setting batch sizes)
     segments: int = 0  # fairseq-train processes the run took (1 + resumptions from its checkpoint)
     restarts: int = 0  # times it started over because its checkpoint was missing
-    reveal_answers: bool = False  # the task's pre-issue-25 layout (answers shown after the queries)
+    reveal_answers: bool = False  # the leaking layout (answers shown after the queries)
     seed: int = 1  # fairseq --seed of the run (records from before --seeds: 1, the only seed then)
 
     @classmethod
@@ -304,8 +304,8 @@ def fairseq_command(run: Run, args, use_cpu: bool, stop_at_update: int = 0,
     batch = run.batch_size or int(args.batch_size)
     warmup = warmup_updates(total, args)
     cmd = [
-        # scripts/fairseq_train.py: fairseq-train that exits as soon as training returns (on the H100 the
-        # process lingered 1-2 minutes after "done training", a sweep slot held for nothing)
+        # scripts/fairseq_train.py: fairseq-train that exits as soon as training returns (a process that
+        # lingers after "done training" holds a sweep slot for nothing)
         sys.executable, FAIRSEQ_TRAIN,
         "--user-dir", PLUGIN, "--task", "mqar",
         "--vocab-size", args.vocab_size, "--seq-len", run.setting.seq_len,
@@ -587,8 +587,8 @@ CUT_FOOTNOTE = ("\\* no run of this cell finished its schedule (cut by the run t
 
 
 # A cell counts as a win (or a loss) only by more than this many percentage points of held-out accuracy;
-# closer is a tie. Runs on the same shortcut level differ by tenths of a point (GPU sweep, 2026-11-25:
-# 6.1 against 6.4 at the 6.25% bag level), which is not one model recalling better than the other.
+# closer is a tie. Runs on the same no-recall level differ by tenths of a point (e.g. 6.1 against 6.4
+# at the 6.25% level of 16 pairs), which is not one model recalling better than the other.
 WIN_MARGIN = 1.0
 
 
@@ -613,7 +613,7 @@ def write_table(path: str, results: List[RunResult], best: Dict, cut: Dict, sett
     totals = planned_updates(args, settings)
     batches = batch_sizes(args, settings)
     every = getattr(args, "validate_interval_updates", 0)
-    layout = ("answers shown after the queries (--reveal-answers, the pre-issue-25 layout)"
+    layout = ("answers shown after the queries (--reveal-answers, a leaking layout)"
               if getattr(args, "reveal_answers", False) else "Zoology's layout (answers never in the input)")
     lines = [
         "# MQAR: validation accuracy (%) on query positions, best run per cell (learning rate; HGRN2: and expand ratio)",
@@ -775,6 +775,33 @@ def order_runs(settings, models, dims, lrs, totals: Dict[str, int], expands: Lis
     return runs
 
 
+def plan_text(runs: List[Run], settings: List[Setting], args) -> str:
+    """What the sweep would train: the number of runs (per setting and model), updates per run and in
+    all, and how many of the runs already have a result in ``--out`` (read only)."""
+    batches = batch_sizes(args, settings)
+    total_updates = sum(r.max_update for r in runs)
+    seeds = parse_list(args.seeds, int)
+    lines = [f"MQAR sweep plan: {len(runs)} runs, {total_updates:,} updates in all"
+             + (f" ({len(seeds)} seeds)" if len(seeds) > 1 else "")]
+    for s in settings:
+        mine = [r for r in runs if r.setting == s]
+        per_model = ", ".join(f"{LABELS[m]} {sum(r.model == m for r in mine)}"
+                              for m in dict.fromkeys(r.model for r in mine))
+        total = mine[0].max_update if mine else 0
+        epochs = total / updates_per_epoch(args, batches[s.name])
+        lines.append(f"  {s.title}: {len(mine)} runs ({per_model}), {total:,} updates each "
+                     f"({epochs:.3g} epochs of {args.train_size:,} examples, batch {batches[s.name]})")
+    lines.append(f"  grid: d {args.dims}; learning rates {args.lrs}; HGRN2 expand ratios "
+                 f"{args.hgrn2_expand or 'min(d, 128)'} (each where <= d); seeds {args.seeds}")
+    layout = "answers shown (--reveal-answers)" if args.reveal_answers else "Zoology's layout"
+    lines.append(f"  task: vocab {args.vocab_size}, {args.test_size:,} held-out examples, {layout}; output {args.out}")
+    done = [r for r in runs if os.path.exists(os.path.join(args.out, "runs", r.name + ".json"))]
+    if done:
+        lines.append(f"  {len(done)} of the {len(runs)} runs already have a record in {args.out}/runs "
+                     "(finished ones are skipped, paused ones continued)")
+    return "\n".join(lines)
+
+
 def preflight(models, use_cpu: bool) -> None:
     """Build each arch and run one step on the target device, so a missing module or kernel fails
     the sweep in seconds instead of in every run."""
@@ -799,7 +826,7 @@ def main(argv=None) -> None:
                    help="HGRN2 expand ratios (head dimensions), each run where <= d (the paper: 64, 128); "
                         "empty: the arch default min(d, 128) only")
     p.add_argument("--reveal-answers", action="store_true",
-                   help="the task's pre-issue-25 layout, each query's answer shown after it (leaks: see "
+                   help="each query's answer shown after it in the input (a leaking layout: see "
                         "docs/mqar.md); default Zoology's layout")
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--train-size", type=int, default=100_000)
@@ -864,6 +891,8 @@ def main(argv=None) -> None:
                    help="skip the one-step check of each model on the device before the runs")
     p.add_argument("--report-only", action="store_true", help="rewrite the reports from runs/*.json")
     p.add_argument("--dry-run", action="store_true", help="print the commands and exit")
+    p.add_argument("--plan", action="store_true",
+                   help="print the grid's size and budget (runs, updates) and exit; trains nothing, writes nothing")
     args = p.parse_args(argv)
 
     settings = parse_settings(args.settings)
@@ -876,11 +905,6 @@ def main(argv=None) -> None:
     seeds = parse_list(args.seeds, int)
     if not seeds or len(set(seeds)) != len(seeds):
         raise SystemExit(f"--seeds {args.seeds!r}: expected distinct integers, e.g. 1,2,3")
-    os.makedirs(os.path.join(args.out, "runs"), exist_ok=True)
-    import torch  # noqa: E402 (only to see whether CUDA is there)
-
-    use_cpu = args.cpu or not torch.cuda.is_available()
-
     if args.validate_interval_updates < 0:
         raise SystemExit(f"--validate-interval-updates {args.validate_interval_updates}: expected >= 0")
     if args.checkpoint_every < 0 or args.slice_updates < 0:
@@ -891,6 +915,15 @@ def main(argv=None) -> None:
     expands = parse_list(args.hgrn2_expand, int)
     totals = planned_updates(args, settings)
     runs = order_runs(settings, models, dims, lrs, totals, expands, batch_sizes(args, settings), seeds)
+    if args.plan:
+        print(plan_text(runs, settings, args))
+        return
+    os.makedirs(os.path.join(args.out, "runs"), exist_ok=True)
+    import torch  # noqa: E402 (only to see whether CUDA is there)
+
+    use_cpu = args.cpu or not torch.cuda.is_available()
+    if use_cpu:  # one thread per process (the preflight's and the runs'): more only contend on a shared CPU
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.dry_run:
         for run in runs:
             print(" ".join(shlex.quote(c) for c in fairseq_command(run, args, use_cpu)))

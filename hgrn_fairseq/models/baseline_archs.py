@@ -1,4 +1,4 @@
-"""Named archs of ``hgrn_lm`` with the baselines' token mixers (SPEC 10, issue 22): the WikiText-103
+"""Named archs of ``hgrn_lm`` with the baselines' token mixers (docs/baselines.md): the WikiText-103
 decoder of ``hgrn_lm_base`` (6 layers, d 512, bilinear GLU 1024, tied embeddings) with the mixer swapped.
 
 (No ``from __future__ import annotations`` here: fairseq reads the dataclass field types.)
@@ -7,11 +7,11 @@ decoder of ``hgrn_lm_base`` (6 layers, d 512, bilinear GLU 1024, tied embeddings
   parameters with the 50,264-entry GPT-2 dictionary, the paper's 46.24M (its LRU row; the state size was
   not published, 897 is the N whose count rounds to it: 896 gives 46.23M, 898 46.25M). No lower bound
   (the LRU has no forget gate).
-* ``lru_mml_lm_base``: the same with B ternary (the seed's LRU-MML; BitLinear adds an RMSNorm weight).
+* ``lru_mml_lm_base``: the same with B ternary (LRU-MML; BitLinear adds an RMSNorm weight).
 * ``mlgru_lm_base``: MLGRU (four d x d projections with biases), with HGRN's layer-wise lower bound on the
   forget gate, as the released matmul-free code has it (default on; ``--no-lower-bound`` for the plain
   MLGRU of the paper's equations).
-* ``mlgru_mml_lm_base``: the same with W_f and W_c ternary (the seed's GRU-MML).
+* ``mlgru_mml_lm_base``: the same with W_f and W_c ternary (GRU-MML).
 """
 from fairseq.models import register_model_architecture
 

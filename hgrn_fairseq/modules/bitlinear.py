@@ -1,4 +1,4 @@
-"""BitLinear: the ternary-weight linear layer of the matmul-free LMs (SPEC 10).
+"""BitLinear: the ternary-weight linear layer of the matmul-free LMs (Zhu et al., 2024).
 
 ::
 

@@ -1,4 +1,4 @@
-"""LRU: the Linear Recurrent Unit of Orvieto et al. (2023) as a token mixer (SPEC 10)."""
+"""LRU: the Linear Recurrent Unit of Orvieto et al. (2023) as a token mixer."""
 from __future__ import annotations
 
 import math
@@ -31,8 +31,8 @@ class LRU(nn.Module):
     per real and imaginary part; D ~ N(0, 1).
 
     B is ``in_proj`` (dim -> 2N, rows interleaved Re, Im, no bias), C is ``out_proj`` (2N -> dim, no bias,
-    columns [Re C_j, -Im C_j] so that it computes Re(C x)). ``ternary``: B is a ``BitLinear`` (the seed's
-    LRU-MML); ``fully_mml``: B, C and D are (D quantised to {-1, 0, 1} / s like a weight). The recurrence
+    columns [Re C_j, -Im C_j] so that it computes Re(C x)). ``ternary``: B is a ``BitLinear``
+    (LRU-MML); ``fully_mml``: B, C and D are (D quantised to {-1, 0, 1} / s like a weight). The recurrence
     is ``complex_scan`` with a decay |lambda| constant over time and the rotation arg(lambda).
     ``SLOW_PARAMETERS`` names the parameters the paper trains without weight decay at a smaller learning
     rate (see ``lru_parameter_groups``).

@@ -1,4 +1,4 @@
-"""MLGRU: the matmul-free linear GRU token mixer of Zhu et al. (2024) (SPEC 10)."""
+"""MLGRU: the matmul-free linear GRU token mixer of Zhu et al. (2024)."""
 from __future__ import annotations
 
 from typing import Optional, Tuple, Union
@@ -21,8 +21,8 @@ class MLGRU(nn.Module):
         h_t = f_t * h_{t-1} + (1 - f_t) * c_t
         o = W_o(g * h) + b_o
 
-    ``ternary``: W_f and W_c are ``BitLinear`` (the seed's GRU-MML); ``fully_mml``: all four are.
-    ``num_heads`` splits the channels evenly, as in the seed; the recurrence is per channel, so heads
+    ``ternary``: W_f and W_c are ``BitLinear`` (GRU-MML); ``fully_mml``: all four are.
+    ``num_heads`` splits the channels evenly; the recurrence is per channel, so heads
     group channels without changing the computation (kept so that configurations carry over).
     The gates and the scan are HGRU's real op ``hgru_scan`` (same equations: lambda = f, x = (1 - f) SiLU(.)):
     on CUDA one Triton kernel that computes f and c in fp32 without storing them (in bf16, a stored f would

@@ -1,4 +1,4 @@
-"""``mqar``: multi-query associative recall (Zoology; HGRN2 paper Fig. 3, SPEC 9), generated in memory.
+"""``mqar``: multi-query associative recall (Zoology; HGRN2 paper Fig. 3), generated in memory.
 
 (No ``from __future__ import annotations`` here: fairseq reads the dataclass field types.)
 
@@ -20,11 +20,10 @@ One example of length ``seq_len`` (task tokens; the fairseq dictionary adds its 
 
 This is Zoology's ``multiquery_ar`` with ``random_non_queries=False``, the configuration of the
 HGRN2 paper's Fig. 3 (OpenNLPLab's Zoology configs): the value is never shown after its query.
-``--reveal-answers`` puts it there (``... k2 v2 _ k1 v1 ...``), the layout of this task before
-issue 25. That layout leaks: by the j-th query, j of the N values have been shown as answers, so a
-model that only knows the set of the example's values and guesses among the ones not shown yet
-scores ``mean_j 1/(N - j)`` (21.1% at 16 pairs) without any recall -- the ~20% plateau of the
-README's first sweeps (docs/mqar.md; ``scripts/mqar_diagnose.py`` measures it).
+``--reveal-answers`` puts it there (``... k2 v2 _ k1 v1 ...``). That layout leaks: by the j-th
+query, j of the N values have been shown as answers, so a model that only knows the set of the
+example's values and guesses among the ones not shown yet scores ``mean_j 1/(N - j)`` (21.1% at
+16 pairs) without any recall (docs/mqar.md, Findings; ``scripts/mqar_diagnose.py`` measures it).
 
 Splits: ``train`` has ``--train-size`` examples; ``valid`` and ``test`` are the same held-out set of
 ``--test-size`` examples. Each is a pure function of (``--data-seed``, split, options), drawn
@@ -131,7 +130,7 @@ def generate_mqar(
 
     ``split`` picks the random stream (``train``; ``valid`` and ``test`` share the held-out one).
     The layout is in the module docstring; ``reveal_answers`` writes each query's value right after
-    it (the pre-issue-25 layout). The random draws do not depend on it: both layouts of one seed
+    it (the leaking layout). The random draws do not depend on it: both layouts of one seed
     have the same pairs, query slots and order.
     """
     check_mqar_options(vocab_size, seq_len, num_kv_pairs, power_a)
@@ -255,7 +254,7 @@ class MqarConfig(FairseqDataclass):
     )
     reveal_answers: bool = field(
         default=False,
-        metadata={"help": "write each query's value right after it in the input (the layout before issue 25; "
+        metadata={"help": "write each query's value right after it in the input (a leaking layout: "
                   "it lets a model score mean_j 1/(N-j) by elimination, 21%% at 16 pairs, without recall). "
                   "Default: Zoology's layout, the value is only the target"},
     )

@@ -339,7 +339,62 @@ def test_results_table_has_the_papers_layout():
     assert table[0] == "| model | PIQA | WG | AVG |"
     assert table[2] == "| this checkpoint: acc | 50.00 | 25.00 | 37.50 |"
     assert table[3] == "| this checkpoint: acc_norm | 62.50 | - | - |"
-    assert table[4] == "| HGRN (paper) | n/v | n/v | n/v |" and "not verified" in table[-1]
+    # the papers' rows for these two tasks, their AVG over their own tables' tasks marked *
+    assert table[4] == "| HGRN 0.15B (HGRN paper, Table 4) | 65.02 | 50.20 | 43.94* |"
+    assert "| HGRN2 2.9B (HGRN2 paper, Table 6) | 74.59 | 57.46 | 53.24* |" in table
+    assert "n/v" not in "\n".join(table)
+    # a local task of no paper's: no papers' rows, no caveat
+    assert ours.results_table(results, ["my_local_mc"]).count("\n") == 3
+
+
+# The papers' rows, copied here from ../shared/paper_tables.md (HGRN Tables 4 and 5, HGRN2 Table 6), not
+# from the code under test.
+PAPERS_COMMONSENSE = [
+    "| HGRN 0.15B (HGRN paper, Table 4) | 59.91 | 65.02 | 33.33 | 50.20 | 46.68 | 23.81 | 28.60 | 43.94 |",
+    "| HGRN 0.35B (HGRN paper, Table 4) | 59.05 | 66.70 | 38.12 | 51.70 | 49.20 | 25.26 | 30.60 | 45.80 |",
+    "| HGRN 1B (HGRN paper, Table 4) | 58.69 | 70.89 | 48.02 | 51.62 | 55.64 | 27.90 | 31.60 | 49.19 |",
+    "| HGRN1 0.15B (HGRN2 paper, Table 6) | - | 65.02 | 33.33 | 50.20 | 46.68 | 23.81 | 28.60 | 41.27* |",
+    "| HGRN2 0.15B (HGRN2 paper, Table 6) | - | 66.43 | 35.44 | 51.70 | 46.63 | 24.32 | 28.40 | 42.15* |",
+    "| HGRN1 0.35B (HGRN2 paper, Table 6) | - | 66.70 | 38.12 | 51.70 | 49.20 | 25.26 | 30.60 | 43.60* |",
+    "| HGRN2 0.39B (HGRN2 paper, Table 6) | - | 69.97 | 46.16 | 52.72 | 53.58 | 23.98 | 32.40 | 46.47* |",
+    "| HGRN1 1.0B (HGRN2 paper, Table 6) | - | 70.89 | 48.02 | 51.62 | 55.64 | 27.90 | 31.60 | 47.61* |",
+    "| HGRN2 1.0B (HGRN2 paper, Table 6) | - | 74.16 | 54.85 | 56.12 | 58.71 | 27.22 | 34.00 | 50.84* |",
+    "| HGRN2 2.9B (HGRN2 paper, Table 6) | - | 74.59 | 59.92 | 57.46 | 62.58 | 29.86 | 35.00 | 53.24* |",
+    "| GLA 1.3B (HGRN2 paper, Table 6) | - | 71.90 | 49.90 | 54.40 | 61.80 | 28.40 | 34.20 | 50.10* |",
+    "| Mamba 1.3B (HGRN2 paper, Table 6) | - | 71.40 | 51.20 | 54.10 | 60.10 | 30.40 | 33.80 | 50.20* |",
+    "| RetNet 1.3B (HGRN2 paper, Table 6) | - | 69.80 | 47.50 | 51.10 | 58.50 | 27.40 | 31.80 | 47.68* |",
+]
+PAPERS_SUPERGLUE = [
+    "| HGRN 0.15B (HGRN paper, Table 5) | 38.46 | 51.10 | 56.68 | 42.86 | 1.47 | 59.91 | 65.00 | 45.07 |",
+    "| HGRN 0.35B (HGRN paper, Table 5) | 38.46 | 50.16 | 52.71 | 51.79 | 1.99 | 59.05 | 73.00 | 46.74 |",
+    "| HGRN 1B (HGRN paper, Table 5) | 40.38 | 50.78 | 53.43 | 42.86 | 3.04 | 58.69 | 70.00 | 45.60 |",
+]
+
+
+def test_results_table_prints_the_papers_rows_beside_ours_with_the_acc_caveat():
+    results = {"results": {name: {"acc,none": 0.5, "acc_norm,none": 0.5} for name in ours.COMMONSENSE_TASKS}}
+    table = ours.results_table(results, ours.COMMONSENSE_TASKS).splitlines()
+    assert table[0] == "| model | BoolQ | PIQA | HS | WG | ARC-e | ARC-c | OBQA | AVG |"
+    assert table[2] == "| this checkpoint: acc | " + " | ".join(["50.00"] * 8) + " |"
+    assert table[4:4 + len(PAPERS_COMMONSENSE)] == PAPERS_COMMONSENSE  # BoolQ alone does not bring Table 5 in
+    text = "\n".join(table)
+    assert "The papers do not say whether a column is acc or acc_norm" in text
+    assert "acc_norm for HellaSwag and ARC-c, acc for the rest" in text
+    assert "*: the paper's AVG over its own table's tasks" in text
+
+    table = ours.results_table({"results": {}}, ours.SUPERGLUE_TASKS).splitlines()
+    assert table[0] == "| model | WSC | WIC | RTE | CB | MultiRC | BoolQ | COPA | AVG |"
+    assert table[4:4 + len(PAPERS_SUPERGLUE)] == PAPERS_SUPERGLUE
+    assert "acc_norm for HellaSwag and ARC-c, acc for the rest" in table[-1]  # every AVG is over these tasks: no *
+
+
+def test_eval_zero_shot_script_runs_the_papers_task_lists():
+    script = open(os.path.join(os.path.dirname(PLUGIN), "scripts", "eval_zero_shot.sh")).read()
+    assert "commonsense) TASKS=" + ",".join(ours.COMMONSENSE_TASKS) + " ;;" in script
+    assert "superglue) TASKS=" + ",".join(ours.SUPERGLUE_TASKS) + " ;;" in script
+    assert ours.COMMONSENSE_TASKS == ("boolq", "piqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge",
+                                      "openbookqa")  # Table 4's columns
+    assert ours.SUPERGLUE_TASKS == ("wsc", "wic", "rte", "cb", "multirc", "boolq", "copa")  # Table 5's
 
 
 def test_local_task_writer_refuses_a_bad_label(tmp_path):

@@ -1,4 +1,4 @@
-"""The baselines' archs of hgrn_lm (issue 22): parameter counts by hand, incremental decoding equals the
+"""The baselines' archs of hgrn_lm: parameter counts by hand, incremental decoding equals the
 full forward, bad switches, and fairseq-train end to end on a tiny corpus for each mixer."""
 import argparse
 import json
@@ -108,7 +108,7 @@ def test_lru_optimiser_groups_reach_fairseqs_optimizer():
 
 
 # fairseq-preprocess and every fairseq-train run below share one Python process: importing fairseq and
-# torch costs ~12 s of CPU a process, a 30-update run of a tiny model ~1.5 s.
+# torch costs several times more CPU than a 30-update run of a tiny model.
 DRIVER = r"""
 import json, sys, traceback
 from fairseq_cli import train  # first: its logging format (preprocess imports fairseq before setting one)

@@ -1,4 +1,4 @@
-"""LRU, MLGRU and BitLinear (SPEC 10) against float64 loops of their equations, written here
+"""LRU, MLGRU and BitLinear against float64 loops of their equations, written here
 independently of the modules (complex numbers as Python complex tensors, one step at a time)."""
 import math
 

@@ -6,6 +6,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import sys
 import threading
 
@@ -339,14 +340,14 @@ def test_run_mqar_passes_the_budget_gpu_and_validation_variables():
     env = subprocess_env()
     env.update(PYTHON="echo", OUT="/tmp/o", SETTINGS="256:16,512:64", EPOCHS="6,3", MAX_UPDATE="9000,5000",
                GPUS="4", JOBS="32", VALIDATE_EVERY="500", LRS="1e-3,3e-3")
-    r = run_mqar_sh(env, "--run-timeout", "390")
+    r = run_mqar_sh(env, "--yes", "--run-timeout", "390")
     assert r.returncode == 0, r.stderr
     for part in ["--settings 256:16,512:64", "--epochs 6,3", "--max-update 9000,5000", "--gpus 4", "--jobs 32",
                  "--validate-interval-updates 500", "--lrs 1e-3,3e-3", "--run-timeout 390"]:
         assert part in r.stdout, (part, r.stdout)
     for name in ("MAX_UPDATE", "GPUS", "VALIDATE_EVERY"):
         env.pop(name)
-    r = run_mqar_sh(env)
+    r = run_mqar_sh(env, "--yes")
     assert "--max-update" not in r.stdout and "--gpus" not in r.stdout
     assert "--validate-interval-updates 0" in r.stdout
 
@@ -361,6 +362,74 @@ def test_run_mqar_passes_fairseq_args_that_start_with_dashes(tmp_path):
     assert r.returncode == 0, r.stderr
     train = [line for line in r.stdout.splitlines() if "scripts/fairseq_train.py" in line]
     assert len(train) == 1 and train[0].split()[-1] == "--cuda-graphs", r.stdout
+
+
+GRID_VARIABLES = {"OUT": "results/mqar", "SETTINGS": "256:16,512:64", "MODELS": "hgrn1,hgrn2",
+                  "DIMS": "64,128,256,512", "LRS": "1e-4,5e-4,1e-3,5e-3", "EXPAND": "64,128", "SEEDS": "1",
+                  "VOCAB_SIZE": "8192", "TRAIN_SIZE": "100000", "TEST_SIZE": "3000", "EPOCHS": "32",
+                  "MAX_UPDATE": "none", "BATCH_SIZE": "64", "VALIDATE_EVERY": "0", "CKPT_EVERY": "1000",
+                  "SLICE_S": "none", "REVEAL_ANSWERS": "0", "JOBS": "1", "GPUS": "every visible GPU",
+                  "TIME_BUDGET": "none", "FAIRSEQ_ARGS": "none", "PYTHON": "python3"}
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_run_mqar_help_lists_its_variables_and_the_default_sweeps_size(flag):
+    env = subprocess_env()
+    env.update(SETTINGS="64:4", EPOCHS="1")  # the help shows the defaults, not the environment
+    r = run_mqar_sh(env, flag)
+    assert r.returncode == 0, r.stderr
+    text = r.stdout
+    assert text.startswith("usage: [VARIABLE=value ...] bash scripts/run_mqar.sh")
+    assert "mqar_sweep.py [-h]" not in text  # its own usage, not the python tool's
+    for name, default in GRID_VARIABLES.items():
+        assert f"{name} [{default}]" in text, name
+    # every variable the script reads is listed
+    script = open(os.path.join(REPO, "scripts", "run_mqar.sh")).read()
+    read = set(re.findall(r"\$\{([A-Z][A-Z_]*)[-:}]", script)) - {n for n in re.findall(r"\b(D_[A-Z_]+)=", script)}
+    assert read == set(GRID_VARIABLES), read ^ set(GRID_VARIABLES)
+    # the default sweep: 2 settings x (HGRN1: 4 d x 4 lr; HGRN2: 7 (d, expand) x 4 lr) = 88 runs of 32 epochs
+    assert "MQAR sweep plan: 88 runs, 4,401,408 updates in all" in text
+    for setting in ("seq 256, 16 kv pairs", "seq 512, 64 kv pairs"):
+        assert (f"  {setting}: 44 runs (HGRN1 16, HGRN2 28), 50,016 updates each (32 epochs of 100,000 "
+                f"examples, batch 64)") in text
+    assert "--yes" in text and "OMP_NUM_THREADS=1" in text
+
+
+def test_run_mqar_without_yes_prints_the_plan_and_starts_nothing(tmp_path):
+    env = subprocess_env()
+    for name in GRID_VARIABLES:
+        if name != "PYTHON":
+            env.pop(name, None)
+    env["OUT"] = str(tmp_path / "sweep")
+    r = run_mqar_sh(env)  # no arguments: the paper-scale default grid
+    assert r.returncode == 2
+    assert "MQAR sweep plan: 88 runs" in r.stdout and "44 runs (HGRN1 16, HGRN2 28)" in r.stdout
+    assert "nothing started. Add --yes" in r.stderr
+    assert not (tmp_path / "sweep").exists()  # not even the output folder
+    env.update(SETTINGS="32:4", DIMS="32", MODELS="hgrn1", LRS="3e-3")
+    r = run_mqar_sh(env, "--cpu")  # a small grid asks the same way
+    assert r.returncode == 2 and "MQAR sweep plan: 1 runs" in r.stdout
+    env["PYTHON"] = "echo"  # with --yes the sweep starts (echo prints its command instead)
+    r = run_mqar_sh(env, "--yes", "--cpu")
+    assert r.returncode == 0 and r.stdout.startswith("scripts/mqar_sweep.py --out ")
+    assert "--plan" not in r.stdout and "--yes" not in r.stdout and r.stdout.rstrip().endswith("--cpu")
+
+
+def test_run_mqar_cpu_runs_get_one_thread_unless_set(tmp_path):
+    """The shell path trains CPU runs with OMP_NUM_THREADS=1 when it is not set (the run log's segment
+    line records the value the fairseq-train process got), and keeps a value the user set."""
+    base = subprocess_env()
+    base.update(SETTINGS="32:4", VOCAB_SIZE="64", DIMS="16", MODELS="hgrn1", LRS="3e-3", TRAIN_SIZE="64",
+                TEST_SIZE="16", MAX_UPDATE="1", CKPT_EVERY="0", EXPAND="")
+    for value, expected in [(None, "OMP_NUM_THREADS=1 "), ("2", "OMP_NUM_THREADS=2 ")]:
+        env = dict(base, OUT=str(tmp_path / f"omp{value}"))
+        env.pop("OMP_NUM_THREADS", None)
+        if value:
+            env["OMP_NUM_THREADS"] = value
+        r = run_mqar_sh(env, "--yes", "--cpu", "--no-preflight", "--no-plot")
+        assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+        log = (tmp_path / f"omp{value}" / "logs" / "seq32_kv4_hgrn1_d16_lr0.003.log").read_text()
+        assert log.startswith("# segment 1: CUDA_VISIBLE_DEVICES=- " + expected), log[:200]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -510,7 +579,7 @@ def test_hgrn2_default_expand_run_is_found_under_either_name(sweep, tmp_path):
     assert (out / "logs" / f"{new}.log").read_text() == "the run's log\n"
 
 
-def test_issue_25_grid_has_44_runs_per_setting_with_expand_ratios_that_d_allows(sweep):
+def test_default_grid_has_44_runs_per_setting_with_expand_ratios_that_d_allows(sweep):
     settings = [sweep.Setting(256, 16), sweep.Setting(512, 64)]
     runs = sweep.order_runs(settings, ["hgrn1", "hgrn2"], [64, 128, 256, 512], [1e-4, 5e-4, 1e-3, 5e-3],
                             {"seq256_kv16": 900, "seq512_kv64": 500}, [64, 128], {"seq256_kv16": 256, "seq512_kv64": 64})
@@ -538,43 +607,42 @@ def test_issue_25_grid_has_44_runs_per_setting_with_expand_ratios_that_d_allows(
     assert value("--max-epoch") == "3"  # ceil(900 / ceil(100000 / 256))
 
 
-def test_run_mqar_passes_the_issue_25_variables():
+def test_run_mqar_passes_the_slice_checkpoint_layout_and_seed_variables():
     env = subprocess_env()
     env.update(PYTHON="echo", OUT="/tmp/o", SLICE_S="480", CKPT_EVERY="500", REVEAL_ANSWERS="1", EXPAND="128",
                BATCH_SIZE="256,64")
-    r = run_mqar_sh(env)
+    r = run_mqar_sh(env, "--yes")
     assert r.returncode == 0, r.stderr
     for part in ["--slice-s 480", "--checkpoint-every 500", "--reveal-answers", "--hgrn2-expand 128",
                  "--batch-size 256,64", "--lrs 1e-4,5e-4,1e-3,5e-3", "--seeds 1 "]:
         assert part in r.stdout, (part, r.stdout)
     for name in ("SLICE_S", "REVEAL_ANSWERS", "EXPAND"):
         env.pop(name)
-    r = run_mqar_sh(env)
+    r = run_mqar_sh(env, "--yes")
     assert "--slice-s" not in r.stdout and "--reveal-answers" not in r.stdout
     assert "--hgrn2-expand 64,128" in r.stdout
     env["SEEDS"] = "1,2,3"
-    assert "--seeds 1,2,3 " in run_mqar_sh(env).stdout
+    assert "--seeds 1,2,3 " in run_mqar_sh(env, "--yes").stdout
 
 
-# The commands docs/mqar.md gives for the committed GPU results (section 3) rewrite their tables as committed.
-GPU_RESULTS = os.path.join(REPO, "bench", "results")
+# bench/results/mqar: the committed report (mqar.md's table, mqar.csv) comes back from the run records of
+# mqar.json through the --report-only command it states.
+MQAR_RESULTS = os.path.join(REPO, "bench", "results", "mqar")
 
 
-@pytest.mark.parametrize("folder, grid", [
-    ("mqar_gpu_2026-11-25/seq256", dict(SETTINGS="256:16", LRS="1e-4,5e-4,1e-3,5e-3", EPOCHS="8", EXPAND="64,128")),
-    ("mqar_gpu_2026-11-25/seq512", dict(SETTINGS="512:64", LRS="1e-3", EPOCHS="4", EXPAND="128")),
-    ("mqar_gpu_2026-11-26/seq512", dict(SETTINGS="512:64", LRS="1e-4,5e-4,1e-3,5e-3", EPOCHS="8", EXPAND="64,128")),
-])
-def test_committed_gpu_tables_come_back_from_their_run_records(tmp_path, folder, grid):
-    import shutil
-
-    src = os.path.join(GPU_RESULTS, folder)
-    shutil.copytree(os.path.join(src, "runs"), tmp_path / "runs")
+def test_committed_gpu_report_comes_back_from_its_run_records(tmp_path):
+    with open(os.path.join(MQAR_RESULTS, "mqar.json")) as f:
+        committed = json.load(f)
+    assert len(committed["runs"]) == 88 and {r["status"] for r in committed["runs"]} == {"ok"}
+    (tmp_path / "runs").mkdir()
+    for record in committed["runs"]:
+        (tmp_path / "runs" / (record["name"] + ".json")).write_text(json.dumps(record))
     env = subprocess_env()
-    env.update(OUT=str(tmp_path), BATCH_SIZE="64", VALIDATE_EVERY="1000", TRAIN_SIZE="100000",
-               PYTHON=pyrun.script_env()["PYTHON"], **grid)
+    env.update(OUT=str(tmp_path), PYTHON=pyrun.script_env()["PYTHON"], **committed["grid"])
+    assert committed["report_command"].startswith("OUT=DIR " + " ".join(f"{k}={v}" for k, v in committed["grid"].items())
+                                                  + " bash scripts/run_mqar.sh --report-only")
     r = run_mqar_sh(env, "--report-only", "--no-plot")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert (tmp_path / "table.md").read_text() == open(os.path.join(src, "table.md")).read()
-    with open(tmp_path / "runs.csv") as f, open(os.path.join(src, "runs.csv")) as g:
+    assert (tmp_path / "table.md").read_text().strip() in open(os.path.join(MQAR_RESULTS, "mqar.md")).read()
+    with open(tmp_path / "runs.csv") as f, open(os.path.join(MQAR_RESULTS, "mqar.csv")) as g:
         assert list(csv.DictReader(f)) == list(csv.DictReader(g))
