@@ -163,12 +163,65 @@ def test_truncated_learning_rate_is_the_papers(tmp_path):
     (["listops", "hgrn1"], {"SCHEDULE": "truncate"}, "SCHEDULE=truncate needs MAX_UPDATE"),
     (["listops", "hgrn1"], {"BATCH_PER_GPU": "48", "NUM_GPUS": "1"}, "BATCH_PER_GPU=48 does not divide the 128"),
     (["listops", "hgrn1", "/nonexistent/lra"], {"NUM_GPUS": "0"},
-     "DATA_DIR /nonexistent/lra does not exist: prepare it with data_prep/prepare_lra.py listops"),
+     "DATA_DIR /nonexistent/lra does not exist: prepare it with: python data_prep/prepare_lra.py listops "
+     "--source ~/data/lra_release.gz --dest /nonexistent/lra; offline: python data_prep/lra_listops.py"),
+    (["text", "hgrn1", "/nonexistent/lra"], {"NUM_GPUS": "0"},
+     "prepare it with: python data_prep/prepare_lra.py text --source ~/data/aclImdb_v1.tar.gz --dest /nonexistent/lra "
+     "(docs/lra.md"),
 ])
 def test_argument_errors_name_the_fix(args, env, message):
     p = run(args, env=env)
     assert p.returncode == 2
     assert message in p.stderr, p.stderr
+
+
+def test_missing_data_hint_gives_commands_that_work(tmp_path):
+    """The missing-data error's commands, run as printed (from another folder: the scripts' paths are then
+    absolute): the archive command gets past argument parsing to prepare_lra.py's own "download from" line,
+    and the offline commands (with a smaller generated set) make the folder that train_lra.sh asked for."""
+    import shlex
+
+    dest = tmp_path / "data bin"  # (a space: the hint quotes it)
+    p = pyrun.run(["bash", SCRIPT, "listops", "hgrn1", str(dest)], capture_output=True, text=True, timeout=120,
+                  env=pyrun.script_env(dict(os.environ, NUM_GPUS="0", OMP_NUM_THREADS="1")), cwd=tmp_path)
+    assert p.returncode == 2, p.stderr
+    hint = re.search(r"prepare it with: (.*) \(docs/lra.md", p.stderr).group(1)
+    archive, offline = hint.split("; offline: ")
+
+    def command(text):
+        argv = [os.path.expanduser(a) for a in shlex.split(text)]
+        assert argv[0] == "python" and os.path.isabs(argv[1]), argv
+        return [sys.executable, *argv[1:]]
+
+    env = pyrun.script_env(dict(os.environ, OMP_NUM_THREADS="1"))
+    r = pyrun.run(command(archive), capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert r.returncode == 2 and "the following arguments are required" not in r.stderr, r.stderr
+    assert "lra_release.gz not found" in r.stderr and "download from https://" in r.stderr, r.stderr
+    generate, prepare = offline.split(" && ")
+    small = ["--train", "40", "--valid", "8", "--test", "8", "--workers", "1", "--no-progress"]
+    r = pyrun.run(command(generate) + small, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = pyrun.run(command(prepare), capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.load(open(dest / "meta.json"))["task"] == "listops"
+
+
+def test_cpu_runs_set_omp_num_threads_unless_given():
+    """On CPU the commands run with OMP_NUM_THREADS=1 (PyTorch's default pool of threads makes these small
+    models several times slower); a value the user set stands; on GPUs nothing is added."""
+    def dry(env, *extra):
+        base = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+        base.update(env)
+        p = pyrun.run(["bash", SCRIPT, "--dry-run", "listops", "hgrn1", "data", *extra], capture_output=True,
+                      text=True, timeout=120, env=pyrun.script_env(base), cwd=REPO)
+        assert p.returncode == 0, p.stderr
+        return p.stdout.splitlines()
+
+    train, evaluate, results = dry({"NUM_GPUS": "0"})
+    assert train.startswith("env OMP_NUM_THREADS=1 ") and evaluate.startswith("env OMP_NUM_THREADS=1 ")
+    assert dry({"NUM_GPUS": "0", "OMP_NUM_THREADS": "3"})[0].startswith("env OMP_NUM_THREADS=3 ")
+    assert dry({"NUM_GPUS": "2"}, "--cpu")[0].startswith("env OMP_NUM_THREADS=1 ")  # --cpu among the extra arguments
+    assert "OMP_NUM_THREADS" not in " ".join(dry({"NUM_GPUS": "2"}))
 
 
 def test_configs_match_the_recipes(tmp_path):
