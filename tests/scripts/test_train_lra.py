@@ -251,7 +251,7 @@ def test_results_table_keeps_the_recipe_seed_and_lists_other_seeds(tmp_path):
                               ("listops_hgrn1_s2222_eos_layers4", 2222, 61.0), ("listops_hgrn1_s2222_eos_lr", 2222, 62.0)):
         record = {"arch": "hgrn1_lra_listops", "accuracy": acc, "num_updates": 37500, "planned_updates": 50000,
                   "data_comparable": False, "data_source": "generator", "precision": "fp32", "device": "NVIDIA H200",
-                  "date": "2026-11-26T00:00:00Z", "examples": 2000, "seed": seed,
+                  "date": "1970-01-01T00:00:00Z", "examples": 2000, "seed": seed,
                   "unmasked_padding": folder.endswith("_unmasked")}
         record["append_eos"] = not folder.endswith("_noeos")  # (the recipe's)
         record.update(norm="syncbatch", recipe_norm="syncbatch")
@@ -465,7 +465,7 @@ def test_results_table(tmp_path):
             json.dump({"arch": f"{model}_lra_{task}", "accuracy": acc, "num_updates": 3000, "planned_updates": 3000,
                        "append_eos": task == "listops", "schedule": "compressed" if task == "listops" else "truncated",
                        "data_comparable": task == "listops", "data_source": None if task == "listops" else "generator",
-                       "precision": "fp32", "device": "NVIDIA H100", "date": "2026-11-24T00:00:00Z",
+                       "precision": "fp32", "device": "NVIDIA H100", "date": "1970-01-01T00:00:00Z",
                        "examples": 2000}, f)
     assert results.main([str(tmp_path)]) == 0
     md = (tmp_path / "results.md").read_text()
