@@ -267,7 +267,7 @@ def recalibrate(model, task, S, turns, dash, rng, batches=30, size=64, diagonal=
 
 def build_encoder(side: int, mixer: str = "hgru2", dim: int = 32, layers: int = 4, norm: str = "batch", expand: int = 2,
                   backend: str = "reference", pool: str = "mean") -> LraEncoder:
-    """The probe's encoder for grids of up to ``side`` x ``side`` pixels (also rebuilt by lra_probe_inspect.py)."""
+    """The probe's encoder for grids of up to ``side`` x ``side`` pixels."""
     return LraEncoder(mixer=mixer, dim=dim, num_layers=layers, norm=norm, input="pixels", in_channels=1,
                       positions="none", scan_2d="parallel", expand_ratio=expand, backend=backend, max_len=side * side,
                       pool=pool)
