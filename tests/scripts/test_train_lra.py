@@ -358,12 +358,13 @@ def test_gpu_lra_model_specs_name_their_runs_and_flags():
     assert gpu_lra_spec("hgrn2:2222:nolb+layers2+lr2e-4", task="pathfinder6") == (
         0, "pathfinder6_hgrn2_s2222_nolb_layers2_lr2e-4", "--no-lower-bound --encoder-layers 2 --lr 2e-4 --seed 2222", "")
     assert gpu_lra_spec("hgrn1:2:lr1.5e-3")[2] == "--lr 1.5e-3 --seed 2"
-    assert gpu_lra_spec("hgrn2:2:maxpool", task="pathfinder6")[1:3] == ("pathfinder6_hgrn2_s2_maxpool", "--pool max --seed 2")
+    assert gpu_lra_spec("hgrn2:202:maxpool", task="pathfinder6")[1:3] == (
+        "pathfinder6_hgrn2_s202_maxpool", "--pool max --seed 202")
     # regularisers on the masked ListOps recipe: residual dropout and weight decay
     assert gpu_lra_spec("hgrn2:2222:eos+drop0.1") == (
         0, "listops_hgrn2_s2222_eos_drop0.1", "--append-eos --max-positions 2048 --dropout 0.1 --seed 2222", "")
-    assert gpu_lra_spec("hgrn2:2:eos+wd0.05")[1:3] == (
-        "listops_hgrn2_s2_eos_wd0.05", "--append-eos --max-positions 2048 --weight-decay 0.05 --seed 2")
+    assert gpu_lra_spec("hgrn2:202:eos+wd0.05")[1:3] == (
+        "listops_hgrn2_s202_eos_wd0.05", "--append-eos --max-positions 2048 --weight-decay 0.05 --seed 202")
     for bad in ("layers12", "lr0.001", "lr2e4", "drop1", "drop0.", "drop.1", "wd1", "wd0.1234"):
         assert gpu_lra_spec(f"hgrn2:2:{bad}")[0] == 1, bad
     # scratch positions after the token (masked padding): scratchK, K 1-99
