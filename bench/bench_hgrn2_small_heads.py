@@ -43,8 +43,8 @@ SHAPES = [
     ("path-x series (16 seq, T 16384, d 32: heads of 1 x 1)", 16, 16384, 32, 1, 1),
 ]
 QUICK = [("quick rows", 64, 32, 8, 2, 2), ("quick long", 4, 128, 8, 2, 2)]
-# --set image: the HGRN2 vision models' scans (issue 21: heads of 64, patch 16: 14 x 14 = 196 patches at 224 px,
-# 784 at 448; the bench's batches). Until 2026-11-27 this set had T 256 / 1024 (the patch-14 HGRN1 models' counts).
+# --set image: the HGRN2 vision models' scans (heads of 64, patch 16: 14 x 14 = 196 patches at 224 px, 784 at 448;
+# the image bench's batches)
 IMAGE = [
     ("hgrn2_vit_tiny 224 px (128 img, T 196, 3 heads of 64)", 128, 196, 3, 64, 64),
     ("hgrn2_vit_small 224 px (128 img, T 196, 6 heads of 64)", 128, 196, 6, 64, 64),

@@ -1,104 +1,44 @@
 #!/usr/bin/env bash
-# GPU evidence for Long Range Arena (issue 20, deliverable 6). Run on the GPU machine through
-# bench/gpu_session.sh (stage lra), which installs fairseq and puts it and the repository on the
-# PYTHONPATH, one part per call (each fits a ~10-minute call on a 16-core, 1-GPU machine):
+# LRA on the GPU machine: generated data, shortened training runs through scripts/train_lra.sh, the GPU
+# tests and the benchmarks. Run through bench/gpu_session.sh (stage lra), which installs fairseq and puts
+# it and the repository on the PYTHONPATH; standalone it installs fairseq itself (bench/gpu_fairseq.sh):
 #
-#   LRA_PARTS=listops    OUT=/some/dir bash bench/gpu_session.sh lra:520
-#   LRA_PARTS=pathfinder OUT=/some/dir bash bench/gpu_session.sh lra:520
+#   LRA_PARTS=listops     OUT=/some/dir bash bench/gpu_session.sh lra:520
 #   LRA_PARTS=tests,bench OUT=/some/dir bash bench/gpu_session.sh lra:520
 #
-# (Standalone, with fairseq importable: OUT=/some/dir LRA_PARTS=... bash bench/gpu_lra.sh.)
-# Parts:
-# A call has ~600 s in all: gpu_session.sh's set-up (~1 min), data (~1.5 min for ListOps), and per model
-# LRA_TRAIN_MINUTES plus ~1 min (start-up, Triton autotuning, validation, test). LRA_MODELS="hgrn1" (or
-# "hgrn2") trains one model per call, e.g. LRA_MODELS=hgrn1 LRA_TRAIN_MINUTES=5 for a longer run. An entry
-# MODEL:SEED trains that model with another seed than the recipe's 2222 in its own run, TASK_MODEL_sSEED
-# (e.g. LRA_MODELS="hgrn2 hgrn1:2" LRA_CONCURRENT=1: HGRN2 continues while a second HGRN1 seed starts);
-# MODEL:SEED:unmasked is the unmasked-padding ablation (--unmasked-padding, docs/lra.md) in TASK_MODEL_sSEED_unmasked;
-# MODEL:SEED:eos ends every sequence with <eos> (--append-eos, token tasks; --max-positions 2048, LRA's own cap)
-# in TASK_MODEL_sSEED_eos: the runs of 2026-11-26 that made it the recipe (since then plain MODEL appends it
-# too, the same run under another name); MODEL:SEED:noeos is the recipe without it (NO_EOS=1), TASK_MODEL_sSEED_noeos.
-# Flags combine with '+': MODEL:SEED:unmasked+eos (the official harness's padding and token) in
-# TASK_MODEL_sSEED_unmasked_eos. MODEL:SEED:scratchK appends K scratch positions after the <eos>
-# (--scratch-positions K, masked padding: docs/lra.md) in TASK_MODEL_sSEED_scratchK. MODEL:SEED:fixedN pads
-# every batch to N positions (--pad-to-length N; with unmasked: the official setting, batch-independent),
-# e.g. MODEL:SEED:unmasked+eos+fixed2001 in TASK_MODEL_sSEED_unmasked_eos_fixed2001; MODEL:SEED:scanpads
-# (--scan-padding: the scans see the pads, the batch norms and pooling do not; with fixedN) e.g.
-# MODEL:SEED:scanpads+eos+fixed2001. MODEL:SEED:layernorm: layer norms instead of the arch's batch norms
-# (--norm layer; no batch statistics at all), e.g. MODEL:SEED:layernorm+eos. hgrn1:SEED:repocfg (ListOps only):
-# the public OpenNLPLab/lra repository's configs/experiment/hgrn-lra-listops.yaml instead of the paper's table:
-# d 128, GLU 2x, layer norms, lr 1e-3, weight decay 0.01, warm-up 1,000, batch 50, cosine over 50,000
-# updates (its own --max-update: LRA_LISTOPS_UPDATES does not apply), e.g. hgrn1:2222:repocfg+eos.
-# MODEL:SEED:truncate runs the paper's own schedule cut at the task's updates (SCHEDULE=truncate: warm-up and
-# cosine not compressed, so every update has the paper's learning rate), e.g. LRA_JOBS="pathfinder/hgrn2:2222:truncate".
-# MODEL:SEED:eos+dropX / +wdX: residual dropout X / weight decay X on the recipe (regularisers within the issue's
-# rules), e.g. hgrn2:2222:eos+drop0.1 in listops_hgrn2_s2222_eos_drop0.1.
-# (Since the recipe appends <eos>, a new MODEL:SEED:unmasked run has it too, but
-# its name is that of the finished no-<eos> ablation: restored from LRA_CARRY, that run's checkpoint is refused
-# by the data fingerprint, which records append_eos. Name such runs with the flags they have.)
-#   listops     ListOps from the offline generator at LRA's full size (96k/2k/2k, data_prep/lra_listops.py),
-#               data_prep/prepare_lra.py, then `scripts/train_lra.sh listops hgrn1` and `... hgrn2` with
-#               the papers' recipes shortened to LRA_LISTOPS_UPDATES updates (default 2500; warm-up scaled,
-#               cosine to 0 there) and at most LRA_TRAIN_MINUTES minutes each (default 2.2; the log's "ups"
-#               says how many updates fit: set LRA_LISTOPS_UPDATES to that x 60 x minutes for the next call); test accuracy
-#               of the best checkpoint (JSON) and the results table beside the papers' 59.95 / 60.52.
-#   pathfinder  LRA_PF_NUM pathfinder32 images from the generator (default 40000, ~1 min on 16 cores;
-#               LRA has 200k), prepared with LRA's 80/10/10 split, then both models as above
-#               (LRA_PF_UPDATES, default 2000; LRA_TRAIN_MINUTES each).
-#   LRA_CONCURRENT=1  (listops, pathfinder) trains the models of LRA_MODELS at the same time on the one GPU
-#               (on a machine with several, run k on GPU k mod N), under CUDA MPS unless LRA_MPS=0, each with the LRA_TRAIN_MINUTES cap (not measured yet
-#               against one at a time: compare the logs' "ups" with the solo rates of docs/lra.md).
-#   listops_data  only the ListOps data of the listops part (kept in /tmp/lra_evidence for later calls).
-#   speed       bench/lra_train_speed.sh on the ListOps data (listops_data first): LRA_SPEED_TREES
-#               ("old=DIR new=$PWD", or one tree with options: "eager=$PWD graphs=$PWD@--cuda-graphs,--pad-to-length,2001"),
-#               LRA_SPEED_UPDATES (600), LRA_SPEED_MODELS ("hgrn1 hgrn2").
-#   profile     bench/profile_lra_step.py on the ListOps data for each of LRA_MODELS: data, whole update,
-#               forward+backward, torch.profiler tables ($OUT/profile_lra_step_listops_MODEL.md).
-#   LRA_JOBS="TASK/SPEC ..." (TASK listops or pathfinder, SPEC as in LRA_MODELS) trains runs of both tasks
-#               in one go, at once with LRA_CONCURRENT=1 (e.g. a ListOps run finishing beside Pathfinder
-#               runs); their data are generated and prepared first (parts listops_data / pathfinder_data).
-#               TASK pathfinder6 / pathfinder9: Pathfinder at the release's easier difficulties (contour length
-#               6 = curv_baseline, 9), generated and prepared as such (data-bin/pathfinderN), same archs.
-#   pathfinder_data  only the Pathfinder data of the pathfinder part (pathfinder6_data, pathfinder9_data: theirs).
-#   pf_cnn      bench/explore/lra_pathfinder_cnn_control.py on every Pathfinder data-bin prepared in this call
-#               or kept from an earlier one (a plain CNN: are the data learnable at this size?), in the
-#               background beside the training (LRA_PF_CNN_ARGS, e.g. "--minutes 3"); $OUT/pf_cnn_control.json.
-#   tests       the LRA tests that need a GPU (Triton scans under the encoder vs the reference, padding).
-#   bench       bench/bench_lra.py: training sequences/s of every LRA model and of a Transformer encoder
-#               of the same width, depth and precision (LRA_BENCH_S seconds, default 300; LRA_BENCH_ARGS
-#               more options, e.g. "--tasks image,pathfinder --models hgrn2,transformer@hgrn2").
-#   small_heads the HGRN2 kernel tests on the GPU (test_hgrn2_triton.py: the packed kernels of small heads
-#               among them; the HGRN2 2-D encoder with heads of 2 x 2 against the reference) and bench/bench_hgrn2_small_heads.py (packed / recurrent / chunk / HGRU-scan
-#               paths at the LRA 2-D shapes), before bench when both are given.
+# Parts (LRA_PARTS, comma-separated):
+#   listops       ListOps from data_prep/lra_listops.py at LRA's size (96k/2k/2k), prepare_lra.py, then each
+#                 model of LRA_MODELS (default "hgrn1 hgrn2") through scripts/train_lra.sh with the recipe
+#                 shortened to LRA_LISTOPS_UPDATES (default 2500; warm-up and cosine compressed to it) and at
+#                 most LRA_TRAIN_MINUTES (default 2.2) each; test JSONs and the results table.
+#   pathfinder    LRA_PF_NUM generated pathfinder32 images (default 40000; LRA has 200k), 80/10/10, then the
+#                 models as above (LRA_PF_UPDATES, default 2000).
+#   listops_data, pathfinder_data, pathfinder6_data, pathfinder9_data   only the data (pathfinderN: the
+#                 release's easier difficulties, contour length N).
+#   pf_cnn        bench/explore/lra_pathfinder_cnn_control.py on every prepared Pathfinder data-bin, in the
+#                 background beside the training (LRA_PF_CNN_ARGS).
+#   tests         the LRA encoder's GPU tests.   small_heads   the HGRN2 kernel tests and bench/bench_hgrn2_small_heads.py.
+#   bench         bench/bench_lra.py (LRA_BENCH_S seconds, default 300; LRA_BENCH_ARGS).
+#   speed         bench/lra_train_speed.sh on the ListOps data (LRA_SPEED_TREES "LABEL=TREE[@ARGS] ...",
+#                 LRA_SPEED_UPDATES 600, LRA_SPEED_MODELS "hgrn1 hgrn2").
+#   profile       bench/profile_lra_step.py on the ListOps data for each model of LRA_MODELS.
+# LRA_MODELS entries: MODEL, MODEL:SEED, or MODEL:SEED:FLAGS (flags joined by '+'), each its own run
+# TASK_MODEL[_sSEED][_FLAGS]. Flags: unmasked (--unmasked-padding), eos (--append-eos), noeos (NO_EOS=1),
+# truncate (SCHEDULE=truncate: the paper's own warm-up and cosine, cut), scratchK (--scratch-positions K),
+# fixedN (--pad-to-length N), scanpads (--scan-padding), layernorm (--norm layer), scan1d (--scan-2d none),
+# nolb, maxpool, layersN, lrXe-Y (peak rate), dropX, wdX, repocfg (ListOps HGRN1: the public OpenNLPLab/lra
+# repository's config, d 128, GLU 2x, layer norms, lr 1e-3, batch 50, 50,000 updates). E.g.
+# LRA_MODELS="hgrn1:2222:unmasked+eos" is the official harness's padding and end token (docs/lra.md).
+# LRA_JOBS="TASK/RUN ..." (TASK listops, pathfinder, pathfinder6, pathfinder9) trains runs of several tasks in
+# one go; LRA_CONCURRENT=1 trains the runs at once (CUDA MPS unless LRA_MPS=0; over several GPUs, run k on
+# GPU k mod N). LRA_TRAIN_EXTRA: more fairseq-train arguments for every run. LRA_CALL_S (gpu_session.sh sets
+# it): training stops early enough for the test evaluations (LRA_END_S, default 120 s) to finish in the call.
+# A run is one GPU call: on a warm machine a rerun resumes the runs in LRA_WORK (default /tmp/lra_evidence),
+# nothing is carried between machines. Everything lands in $OUT: logs, test JSONs, results.md / .csv.
 # Smoke test on CPU (tiny): LRA_LISTOPS_ARGS="--train 300 --valid 50 --test 50" LRA_PF_NUM=200 LRA_NUM_GPUS=0
 #   LRA_LISTOPS_UPDATES=20 LRA_PF_UPDATES=10 LRA_TRAIN_EXTRA="--encoder-embed-dim 8 --encoder-layers 1"
-# Everything lands in $OUT: logs, test_result.json files, results.md / results.csv, tensorboard
-# events, bench_lra.json / .md, env.txt (gpu_session.sh). Checkpoints stay on the machine, unless:
-#
-# Runs longer than one call (the full recipes): LRA_TRAIN_MINUTES is then the length of *this* call's
-# slice (the run's cumulative --stop-time-hours is what its checkpoint has trained plus that), and
-#   LRA_SAVE_STATE=trained  as 1 (below), but only the runs this call trained: what a call that goes on
-#                      with some runs should hand on when the older ones are finished (the tree limit);
-#                      either way a finished run keeps only checkpoint_best.pt and its finished mark;
-#   LRA_SAVE_STATE=1   after training, packs every run's checkpoint_last.pt / checkpoint_best.pt (and the
-#                      mark of a finished run) on this machine, restored ones included, into
-#                      $OUT/lra_state.tar.part* (gzip-compressed tar since 2026-11-27; gpu_session.sh returns them;
-#                      they replace the old parts);
-#   LRA_CARRY=DIR      a folder with such parts from an earlier call (the run tool's carry, e.g.
-#                      results/lra_carry): runs with no checkpoint on this machine continue from them. On a
-#                      machine with no runs yet, bench/lra_state_check.py first checks that each would resume
-#                      where its slices filed in LRA_RESULTS_ROOT (bench/results) end, and the call stops
-#                      (exit 2) before training when not; LRA_STATE_CHECK=0 skips the check.
-# On a warm machine /tmp/lra_evidence still holds the runs and the data (a part finds its data-bin
-# there and skips the generator); a fresh machine regenerates the data (seeded: the same examples, the
-# same dictionary, so the checkpoints' data fingerprints match).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case ${LRA_SAVE_STATE:-0} in  # checked before the set-up, data and training, not after the GPU time is spent
-    0|1|trained) ;;
-    *) echo "gpu_lra.sh: LRA_SAVE_STATE='$LRA_SAVE_STATE' is not 0, 1 or trained" >&2; exit 2 ;;
-esac
-
 : "${OUT:?set OUT}"
 mkdir -p "$OUT"
 R=$PWD
@@ -116,43 +56,7 @@ WORK=${LRA_WORK:-/tmp/lra_evidence}
 NPROC_CPU=$(env -u OMP_NUM_THREADS nproc)  # (nproc honours OMP_NUM_THREADS, which gpu_session.sh sets to 4)
 PARTS=${LRA_PARTS:-listops}
 MINUTES=${LRA_TRAIN_MINUTES:-2.2}
-# LRA_CALL_S (gpu_session.sh sets it to the stage's limit - 5): the training slices are cut so that each
-# run's validation, test evaluation and the state packing (LRA_END_S, default 120 s: 74-95 s were seen with
-# three runs at once) end before it; without it, a slice that overran the stage's limit lost its state.
 mkdir -p "$WORK" "$OUT/runs"
-# what the disk and the GPU do during the call, every 5 s (bench/io_watch.sh: the slow checkpoint saves)
-# (its output away from ours: a caller reading our pipes must see them close when we end; and it ends
-# with us, on any exit)
-bash bench/io_watch.sh "$OUT/io_watch.log" $$ > /dev/null 2>&1 &
-IO_WATCH=$!
-trap 'kill "$IO_WATCH" 2>/dev/null' EXIT
-
-if [ -n "${LRA_CARRY:-}" ]; then  # checkpoints of earlier calls; a run this machine already has wins
-    mkdir -p "$WORK/runs"
-    if ls "$LRA_CARRY"/lra_state.tar.part* > /dev/null 2>&1; then
-        # A fresh machine resumes every run from the carried state: first check (bench/lra_state_check.py, the
-        # resume code itself) that each would resume where its filed slices in LRA_RESULTS_ROOT end, and stop
-        # before any GPU time is spent when not (2026-11-27: two calls resumed from a stripped best at update 0).
-        # A warm machine's runs win over the state, so there the check would be beside the point.
-        if [ -z "$(ls -A "$WORK/runs")" ] && [ "${LRA_STATE_CHECK:-1}" != 0 ]; then
-            if ! python3 bench/lra_state_check.py --state "$LRA_CARRY" --dest-root "${LRA_RESULTS_ROOT:-bench/results}" \
-                    > "$OUT/lra_state_check.log" 2>&1; then
-                cat "$OUT/lra_state_check.log"
-                echo "== gpu_lra.sh: the carried state would not resume where the filed slices end (above): stopped" \
-                     "before training; file the last call (bench/lra_collect.py) or pass LRA_STATE_CHECK=0"
-                exit 2
-            fi
-            grep "^|" "$OUT/lra_state_check.log"
-        fi
-        # gzip-compressed since 2026-11-27 (GNU tar does not detect it on a pipe); plain tar before
-        z=; [ "$(od -An -N2 -tx1 "$(ls "$LRA_CARRY"/lra_state.tar.part* | head -1)" | tr -d ' \n')" = 1f8b ] && z=z
-        cat "$LRA_CARRY"/lra_state.tar.part* | tar -x$z -C "$WORK/runs" --skip-old-files \
-            && echo "== state restored from $LRA_CARRY: $(cd "$WORK/runs" && ls -d */ | tr '\n' ' ')"
-    else
-        echo "== LRA_CARRY=$LRA_CARRY has no lra_state.tar.part* files (copy them from an earlier call's files)"
-        exit 2
-    fi
-fi
 
 trained_minutes() {  # the training time (minutes) a run's checkpoint_last.pt holds, 0 without one
     python3 - "$1/checkpoint_last.pt" <<'PY'
@@ -167,7 +71,7 @@ data_ready() {  # TASK: a warm machine keeps the prepared data of an earlier cal
     [ -f "$WORK/data-bin/$1/meta.json" ] && [ -z "${LRA_REGENERATE:-}" ] && echo "== $1 data: reusing $WORK/data-bin/$1"
 }
 
-run_id() {  # TASK SPEC: the run's folder name. SPEC: MODEL (the recipe's seed) -> TASK_MODEL, MODEL:SEED ->
+run_id() {  # TASK RUN: the run's folder name. RUN: MODEL (the recipe's seed) -> TASK_MODEL, MODEL:SEED ->
     # TASK_MODEL_sSEED, MODEL:SEED:unmasked (the unmasked-padding ablation) -> TASK_MODEL_sSEED_unmasked,
     # MODEL:SEED:eos (--append-eos) -> TASK_MODEL_sSEED_eos, MODEL:SEED:noeos (NO_EOS=1) -> TASK_MODEL_sSEED_noeos;
     # flags joined by '+' (MODEL:SEED:unmasked+eos, the official harness's setting) -> TASK_MODEL_sSEED_unmasked_eos
@@ -176,7 +80,7 @@ run_id() {  # TASK SPEC: the run's folder name. SPEC: MODEL (the recipe's seed) 
     echo "$1_${model}${seed:+_s$seed}${flag:+_${flag//+/_}}"
 }
 
-spec_args() {  # SPEC: the fairseq-train arguments it adds (--seed N, --unmasked-padding, --append-eos)
+spec_args() {  # RUN: the fairseq-train arguments it adds (--seed N, --unmasked-padding, --append-eos)
     local model seed flags flag
     IFS=: read -r model seed flags <<< "$1"
     if [[ "+$flags+" == *"+eos+"* && "+$flags+" == *"+noeos+"* ]]; then
@@ -196,8 +100,7 @@ spec_args() {  # SPEC: the fairseq-train arguments it adds (--seed N, --unmasked
             maxpool) echo "--pool max" ;;  # the channel-wise maximum over the positions instead of the mean
             layers[1-9]) echo "--encoder-layers ${flag#layers}" ;;
             lr[1-9]e-[1-9]|lr[1-9].[0-9]e-[1-9]) echo "--lr ${flag#lr}" ;;  # another peak rate, e.g. lr2e-4
-            # regularisers within the issue's rules (ListOps' masked recipe overfits: docs/lra.md): residual
-            # dropout, e.g. drop0.1, and weight decay, e.g. wd0.05
+            # regularisers for the masked recipe: residual dropout, e.g. drop0.1, and weight decay, e.g. wd0.05
             drop0.[0-9]|drop0.[0-9][0-9]) echo "--dropout ${flag#drop}" ;;
             wd0.[0-9]|wd0.[0-9][0-9]|wd0.[0-9][0-9][0-9]) echo "--weight-decay ${flag#wd}" ;;
             repocfg)  # the public OpenNLPLab/lra repository's configs/experiment/hgrn-lra-listops.yaml (HGRN1)
@@ -228,7 +131,7 @@ slice_plan() {  # -> "MINUTES KILL_S": this slice's training minutes and the run
         printf "%.3f %.0f\n", m, kill }'
 }
 
-train_one() {  # TASK UPDATES SPEC: one model (SPEC: see run_id), shortened recipe, test evaluation
+train_one() {  # TASK UPDATES RUN: one model (RUN: see run_id), shortened recipe, test evaluation
     local task=$1 updates=$2 model=${3%%:*} id run cap seed plan minutes kill
     id=$(run_id "$task" "$3")
     seed=$(spec_args "$3") || return 1
@@ -262,13 +165,13 @@ task_updates() {  # TASK: the MAX_UPDATE of its runs
     esac
 }
 
-train_jobs() {  # JOB...: TASK/SPEC runs (SPEC: see run_id), one after the other or at once (LRA_CONCURRENT=1)
+train_jobs() {  # JOB...: TASK/RUN runs (RUN: see run_id), one after the other or at once (LRA_CONCURRENT=1)
     local job task spec log id
     if [ "${LRA_CONCURRENT:-0}" = 1 ]; then
         # The LRA models are small (ListOps HGRN1: 66k parameters) and leave the GPU partly idle (host
         # time, small kernels): they train at once, each with its own time cap, under CUDA MPS where the
         # machine has it (kernels of every process run concurrently), else time-sliced.
-        # On a machine with several GPUs (nvidia-h200-x4: the same device time as one) the runs are dealt out
+        # On a machine with several GPUs the runs are dealt out
         # over them in turn (CUDA_VISIBLE_DEVICES), unless LRA_NUM_GPUS > 1 gives each run all of them (DDP).
         MPS_MODE="MPS off (LRA_MPS=0)"
         [ "${LRA_MPS:-1}" = 1 ] && { . bench/gpu_mps.sh; start_mps; }
@@ -287,7 +190,7 @@ train_jobs() {  # JOB...: TASK/SPEC runs (SPEC: see run_id), one after the other
             pids+=($!)
             k=$((k + 1))
         done
-        wait "${pids[@]}"  # (these jobs only: a bare wait would also wait for the io_watch sampler, forever)
+        wait "${pids[@]}"  # (these jobs only, not the pf_cnn control in the background)
         [ "${LRA_MPS:-1}" = 1 ] && stop_mps
         # the table again, now that every run has its test result (each rewrote it as it ended)
         python3 scripts/lra_results.py "$WORK/runs" > /dev/null 2>&1
@@ -299,7 +202,6 @@ train_jobs() {  # JOB...: TASK/SPEC runs (SPEC: see run_id), one after the other
     for job in "$@"; do
         task=${job%%/*} spec=${job#*/}
         id=$(run_id "$task" "$spec")
-        TRAINED_RUNS+=("$id")
         log=$OUT/runs/train_$id.log
         echo "-- $id"
         grep "valid on 'valid'" "$log" | tail -3
@@ -307,7 +209,6 @@ train_jobs() {  # JOB...: TASK/SPEC runs (SPEC: see run_id), one after the other
         grep -o "num_updates [0-9]*\|ups [0-9.]*" "$log" | tail -2 | tr '\n' ' '; echo
         cp "$WORK/runs/$id/test_result.json" "$OUT/runs/$id.test_result.json" 2>/dev/null
     done
-    TRAINED=1
     cp "$WORK/runs/results.md" "$WORK/runs/results.csv" "$OUT/" 2>/dev/null
     cat "$OUT/results.md" 2>/dev/null
 }
@@ -328,30 +229,10 @@ for job in ${LRA_JOBS:-}; do
         PARTS="$PARTS,${job%%/*}_data"
         continue
     fi
-    echo "gpu_lra.sh: LRA_JOBS entry '$job' is not TASK/SPEC with TASK listops, pathfinder, pathfinder6 or pathfinder9 (e.g. pathfinder/hgrn2)" >&2
+    echo "gpu_lra.sh: LRA_JOBS entry '$job' is not TASK/RUN with TASK listops, pathfinder, pathfinder6 or pathfinder9 (e.g. pathfinder/hgrn2)" >&2
     exit 2
 done
 
-TRAINED=0  # set by train_jobs: LRA_SAVE_STATE packs only after a call that trained
-TRAINED_RUNS=()  # the runs train_jobs trained (LRA_SAVE_STATE=trained packs only these)
-
-state_files() {  # RUNS_DIR RUN...: the files of each run that its state needs, relative to RUNS_DIR.
-    # A finished run (train_lra.sh's finished_max_update_N mark: a rerun only redoes the test of the best
-    # checkpoint) needs checkpoint_best.pt and the mark, not checkpoint_last.pt; a run in progress both
-    # checkpoints. (The run tool copies at most 64 MiB of tree to the GPU machine, state included.)
-    local dir=$1 r f want
-    shift
-    for r in "$@"; do
-        if compgen -G "$dir/$r/finished_max_update_*" > /dev/null; then
-            want=("$dir/$r"/checkpoint_best.pt "$dir/$r"/finished_max_update_*)
-        else
-            want=("$dir/$r"/checkpoint_last.pt "$dir/$r"/checkpoint_best.pt)
-        fi
-        for f in "${want[@]}"; do
-            if [ -f "$f" ]; then echo "${f#"$dir/"}"; fi
-        done
-    done
-}
 if [[ ",$PARTS," == *",listops,"* || ",$PARTS," == *",listops_data,"* ]] && ! data_ready listops; then
     echo "== listops data (generator, 96k/2k/2k, $NPROC_CPU workers) at $(el)s"
     python3 data_prep/lra_listops.py --dest "$WORK/generated" --workers "$NPROC_CPU" --no-progress ${LRA_LISTOPS_ARGS:-} \
@@ -413,25 +294,6 @@ if [ -n "$PF_CNN" ]; then
     echo "== pf_cnn rc=$? at $(el)s"; tail -6 "$OUT/pf_cnn_control.log"
 fi
 
-if [ "${LRA_SAVE_STATE:-0}" != 0 ] && [ "$TRAINED" = 1 ]; then
-    case $LRA_SAVE_STATE in
-        1) runs=(); for d in "$WORK"/runs/*/; do runs+=("$(basename "$d")"); done ;;  # restored ones too
-        trained) runs=("${TRAINED_RUNS[@]}") ;;
-    esac
-    mapfile -t files < <(state_files "$WORK/runs" "${runs[@]}")
-    # a best checkpoint is only evaluated: its optimizer state (two more copies of the weights) stays here
-    bests=()
-    for f in "${files[@]}"; do [[ $f == */checkpoint_best.pt ]] && bests+=("$WORK/runs/$f"); done
-    if [ ${#bests[@]} -gt 0 ]; then
-        python3 bench/lra_strip_best.py "${bests[@]}" > "$OUT/lra_strip_best.log" 2>&1 ||
-            echo "== lra_strip_best.py failed (rc $?): the bests go as they are; see lra_strip_best.log"
-    fi
-    # gzip: fp32 weights and Adam moments shrink ~10% (23.5 -> 21.0 MB for the repocfg + HGRN2 state), which keeps
-    # the tracked tree, the state and the prebuilt fairseq wheel inside the run tool's 64 MiB
-    tar -czf - -C "$WORK/runs" "${files[@]}" | split -b 15M -d - "$OUT/lra_state.tar.part"
-    echo "== state saved: ${files[*]} -> $(ls "$OUT"/lra_state.tar.part* | wc -l) part(s) of lra_state.tar (they replace bench/results/lra_state/*: commit them)"
-fi
-
 if [[ ",$PARTS," == *",speed,"* ]]; then  # A/B of the training step through the real entry point
     echo "== training speed on listops: ${LRA_SPEED_TREES:?set LRA_SPEED_TREES=\"old=DIR new=DIR\"} at $(el)s"
     bash bench/lra_train_speed.sh listops "$WORK/data-bin/listops" "${LRA_SPEED_UPDATES:-600}" \
@@ -458,9 +320,8 @@ fi
 
 if [[ ",$PARTS," == *",small_heads,"* ]]; then
     echo "== HGRN2 kernel tests on the GPU at $(el)s"
-    # the packed kernels' cases only: the whole file pins every autotune config in turn (110 tests, more
-    # than 400 s on an H200 on 2026-11-26); the tests part runs it all
-    # (-k would deselect the encoder's test too: two runs)
+    # the packed kernels' cases only (the whole file pins every autotune config in turn: too long for one
+    # call); -k would deselect the encoder's test too, hence two runs
     timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_hgrn2_triton.py -k "packed or auto_choice" \
         > "$OUT/gpu_tests_hgrn2.log" 2>&1
     echo "   kernel tests rc=$? at $(el)s"; tail -3 "$OUT/gpu_tests_hgrn2.log"
@@ -478,6 +339,4 @@ if [[ ",$PARTS," == *",bench,"* ]]; then
         > "$OUT/bench_lra.log" 2>&1
     echo "   bench rc=$? at $(el)s"; cat "$OUT/bench/bench_lra.md" 2>/dev/null
 fi
-kill "$IO_WATCH" 2>/dev/null
-bash bench/io_watch.sh --summary "$OUT/io_watch.log"
 echo "gpu_lra.sh done at $(el)s"

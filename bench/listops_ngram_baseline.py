@@ -7,7 +7,7 @@ regression on bags of token n-grams (scikit-learn), trained on the train TSV, sc
 GENERATED_DIR holds ``listops-1000/basic_{train,test}.tsv`` (``data_prep/lra_listops.py`` or LRA's
 release). The tokens are those the models see (``prepare_lra.listops_tokens``).
 A model whose accuracy sits at these numbers has learned token statistics, not the operators: the
-reference level for reading a ListOps curve (docs/lra.md, Evidence).
+reference level for reading a ListOps curve (docs/lra.md, Findings).
 """
 from __future__ import annotations
 

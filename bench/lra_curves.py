@@ -4,7 +4,7 @@
     python bench/lra_curves.py DIR NAME=GLOB [NAME=GLOB ...] [--every 2500] [--upto N]
 
 Each GLOB (relative to DIR) picks one run's fairseq-train logs, e.g. the slices
-``hgrn1_s2_eos_train_slice*.log``. The validation lines (``valid on 'valid' subset | ... accuracy A |
+``hgrn1_s2222_eos_train_slice*.log``. The validation lines (``valid on 'valid' subset | ... accuracy A |
 ... num_updates N``) of all its logs are merged by update (a later log replaces an update that a slice
 cut before saving had logged too); the table gives, for each mark 0 < M <= upto (every ``--every``
 updates, and the run's last update), the best validation accuracy reached up to M updates, so runs

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Does the paper's ListOps model learn the operators, or only token statistics? A CPU probe on short
-# generated ListOps (docs/lra.md, Evidence, "A CPU probe"), two data sets from data_prep/lra_listops.py
+# generated ListOps (docs/lra.md, Findings, "ListOps: seed spread"), two data sets from data_prep/lra_listops.py
 # with LRA's distribution but short examples:
 #   short   lengths 20-150 (depth up to 10), 20k/1k/1k
 #   shallow lengths 5-80, depth <= 3, 20k/1k/1k

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Offline ListOps generator with the Long Range Arena distribution (SPEC 7, issue 20 part 4).
+"""Offline ListOps generator with the Long Range Arena distribution.
 
 A tree node is a digit 0-9 with probability 0.75 (always a digit at depth ``--max-depth``, the root
 being depth 1), otherwise an operator -- MIN, MAX, MED (integer part of the median), SM (sum mod 10)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Offline Pathfinder generator with the Long Range Arena settings (SPEC 7, issue 20 part 4).
+"""Offline Pathfinder generator with the Long Range Arena settings.
 
 The images follow the "snakes" procedure of Linsley et al. / Kim et al. (ICLR 2020), which LRA
 used for ``pathfinder{32,64,128,256}``; this is our own implementation (numpy + Pillow), written

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Long Range Arena sources -> ``data-bin/lra/TASK`` in the ``hgrn-lra/1`` format (SPEC 7, issue 20 part 3).
+"""Long Range Arena sources -> ``data-bin/lra/TASK`` in the ``hgrn-lra/1`` format.
 
     python data_prep/prepare_lra.py TASK --source PATH --dest data-bin/lra/TASK
 

@@ -11,8 +11,9 @@ argparse entry point.
 What it changes: after fairseq has parsed the command line, ``tpu`` is reset to False unless
 ``--tpu`` itself was given, and an LRA run that would resume its checkpoint with other run settings
 stops with one line (``check_lra_resume``). Nothing else: the arguments, the training loop and the
-checkpoints are fairseq's. ``scripts/train_wt103.sh`` runs every recipe through this file, on one process
-(``python3 scripts/fairseq_train.py ...``) or one per GPU (``torchrun ... scripts/fairseq_train.py``).
+checkpoints are fairseq's. ``scripts/train_wt103.sh``, ``scripts/train_lra.sh`` and ``scripts/mqar_sweep.py``
+run their recipes through this file, on one process (``python3 scripts/fairseq_train.py ...``) or one per
+GPU (``torchrun ... scripts/fairseq_train.py``).
 
 With ``--bf16`` fairseq keeps the model in bfloat16 and an fp32 master copy of the weights in its
 FP16Optimizer (no loss scaling for bf16).
@@ -153,8 +154,7 @@ def _log_file_once() -> None:
 
     fairseq 0.12's ``progress_bar()`` adds a new ``FileHandler`` for ``--log-file`` to its module's
     logger every time it makes a progress bar, i.e. once per epoch: from the second epoch on every
-    progress and validation line of the file is repeated, n times in epoch n of the process (seen in
-    the LRA runs' train.log, 2026-11-25). Wrapped here: the handler is added only when that logger has
+    progress and validation line of the file is repeated, n times in epoch n of the process. Wrapped here: the handler is added only when that logger has
     none for the same file yet."""
     import logging
     import os
@@ -180,9 +180,8 @@ def _log_file_once() -> None:
 def exit_now() -> None:
     """End the process as soon as fairseq's training has returned.
 
-    On the H100 machine (2026-11-24) LRA runs printed "done training" and then the process stayed
-    alive for 1-2+ minutes before exiting (after --stop-time-hours and after --max-update alike; not
-    seen on CPU), a hang others report for fairseq too (microsoft/unilm#1250). Everything a run
+    On some GPU machines fairseq-train prints "done training" and then stays alive for minutes before
+    exiting, a hang others report for fairseq too (microsoft/unilm#1250). Everything a run
     leaves is on disk by then (fairseq writes checkpoints synchronously); this closes what the exit
     handlers would (fairseq's tensorboard writers, the log handlers, stdout/stderr) and exits without
     waiting on whatever the interpreter's shutdown waits for."""

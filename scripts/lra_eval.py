@@ -204,7 +204,7 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
         "schedule": run_schedule(cfg, run_recipe) if run_recipe is not None else None,
         "seed": int(cfg.common.seed),
         "unmasked_padding": bool(getattr(cfg.model, "unmasked_padding", False)),  # the ablation, not the recipe
-        "append_eos": bool(getattr(cfg.task, "append_eos", False)),  # the recipe's on token tasks since 2026-11-26
+        "append_eos": bool(getattr(cfg.task, "append_eos", False)),  # the recipe's on token tasks
         "scratch_positions": int(getattr(cfg.task, "scratch_positions", 0) or 0),  # an experiment, not the recipe
         "pad_to_length": int(getattr(cfg.task, "pad_to_length", 0) or 0),  # 0: each batch to its longest
         "scan_padding": bool(getattr(cfg.model, "scan_padding", False)),  # an experiment, not the recipe

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The papers' LRA training recipes (SPEC 7), one place for ``scripts/train_lra.sh``, the hydra
+"""The papers' LRA training recipes, one place for ``scripts/train_lra.sh``, the hydra
 configs (``configs/lra/*.yaml``) and the results table.
 
     python scripts/lra_recipes.py args TASK MODEL [--nproc N] [--max-update N]   # fairseq-train flags
@@ -7,22 +7,21 @@ configs (``configs/lra/*.yaml``) and the results table.
     python scripts/lra_recipes.py write-configs [--dir configs/lra]             # (re)write the yaml files
 
 Both papers: AdamW (``--optimizer torch_adamw``, hgrn_fairseq/optim.py: fairseq's adam rule, decoupled
-weight decay, betas 0.9/0.999, as one fused kernel: fairseq's own adam loops over the parameters in
-Python, which took ~40% of a small LRA model's update), a linear warm-up
-from 0 to the peak learning rate, then a cosine decay to 0 at the total step count, seed 2222, the
+weight decay, betas 0.9/0.999, as one fused kernel; without apex fairseq's own adam loops over the
+parameters in Python), a linear warm-up from 0 to the peak learning rate, then a cosine decay to 0 at the total step count, seed 2222, the
 run capped at the papers' epochs as well. HGRN1 trains in fp32, HGRN2 in bf16. "batch" is the total
 over all GPUs; per-GPU batch = batch / GPUs (must divide). A shortened run (``--max-update N``
-smaller than the total: the GPU evidence's budget) compresses the schedule: warm-up
+smaller than the total) compresses the schedule: warm-up
 ``round(warmup * N / total)``, cosine to 0 at N, no epoch cap. With ``--truncate`` it runs the recipe's
 own schedule instead and stops at N (the paper's warm-up and cosine period, ``--lr-period-updates``): the
 learning rate of every update is the paper's run's, the run is that run's first N updates. Pathfinder
-needs this: compressed, its 2e-3 peak arrives within a few hundred updates, and at that rate the 2-D
-models never leave chance, where the paper's 50,000-update warm-up keeps the rate under 5e-4 for the
-first 12,500 updates (docs/lra.md, "The learning rate").
+needs this: compressed, its 2e-3 peak arrives within a few hundred updates, a rate at which the 2-D
+models do not learn, where the paper's 50,000-update warm-up keeps the rate under 5e-4 for the first
+12,500 updates (docs/lra.md, Findings, "Pathfinder: the learning rate").
 
 Token tasks (ListOps, Text, Retrieval) end every sequence with ``<eos>`` (``--append-eos``), as the
 official harness's data do (its ListOps / IMDB / AAN configs: ``append_eos: True`` within lengths 2,048 /
-4,096 / 4,000; docs/lra.md, difference 2); ``--no-eos`` (``NO_EOS=1`` for train_lra.sh) leaves it out.
+4,096 / 4,000); ``--no-eos`` (``NO_EOS=1`` for train_lra.sh) leaves it out.
 """
 from __future__ import annotations
 
@@ -76,7 +75,7 @@ def _recipes() -> Dict[Tuple[str, str], Recipe]:
     out = {}
     for model, table, precision in (("hgrn1", hgrn1, "fp32"), ("hgrn2", hgrn2, "bf16")):
         for task, (lr, wd, warm, total, ep, batch, clip, acc) in table.items():
-            # the HGRN runs trained Image on RGB CIFAR with random crop (pad 4) and flip (SPEC 7)
+            # the HGRN runs trained Image on RGB CIFAR with random crop (pad 4) and flip
             out[(task, model)] = Recipe(lr, wd, warm, total, ep, batch, clip, precision, acc, augment=task == "image")
     return out
 
@@ -122,7 +121,7 @@ def lr_period(r: Recipe, max_update: Optional[int], truncate: bool = False) -> O
 def fairseq_args(task: str, model: str, nproc: int = 1, max_update: Optional[int] = None,
                  batch_per_gpu: Optional[int] = None, eos: bool = True, truncate: bool = False) -> List[str]:
     """fairseq-train flags of the recipe (everything except data, save and log locations); ``eos=False``:
-    no ``--append-eos`` on a token task (the recipe before 2026-11-26, an ablation now); ``truncate``: a
+    no ``--append-eos`` on a token task (an ablation); ``truncate``: a
     shortened run (``max_update`` under the total) keeps the paper's schedule and stops at ``max_update``."""
     r = recipe(task, model)
     if nproc < 1:
@@ -181,7 +180,7 @@ def write_configs(directory: str) -> List[str]:
             run = f"checkpoints/lra/{name}"
             model_cfg = dict(defaults, **arch_settings(model, task))
             lines = [
-                f"# LRA {task}, {model.upper()} (SPEC 7): the run of `bash scripts/train_lra.sh {task} {model}` on one GPU.",
+                f"# LRA {task}, {model.upper()}: the run of `bash scripts/train_lra.sh {task} {model}` on one GPU.",
                 "#",
                 f"#   fairseq-hydra-train --config-dir configs/lra --config-name {name}",
                 "#",

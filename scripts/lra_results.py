@@ -27,8 +27,7 @@ COLUMNS = ["task", "model", "ours", "paper", "diff", "updates", "planned_updates
 
 def collect(root: str, others: list = None) -> dict:
     """(task, model) -> the test result of the recipe's run: its seed (results from before the seed was
-    recorded count as such), padding masked, and on token tasks <eos> appended (--append-eos, the recipe
-    since 2026-11-26). Other runs (other seeds, the unmasked-padding ablation, token tasks without <eos>)
+    recorded count as such), padding masked, and on token tasks <eos> appended (--append-eos). Other runs (other seeds, the unmasked-padding ablation, token tasks without <eos>)
     go to ``others`` (a list, when given) instead."""
     results = {}
     for path in sorted(glob.glob(os.path.join(root, "*", "test_result.json"))):
@@ -55,8 +54,8 @@ def is_recipe_run(r: dict, task: str) -> bool:
     eos = bool(r.get("append_eos")) == (task not in PIXEL_TASKS)
     variants = ("unmasked_padding", "scratch_positions", "scan_padding")  # ablations and experiments
     return (r.get("seed", SEED) == SEED and eos and not any(r.get(k) for k in variants) and not other_norm(r)
-            and not r.get("arch_overrides")  # other model options than the arch's (recorded since 2026-11-27)
-            and not r.get("recipe_overrides")  # other training settings than the recipe's (since 2026-11-27)
+            and not r.get("arch_overrides")  # other model options than the arch's
+            and not r.get("recipe_overrides")  # other training settings than the recipe's
             and r.get("contour_length") in (None, 14))  # Pathfinder's easier difficulties are not LRA's task
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train and test an HGRN / HGRN2 classifier on one Long Range Arena task with the paper's recipe (SPEC 7).
+# Train and test an HGRN / HGRN2 classifier on one Long Range Arena task with the paper's recipe.
 #
 #   bash scripts/train_lra.sh TASK MODEL [DATA_DIR] [extra fairseq-train args...]
 #   bash scripts/train_lra.sh --dry-run TASK MODEL ...     # print the commands, run nothing
@@ -19,7 +19,7 @@
 #                   recipe's total batch is split over them (it must divide).
 #   BATCH_PER_GPU   sequences per forward/backward per GPU (default: the whole per-GPU share; smaller
 #                   values accumulate gradients with --update-freq)
-#   MAX_UPDATE      a shorter run than the paper's (e.g. the GPU evidence): warm-up scaled by
+#   MAX_UPDATE      a shorter run than the paper's: warm-up scaled by
 #                   MAX_UPDATE / total, cosine to 0 at MAX_UPDATE, no epoch cap. The test JSON and the
 #                   results table say how many updates ran.
 #   SCHEDULE        with MAX_UPDATE: compress (default, as above) or truncate: the paper's own warm-up and
@@ -33,6 +33,8 @@
 #                   train.log, command.txt, tensorboard/
 #   RESULTS_DIR     where results.md / results.csv are written (default: the parent of SAVE_DIR)
 #   NUM_WORKERS     data-loading workers per process (default 2; 0 on CPU)
+#   OMP_NUM_THREADS on CPU 1 unless set (PyTorch's default thread pool makes these small models several
+#                   times slower)
 #   NO_EOS=1        token tasks: no <eos> after each sequence (the recipe appends one, as the official data
 #                   do; docs/lra.md). An ablation: its checkpoints record it, evaluation follows them.
 #   SKIP_TEST=1     train only.  PYTHON: interpreter (default python3).
@@ -103,6 +105,11 @@ else
         DEVICE=cuda
     fi
 fi
+CPU_ENV=()  # what the CPU processes run with, printed with the commands
+if [ "$DEVICE" = cpu ]; then
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+    CPU_ENV=(env "OMP_NUM_THREADS=$OMP_NUM_THREADS")
+fi
 
 RECIPE_OPTS=(--nproc "$NPROC")
 if [ -n "${MAX_UPDATE:-}" ]; then positive MAX_UPDATE "$MAX_UPDATE"; RECIPE_OPTS+=(--max-update "$MAX_UPDATE"); fi
@@ -151,13 +158,25 @@ note "$TASK / $MODEL ($MODEL""_lra_$TASK) on $NPROC $DEVICE process(es); data $D
 note "recipe: ${RECIPE_ARGS[*]}"
 note "checkpoints: $SAVE_DIR (rerun to resume); logs: $LOG_DIR"
 if [ "$DRY_RUN" -eq 1 ]; then
-    printf '%q ' "${TRAIN[@]}"; echo
-    printf '%q ' "${EVAL[@]}"; echo
+    printf '%q ' ${CPU_ENV[@]+"${CPU_ENV[@]}"} "${TRAIN[@]}"; echo
+    printf '%q ' ${CPU_ENV[@]+"${CPU_ENV[@]}"} "${EVAL[@]}"; echo
     printf '%q ' "${RESULTS[@]}"; echo
     exit 0
 fi
 
-[ -d "$DATA_DIR" ] || die "DATA_DIR $DATA_DIR does not exist: prepare it with data_prep/prepare_lra.py $TASK --dest $DATA_DIR (see docs/lra.md) or pass the directory as the third argument"
+prepare_hint() {  # commands that make DATA_DIR: from the task's archive, or (ListOps, Pathfinder) from a generator
+    local here dest src hint
+    here=$(printf '%q' "$REPO/"); [ "$PWD" = "$REPO" ] && here=
+    dest=$(printf '%q' "$DATA_DIR")
+    case $TASK in text) src=aclImdb_v1.tar.gz ;; image) src=cifar-10-python.tar.gz ;; *) src=lra_release.gz ;; esac
+    hint="python ${here}data_prep/prepare_lra.py $TASK --source ~/data/$src --dest $dest"
+    case $TASK in
+        listops) hint+="; offline: python ${here}data_prep/lra_listops.py --dest data/lra_generated && python ${here}data_prep/prepare_lra.py listops --source data/lra_generated --dest $dest" ;;
+        pathfinder) hint+="; offline: python ${here}data_prep/lra_pathfinder.py --dest data/lra_generated --num 200000 && python ${here}data_prep/prepare_lra.py pathfinder --source data/lra_generated --dest $dest" ;;
+    esac
+    echo "$hint"
+}
+[ -d "$DATA_DIR" ] || die "DATA_DIR $DATA_DIR does not exist: prepare it with: $(prepare_hint) (docs/lra.md; or pass the prepared folder as the third argument)"
 # fairseq-train restarted after a run that reached --max-update makes one more update before it notices:
 # a finished run leaves a mark, and a rerun goes straight to the test evaluation.
 PLANNED=""
@@ -172,7 +191,7 @@ else
     mkdir -p "$SAVE_DIR" "$LOG_DIR"
     {
         printf '# %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-        printf '%q ' "${TRAIN[@]}"; echo
+        printf '%q ' ${CPU_ENV[@]+"${CPU_ENV[@]}"} "${TRAIN[@]}"; echo
     } >>"$LOG_DIR/command.txt"
     "${TRAIN[@]}"
     if grep -q "Stopping training due to num_updates: [0-9]* >= max_update: $PLANNED\$" "$LOG_DIR/train.log" 2>/dev/null; then

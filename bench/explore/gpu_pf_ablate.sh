@@ -6,7 +6,7 @@
 #   PF_CONTOUR=6 PF_NUM=40000 PF_STEPS=1500 PF_MINUTES=6.5 OUT=... \
 #       bash bench/explore/gpu_pf_ablate.sh "base" "model=cnn" "pool=last" ...
 #
-# PF_STATE_DIR (relative to the root, e.g. checkpoints/pf_ablate, carried): variant i resumes from / writes
+# PF_STATE_DIR (relative to the root, e.g. checkpoints/pf_ablate): variant i resumes from / writes
 # PF_STATE_DIR/v<i>.pt (lra_pathfinder_ablate.py --state), copied back as $OUT/state_v<i>.pt.
 # Run from the repository root with .whl/ carried (gpu_lra.sh installs fairseq for the data scripts' imports).
 # With no variants (probes only, PF_PROBES) there is no data step and nothing to carry. On a machine with

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Probe (CPU, or GPU with --device cuda): does the LRA 2-D encoder learn connectivity at all, and at which step of difficulty does it stop?
 
-Why: on generated Pathfinder our HGRN encoders stay at chance for 10,000 updates while a small CNN learns
-the same images (docs/lra.md, "Ablations (session 41)"). This probe trains the package's ``LraEncoder``
+Why: on generated Pathfinder our HGRN encoders stayed at chance where a small CNN learned the same images
+(docs/lra.md, Findings, "Pathfinder: the learning rate"). This probe trains the package's ``LraEncoder``
 (PyTorch reference path on the CPU; ``--device cuda --backend triton`` on the GPU) on small synthetic grids whose
 difficulty is a knob, so the question "can it trace a path at all?" is answered on clean data;
 ``--model localcnn`` is the yardstick for local cues that an encoder's score must beat:
@@ -15,16 +15,13 @@ difficulty is a knob, so the question "can it trace a path at all?" is answered 
   dots are connected (4-connectivity of the drawn pixels, checked by flood fill, not assumed from the
   construction). Both classes have the same ink and the same number of free path ends, and in neither do
   the two target paths touch (a positive's unmarked path that joins the marked one is drawn again: a
-  negative's cannot join, so crossings would tell the classes apart). (Before commit
-  d123ab0 a positive drew one path and a negative two: a positive had no free path end, a negative two, and
-  a 3x3-conv network with global pooling read the label from that alone, 97.9% on 16 x 16 dashed grids:
-  the probe's earlier results measured that local cue, not path tracing.) Each example is drawn again until
+  negative's cannot join, so crossings would tell the classes apart). (With one path for a positive and two
+  for a negative, the count of free path ends gives the label away to a local network.) Each example is drawn again until
   the flood fill agrees with the class wanted, so the classes are balanced (half and half in expectation).
   ``--diagonal``: every leg at 45 degrees, connectivity then 8-neighbour (pixels touching at a corner join).
   ``--dash K`` leaves every K-th pixel of a leg blank (Pathfinder's paths are dashed: paddles with gaps); the
   dots are always drawn, and the flood fill then bridges a one-pixel gap (steps of two along the
-  connectivity's directions; before commit 84b72fd it did not, so dashed positives were dots a pixel or two
-  apart). ``--distractors N``: N more paths from random points, drawn before the dots (a distractor that
+  connectivity's directions, so that a dashed path counts as connected). ``--distractors N``: N more paths from random points, drawn before the dots (a distractor that
   happens to join the dots makes a positive: the flood fill decides).
 
 What makes a larger grid harder, taken apart: ``--max-leg L`` caps every leg at L pixels on the full grid (the
@@ -270,7 +267,7 @@ def recalibrate(model, task, S, turns, dash, rng, batches=30, size=64, diagonal=
 
 def build_encoder(side: int, mixer: str = "hgru2", dim: int = 32, layers: int = 4, norm: str = "batch", expand: int = 2,
                   backend: str = "reference", pool: str = "mean") -> LraEncoder:
-    """The probe's encoder for grids of up to ``side`` x ``side`` pixels (also rebuilt by lra_probe_inspect.py)."""
+    """The probe's encoder for grids of up to ``side`` x ``side`` pixels."""
     return LraEncoder(mixer=mixer, dim=dim, num_layers=layers, norm=norm, input="pixels", in_channels=1,
                       positions="none", scan_2d="parallel", expand_ratio=expand, backend=backend, max_len=side * side,
                       pool=pool)

@@ -1,10 +1,9 @@
 #!/usr/bin/env python3
 """Pathfinder ablations of the LRA encoder outside fairseq: which part keeps HGRN at chance?
 
-Why: on generated Pathfinder (even the easiest difficulty, contour 6) our HGRN 2-D classifiers stay at
-chance for thousands of updates (training loss 1.000 bit, one class predicted for every image) while a
-small CNN on the same prepared files learns in ~1,250 updates (lra_pathfinder_cnn_control.py). This
-script trains the package's ``LraEncoder`` (the modules fairseq trains, Triton kernels on CUDA) with
+Why: to find which setting keeps an HGRN 2-D classifier at chance on Pathfinder where a small CNN on
+the same prepared files learns (lra_pathfinder_cnn_control.py); the peak learning rate did
+(docs/lra.md, Findings, "Pathfinder: the learning rate"). This script trains the package's ``LraEncoder`` (the modules fairseq trains, Triton kernels on CUDA) with
 one setting changed per variant, in one plain loop, so that many short runs fit one GPU call.
 
 How to run (B: a prepared pathfinder dir, ``data_prep/prepare_lra.py pathfinder --contour-length 6``)::

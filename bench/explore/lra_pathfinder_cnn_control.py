@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Control for LRA Pathfinder: does a plain convolutional network learn the same prepared data?
 
-Why: our HGRN 2-D sequence models stay at chance on ~32k generated Pathfinder images (32x32
-grayscale, label 1 when the two marker dots lie on one dashed path). A small CNN is the standard
-check that the data themselves are learnable at this size. It reads the prepared ``hgrn-lra/1``
+Why: when a sequence model sits at chance on generated Pathfinder images (32x32 grayscale, label 1
+when the two marker dots lie on one dashed path), a small CNN is the standard check that the data
+themselves are learnable at this size. It reads the prepared ``hgrn-lra/1``
 directory the lra_image task reads (see ``hgrn_fairseq/tasks/lra_format.py``) with the task's
 normalisation, (x/255 - 0.5)/0.5, and nothing else.
 

@@ -3,7 +3,7 @@
 (No ``from __future__ import annotations`` here: fairseq reads the dataclass field types.)
 
 The network is ``modules/lra_encoder.py`` (fairseq-free); this file only maps options to it and
-names the papers' per-task settings (SPEC 7):
+names the papers' per-task settings:
 
 * ``hgrn1_lra_{listops,text,retrieval,image,pathfinder,pathx}``: HGRN1 (complex HGRU, a theta per
   scan direction), the HGRN paper's layers / width / norm / dropout / GLU multiple / positions.
@@ -271,7 +271,7 @@ def hgrn_lra_default(args):
     _set_defaults(args, **{f.name: f.default for f in dataclasses.fields(HgrnLraConfig) if not f.name.startswith("_")})
 
 
-# Per-task model settings (SPEC 7). Recipes (lr, warm-up, steps, batch, precision): scripts/lra_recipes.py.
+# Per-task model settings (the papers' tables). Recipes (lr, warm-up, steps, batch, precision): scripts/lra_recipes.py.
 #            layers, d, norm, dropout, glu multiple, positions, 2-D scan, max positions (token tasks: the
 #            official harness's lengths, its appended <eos> included: ListOps 2,000 tokens + <eos> fit 2,048;
 #            Text and Retrieval are prepared to 4,095 / 3,999 so that + <eos> they fill 4,096 / 4,000)
@@ -315,7 +315,7 @@ def _register(model: str, task: str):
         hgrn_lra_default(args)
 
     arch.__name__ = f"{model}_lra_{task}"
-    arch.__doc__ = f"{model.upper()} on LRA {task} (SPEC 7): {arch_settings(model, task)}"
+    arch.__doc__ = f"{model.upper()} on LRA {task}: {arch_settings(model, task)}"
     register_model_architecture("hgrn_lra", arch.__name__)(arch)
     return arch
 

@@ -1,4 +1,4 @@
-"""The Long Range Arena encoder classifier (SPEC 7), in plain PyTorch (no fairseq imports).
+"""The Long Range Arena encoder classifier of both papers, in plain PyTorch (no fairseq imports).
 
 ::
 
@@ -9,7 +9,7 @@
 
 Token mixers: ``hgru`` (HGRN1, complex, a theta per scan direction), ``hgru2`` (HGRN2, LRA
 variant: SiLU on v, sigmoid on q), both with the layer-wise lower bounds (one ``[L, d]`` matrix,
-SPEC 2); ``attention`` (softmax self-attention, no lower bounds: the Transformer baseline of the
+``LayerLowerBounds``); ``attention`` (softmax self-attention, no lower bounds: the Transformer baseline of the
 throughput comparison, same blocks and GLU otherwise).
 
 Padding: ``padding_mask`` ``[B, T]`` bool, True at padding. It zeroes the mixers' inputs there (no

@@ -1,4 +1,4 @@
-"""Long Range Arena tasks (SPEC 7): ``lra_text`` (ListOps, Text, Retrieval) and ``lra_image``
+"""Long Range Arena tasks: ``lra_text`` (ListOps, Text, Retrieval) and ``lra_image``
 (Image, Pathfinder, Path-X), reading the directories ``data_prep/prepare_lra.py`` writes
 (``tasks/lra_format.py``).
 
@@ -11,7 +11,7 @@
   Retrieval both documents are padded to their common maximum. ``--append-eos`` (``lra_text``; off in
   the task, on in the LRA recipe: scripts/lra_recipes.py) ends every sequence (both documents of a pair)
   with the dictionary's end-of-sequence token, as the official HGRN LRA harness does: one learned,
-  unmasked token after each example (docs/lra.md, "The end token"); the task's maximum length grows by
+  unmasked token after each example (docs/lra.md, Findings); the task's maximum length grows by
   one, and checkpoints record the option (evaluation follows them). Pixel batches are ``[B, H*W, C]``
   floats, normalised per task: CIFAR-10 RGB with the usual per-channel mean/std, grayscale CIFAR
   with LRA's (122.6/255, 61.0/255), Pathfinder / Path-X with mean 0.5, std 0.5. ``--augment``
@@ -253,8 +253,8 @@ class LraTextConfig(LraConfig):
         default=0,
         metadata={"help": "K > 0: append K copies of the dictionary's <s> (unused in LRA data) after every sequence "
                           "(after --append-eos's token): positions that the scans and norms see as part of the "
-                          "example, the same for every batch, left out of hgrn_lra's pooling (docs/lra.md, scratch "
-                          "positions; an experiment, not the papers' model; K more positions for --max-positions)"},
+                          "example, the same for every batch, left out of hgrn_lra's pooling (docs/lra.md, Options; "
+                          "an experiment, not the papers' model; K more positions for --max-positions)"},
     )
     pad_to_length: int = field(
         default=0,

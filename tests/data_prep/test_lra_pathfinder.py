@@ -114,12 +114,12 @@ def test_difficulties_follow_the_presets_rule(tmp_path):
     """The release's easier folders: 14 is exactly the LRA preset; 6 / 9 shorten the targets and the
     distractors (contour // 3 paddles, 20 // that many at 32 px) and land in curv_baseline / _9."""
     assert pf.settings_for(32, 14) == pf.PRESETS[32] and pf.settings_for(128, 14) == pf.PRESETS[128]
-    s6, s9 = pf.settings_for(32, 6), pf.settings_for(32, 9)
-    assert (s6.contour_length, s6.distractor_length, s6.num_distractor_snakes) == (6, 2, 10)
-    assert (s9.contour_length, s9.distractor_length, s9.num_distractor_snakes) == (9, 3, 6)
-    assert s6.folder == os.path.join("pathfinder32", "curv_baseline")
-    assert s9.folder == os.path.join("pathfinder32", "curv_contour_length_9")
-    o = pf.render(s6, np.random.default_rng(3), 1, with_geometry=True)
+    c6, c9 = pf.settings_for(32, 6), pf.settings_for(32, 9)
+    assert (c6.contour_length, c6.distractor_length, c6.num_distractor_snakes) == (6, 2, 10)
+    assert (c9.contour_length, c9.distractor_length, c9.num_distractor_snakes) == (9, 3, 6)
+    assert c6.folder == os.path.join("pathfinder32", "curv_baseline")
+    assert c9.folder == os.path.join("pathfinder32", "curv_contour_length_9")
+    o = pf.render(c6, np.random.default_rng(3), 1, with_geometry=True)
     assert [len(t) for t in o["targets"]] == [6, 6] and all(len(d) == 2 for d in o["distractors"])
     pf.generate(str(tmp_path), num=4, seed=1, workers=1, progress=False, log=lambda m: None, contour_length=6)
     assert len(os.listdir(tmp_path / "pathfinder32" / "curv_baseline" / "imgs" / "0")) == 4

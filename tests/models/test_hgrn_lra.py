@@ -1,4 +1,4 @@
-"""``hgrn_lra``: the per-task archs set the papers' settings (SPEC 7), parameter counts by hand formulas
+"""``hgrn_lra``: the per-task archs set the papers' settings, parameter counts by hand formulas
 (the numbers docs/lra.md gives), the model built through fairseq from a task's data, bad options."""
 import argparse
 import re
@@ -14,9 +14,9 @@ from hgrn_fairseq.models.hgrn_lra import HgrnLraConfig, HgrnLraModel, validate_c
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
 
-# SPEC 7, written out again here (not read from the code under test):
+# the papers' LRA settings, written out again here (not read from the code under test):
 # HGRN1: layers, d, norm, dropout, GLU multiple, positions; 2-D for image / pathfinder / pathx
-SPEC_HGRN1 = {
+PAPER_HGRN1 = {
     "listops": (6, 32, "syncbatch", 0.0, 1, "sin"),
     "text": (4, 128, "syncbatch", 0.1, 1, "sin"),
     "retrieval": (2, 64, "batch", 0.0, 2, "sin"),
@@ -25,7 +25,7 @@ SPEC_HGRN1 = {
     "pathx": (6, 64, "syncbatch", 0.0, 1, "none"),
 }
 # HGRN2: layers, d, norm, dropout, GLU multiple, positions, expand ratio
-SPEC_HGRN2 = {
+PAPER_HGRN2 = {
     "listops": (5, 64, "syncbatch", 0.0, 1, "sin", 4),
     "text": (4, 128, "layer", 0.1, 1, "none", 8),
     "retrieval": (2, 256, "syncbatch", 0.0, 2, "sin", 2),
@@ -49,13 +49,13 @@ def arch_args(arch, **overrides):
 @pytest.mark.parametrize("task", TASKS)
 def test_archs_set_the_papers_settings(task):
     a = arch_args(f"hgrn1_lra_{task}")
-    L, d, norm, drop, mult, pos = SPEC_HGRN1[task]
+    L, d, norm, drop, mult, pos = PAPER_HGRN1[task]
     assert (a.token_mixer, a.encoder_layers, a.encoder_embed_dim, a.norm, a.dropout, a.glu_multiple, a.positions) == \
         ("hgru", L, d, norm, drop, mult, pos)
     assert a.scan_2d == ("parallel" if task in ("image", "pathfinder", "pathx") else "none")
     assert a.no_lower_bound is False and a.position_dropout == 0.1 and a.pool == "mean"
     b = arch_args(f"hgrn2_lra_{task}")
-    L, d, norm, drop, mult, pos, e = SPEC_HGRN2[task]
+    L, d, norm, drop, mult, pos, e = PAPER_HGRN2[task]
     assert (b.token_mixer, b.encoder_layers, b.encoder_embed_dim, b.norm, b.dropout, b.glu_multiple, b.positions,
             b.expand_ratio) == ("hgru2", L, d, norm, drop, mult, pos, e)
     assert b.scan_2d == {"pathx": "series", "image": "parallel", "pathfinder": "parallel"}.get(task, "none")
@@ -68,7 +68,7 @@ def test_archs_set_the_papers_settings(task):
 
 
 def hand_count(mixer, L, d, mult, kind, n_in, classes, pair=False, series=False, e=None):
-    """Parameters by the formulas of SPEC 1, 3, 4, 7 (written out here, docs/lra.md shows them)."""
+    """Parameters by the papers' formulas (written out here, docs/lra.md shows them)."""
     if mixer == "hgru":  # in_proj d->5d (+b), out 2d->d (+b), LayerNorm(2d), theta fwd + rev
         m = (5 * d * d + 5 * d) + (2 * d * d + d) + 4 * d + 2 * d
     else:  # HGRU2: in d->3d (+b), LayerNorm(d), out d->d (+b)
@@ -117,10 +117,10 @@ def test_parameter_counts(model, task):
     kind, n_in, classes = INPUTS[task]
     pair = task == "retrieval"
     if model == "hgrn1":
-        L, d, _, _, mult, _ = SPEC_HGRN1[task]
+        L, d, _, _, mult, _ = PAPER_HGRN1[task]
         want = hand_count("hgru", L, d, mult, kind, n_in, classes, pair)
     else:
-        L, d, _, _, mult, _, e = SPEC_HGRN2[task]
+        L, d, _, _, mult, _, e = PAPER_HGRN2[task]
         want = hand_count("hgru2", L, d, mult, kind, n_in, classes, pair, series=task == "pathx")
     arch = f"{model}_lra_{task}"
     assert want == DOC_COUNTS[arch]

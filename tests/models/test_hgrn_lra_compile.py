@@ -3,7 +3,7 @@ model's numbers: masked token batches (batch norms whose statistics skip the pad
 2-D pixel grids. CPU, with the ``aot_eager`` backend (no C compiler needed; it traces
 the same graphs inductor would fuse, graph breaks around our scans included). Tolerances as the fp32
 CUDA-graph twins': six SGD steps let float noise grow a little. The GPU A/B of the speed is
-``bench/lra_train_speed.sh`` with ``@--compile-blocks`` (docs/lra.md, Training speed)."""
+``bench/lra_train_speed.sh`` with ``@--compile-blocks`` (docs/lra.md, Findings)."""
 import pytest
 import torch
 

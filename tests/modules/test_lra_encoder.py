@@ -1,5 +1,5 @@
 """The LRA encoder classifier (modules/lra_encoder.py): a whole forward against a float64 loop written
-here from SPEC 1, 3 and 7 (embedding, positions, bidirectional scans as two explicit loops, GLU,
+here from the papers' equations (embedding, positions, bidirectional scans as two explicit loops, GLU,
 norms, masked mean, head), padding invariance with batch norms, the retrieval head, bad input."""
 import math
 
@@ -269,9 +269,9 @@ def _no_host_reads(model, *inputs_fn):
 @pytest.mark.parametrize("mixer", ["hgru", "hgru2"])
 @pytest.mark.parametrize("norm", ["batch", "layer"])
 def test_training_step_reads_nothing_back_from_the_device(mixer, norm):
-    """The LRA training forward and backward never wait for the GPU: the old padding checks
-    (``bool(mask.any())``), the batch norm's count check and the pooling's empty-row check each
-    stalled the host once per call, ~15 times a step at 6 layers."""
+    """The LRA training forward and backward never wait for the GPU: no padding check
+    (``bool(mask.any())``), batch-norm count check or empty-row check reads a device value on the host
+    (each would stall it once per call, ~15 times a step at 6 layers)."""
     torch.manual_seed(0)
 
     def tokens():
@@ -431,9 +431,8 @@ def test_padding_invariance_with_triton_kernels(mixer):
     wide = F.pad(x, (0, 211), value=7)  # garbage, not the pad id, in the new padding
     wide_mask = F.pad(mask, (0, 211), value=True)
     # HGRU2's chunked kernels take their intra-chunk products in TF32 for fp32 inputs, and a longer
-    # padded sequence puts the reverse scan's chunk boundaries elsewhere: rounding differs by ~1e-3
-    # (H100, 2026-11-24: 1.06e-3 relative, after padded steps were made exact no-ops); the kernel
-    # tests allow 5e-3 on the GPU. Padding leaking in would differ at order 1 (garbage of value 7).
+    # padded sequence puts the reverse scan's chunk boundaries elsewhere: rounding differs by ~1e-3;
+    # the kernel tests allow 5e-3 on the GPU. Padding leaking in would differ at order 1 (garbage of value 7).
     rtol, atol = (5e-3, 1e-4) if mixer == "hgru2" else (1e-4, 1e-5)
     torch.testing.assert_close(model(wide, wide_mask), out, rtol=rtol, atol=atol)
 

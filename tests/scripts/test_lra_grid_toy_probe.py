@@ -262,18 +262,3 @@ def test_save_writes_the_trained_weights(tmp_path):
     state = torch.load(saved)
     assert "head.weight" in state and state["encoder.embed.weight"].shape == (4, 1)
 
-
-def test_inspect_a_saved_probe_model(tmp_path):
-    """bench/explore/lra_probe_inspect.py reads --save's weights and reports every part's spread (the final batch
-    norm's output: ~1, as a batch norm's is) and the gradients; a missing file is a one-line error."""
-    torch = pytest.importorskip("torch")
-    inspect = load_script(os.path.join(REPO, "bench", "explore", "lra_probe_inspect.py"))
-    saved = tmp_path / "model.pt"
-    assert probe.main(["--side", "6", "--dim", "4", "--layers", "2", "--steps", "1", "--eval-every", "1", "--batch", "4",
-                       "--save", str(saved)]) == 0
-    r = inspect.inspect(torch.load(saved), side=6, dim=4, layers=2, batch=8)
-    assert set(r["parts"]) >= {"encoder.layers.0.mixer", "encoder.layers.1.glu", "encoder.final_norm"}
-    assert r["parts"]["encoder.final_norm"]["std"] == pytest.approx(1.0, abs=0.1)  # (a batch norm's output)
-    assert r["parameters"]["head.weight"]["grad_norm"] > 0 and 0 <= r["accuracy"] <= 100
-    with pytest.raises(SystemExit, match="does not exist"):
-        inspect.main([str(tmp_path / "missing.pt")])

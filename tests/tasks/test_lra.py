@@ -577,11 +577,11 @@ def test_pad_to_length_reaches_the_checkpoint_and_the_evaluation(runs, capsys):
     scan_ck = os.path.join(scan_dir, "checkpoint_best.pt")
     r = lra_eval.evaluate(scan_ck, cpu=True)
     assert r["scan_padding"] is True and r["pad_to_length"] == 30 and r["unmasked_padding"] is False
-    assert r["norm"] == r["recipe_norm"] == "syncbatch"  # (the listops arch's, SPEC 7)
+    assert r["norm"] == r["recipe_norm"] == "syncbatch"  # (the listops arch's)
     # the run's own model options (the test's command line, TINY): --encoder-embed-dim 8 --encoder-layers 1 on
-    # the listops arch (6 x 32, SPEC 7); they alone keep a run out of the recipe's cell
+    # the listops arch (6 x 32); they alone keep a run out of the recipe's cell
     assert r["arch_overrides"] == {"encoder_embed_dim": 8, "encoder_layers": 1}
-    # and its training settings against the ListOps HGRN1 recipe (SPEC 7: AdamW, lr 5e-4, weight decay 0.01,
+    # and its training settings against the ListOps HGRN1 recipe (AdamW, lr 5e-4, weight decay 0.01,
     # batch 128, warm-up 5,000 of 50,000, here scaled to the run's 20 updates: 2; no clipping, fp32): train_argv
     # gives adam, lr 3e-3, no weight decay, warm-up 10, batch 16 (clipping, cosine and fp32 as the recipe)
     assert r["recipe_overrides"] == {"optimizer": "adam", "lr": 0.003, "weight_decay": 0.0, "warmup_updates": 10,
