@@ -81,8 +81,7 @@ def _updates_of(path: str) -> int:
 
 def has_optimizer_state(path: str) -> bool:
     """True when the checkpoint at ``path`` holds the optimizer state a run resumes with. A checkpoint
-    saved without it (``--no-save-optimizer-state``, or a best stripped for evaluation by
-    ``bench/lra_strip_best.py``) loads, but fairseq then restarts at update 0: the learning-rate schedule
+    saved without it (``--no-save-optimizer-state``, or a best stripped for evaluation) loads, but fairseq then restarts at update 0: the learning-rate schedule
     and the optimizer's moments from scratch. Read memory-mapped: the tensors' bytes are not loaded."""
     import torch
 
