@@ -1,6 +1,6 @@
 """HGRN2 recurrence on the GPU: our Triton kernels against fla's GLA kernels and causal SDPA.
 
-One run, one GPU, bf16, scale 1, (B, T, H, K=V) in the shapes of issue 4:
+One run, one GPU, bf16, scale 1, (B, T, H, K=V) in ``SHAPES``:
 
 * ours: ``hgrn2_fused(q, v, log_decay)`` (k = 1 - exp(log_decay) derived inside the kernels);
 * fla ``chunk_gla(q, k, v, g, scale=1)`` and ``fused_recurrent_gla`` with ``k = 1 - exp(g)`` computed by
@@ -9,8 +9,9 @@ One run, one GPU, bf16, scale 1, (B, T, H, K=V) in the shapes of issue 4:
 * decoding: one ``hgrn2_step`` with the state after a 1K and a 16K-token prefill (against an SDPA
   decoding step over a KV cache of the same length, for contrast).
 
-Times are medians of ``triton.testing.do_bench`` in ms; fwd runs under no_grad, fwd+bwd takes the
-gradients of q, v and the log-decay. Every kernel is run once before timing (Triton autotuning).
+Times are GPU ms per call from CUDA-graph replays with the L2 flushed (``graph_timing.py``; ``--timing
+eager``: medians of ``triton.testing.do_bench``); fwd runs under no_grad, fwd+bwd takes the gradients of
+q, v and the log-decay. Every kernel is run once before timing (Triton autotuning).
 Results go to ``<out>/bench_hgrn2.json`` and ``<out>/bench_hgrn2.md`` (printed as they come).
 
     python bench/bench_hgrn2.py --out results/            # everything

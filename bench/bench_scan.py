@@ -6,9 +6,11 @@ complex). Peers: an elementwise Triton kernel moving the same bytes as the scan 
 torch.add for the forward), fla ``chunk_hgrn`` and ``fused_recurrent_hgrn``, accelerated-scan (its own
 time-contiguous [B, C, T] layout, transposes not timed; its complex scan takes complex64 and a complex
 decay), and the unfused HGRU "PyTorch gates + fla chunk_hgrn". bf16, forward and forward+backward,
-``triton.testing.do_bench`` medians (it clears the L2 cache before every call).
+GPU time per call from CUDA-graph replays with the L2 flushed before each call (``graph_timing.py``;
+``--timing eager``: ``triton.testing.do_bench`` medians). The table ends with the ratios the kernels
+are held to (``TARGETS``).
 
-    python3 bench/bench_scan.py --out DIR            # the table of issue 3 (json + markdown in DIR)
+    python3 bench/bench_scan.py --out DIR            # the table (bench_scan.json + .md in DIR)
     python3 bench/bench_scan.py --sweep --out DIR    # launch-parameter sweep of our kernels
 
 Compilation (ours, and fla's autotuning candidates) is first done in parallel worker processes that
@@ -441,7 +443,7 @@ def markdown(meta, results, rat, shapes):
                          f"{'' if fb is None else f'{fb:.4f}'}{tag('fwd_bwd_timing')} | "
                          f"{gbs(r.get('bytes_fwd_bwd'), fb)} |")
         lines.append("")
-    lines += ["## Targets (issue 3)", "", "| B, T, D | " + " | ".join(t[1] + " (" + t[2] + ")" for t in TARGETS) + " |",
+    lines += ["## Targets", "", "| B, T, D | " + " | ".join(t[1] + " (" + t[2] + ")" for t in TARGETS) + " |",
               "|---|" + "---:|" * len(TARGETS)]
     for r in rat:
         cells = []

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One GPU-machine session (see ../shared/DEVICE.md): kernel/module tests on the real GPU, then what
-# needs fairseq there. Run from the repository root with the wheels of DEVICE.md in .whl/:
+# One call on a GPU machine: kernel/module tests on the real GPU, then what needs fairseq there. Run
+# from the repository root with the wheels it installs in .whl/ (fla, accelerated-scan, fairseq's
+# sources; see bench/README.md):
 #
 #   OUT=/some/dir bash bench/gpu_checks.sh [tests] [train] [mqar]
 #
@@ -8,7 +9,7 @@
 #           so Triton compiles in parallel; log in $OUT/gpu_tests.log
 #   train   bench/bench_train.py (needs fairseq, built from .whl in the background meanwhile)
 #   mqar    scripts/run_mqar.sh with a reduced grid (needs fairseq); MQAR_* below
-#   evidence  scripts/lm_evidence.sh (issue 5: corpus, BPE, 3 models trained, extrapolation table);
+#   evidence  scripts/lm_evidence.sh (corpus, BPE, 3 models trained, extrapolation table);
 #           its corpus and BPE steps run while fairseq builds
 #   profile bench/profile_train.py (where a training step's time goes; PROFILE_ARGS passed on)
 #   autotune  the HGRN2 test that pins every autotune config (tests/kernels/test_hgrn2_triton.py)
@@ -27,8 +28,8 @@
 # Time limits per stage come from TESTS_S, TRAIN_S, MQAR_S (seconds). TEST_PATHS narrows the tests
 # stage; BENCH_TRAIN_ARGS goes to bench_train.py; SAVE_AUTOTUNE=1 returns Triton's autotune cache.
 # The tests stage runs each pytest process with torch single-threaded (bench/split_pytest.sh): with the
-# default thread count, 12 processes of 16 spinning threads each starved Triton's compiler (session 10:
-# the HGRN2 kernel tests went from 21-41 done in 200-250 s to all 116 in 67 s).
+# default thread count, 12 processes of 16 spinning threads each starve Triton's compiler (a fifth of
+# the HGRN2 kernel tests finish in the time all of them take single-threaded).
 #
 # mqar stage (scripts/run_mqar.sh documents each; defaults in brackets): MQAR_SETTINGS [256:16,512:64]
 # MQAR_DIMS [64,128,256,512] MQAR_LRS [1e-3,3e-3] MQAR_TRAIN_SIZE [20000] MQAR_EPOCHS [4]

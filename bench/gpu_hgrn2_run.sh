@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
-# Issue 4 on the GPU machine in one call: the HGRN2 kernel and module tests on CUDA (split over
+# HGRN2 on the GPU machine in one call: the HGRN2 kernel and module tests on CUDA (split over
 # processes, first config of each autotune space) while fla's kernels warm up, then bench_hgrn2.py.
 #   OUT=/some/dir bash bench/gpu_hgrn2_run.sh [bench_hgrn2.py options]
 # Needs fla's wheels in .whl/ (bench/README.md); .whl/fla_autotune.tgz and .whl/hgrn2_autotune.tgz
 # (Triton autotune caches from earlier calls) are used when present, and the HGRN2 one comes back as
-# $OUT/hgrn2_autotune.tgz. By default the whole HGRN2 test files run (116 tests: 67 s with 14 processes
-# on an H200, 2026-11-21, session 10, once the test processes ran torch single-threaded: before that, 12
-# processes got through 21-41 tests in 200-250 s); HGRN2_TESTS=core runs a subset of 45 (every launch
-# scheme and intra-chunk path, the LM's head size, other head sizes, the autotune configs added in
-# session 9 and the "pre" state passes).
+# $OUT/hgrn2_autotune.tgz. By default the whole HGRN2 test files run (about a minute with 14 processes,
+# each torch single-threaded); HGRN2_TESTS=core runs a subset of 45 (every launch scheme and intra-chunk
+# path, the LM's head size, other head sizes, the register-capped autotune configs and the "pre" state
+# passes).
 # Time limits: TESTS_S (250), LIMIT (580, the whole script).
 set -uo pipefail
 cd "$(dirname "$0")/.."

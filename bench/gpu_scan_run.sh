@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 3 on the GPU machine in one call: the HGRU kernel/module tests on CUDA (split over processes)
+# The HGRU scans on the GPU machine in one call: the HGRU kernel/module tests on CUDA (split over processes)
 # while bench_scan.py compiles, then the bench table (it waits for the tests before timing).
 #   OUT=/some/dir bash bench/gpu_scan_run.sh [bench_scan.py options]
 # Needs the peers' wheels in .whl/ (see bench/README.md). Time limits: TESTS_S (200), BENCH_S (420).

@@ -1,21 +1,17 @@
-"""How many rows should one program of block_ops' LayerNorm backward take? (issue 21's speed goal)
+"""How many rows should one program of block_ops' LayerNorm backward take?
 
     python bench/explore/block_ops_ln_rows.py --out DIR [--rows 8,16,32,64,128] [--widths 192,384]
 
 The LayerNorm backward of the image models (`kernels/block_ops.py`) writes one row of partial weight and
 bias gradients per program (`_ROWS_PER_PROGRAM` = 16 rows each) and sums them with PyTorch's column sum.
-In the H200 profile of 2026-11-27 (bench/results/image_h200_2026-11-27/profile_image.md, hgrn2_vit_tiny,
-224 px, batch 128, CUDA graphs) the backward kernel took 0.586 ms for 36 calls (16 us each, for ~29 MB of
-traffic: ~7 us at the card's bandwidth) and `reduce_kernel` 0.70 ms for 52 calls (36 of them these column
-sums of [1,568, 2, 192] partials, the rest the HGRN2 gates' dgamma partials): together ~1.3 of the 18.3
-GPU-ms, the size of the gap left to DeiT-tiny's training throughput.
+In a profile of hgrn2_vit_tiny (224 px, batch 128, CUDA graphs) that backward kernel and those column
+sums took about 7% of the step's GPU time, twice what their traffic needs.
 
 For each ROWS (module constant monkeypatched) and width, the LayerNorm's forward + backward under bf16
 autocast on an fp32 input of N = 25,088 rows (128 images x 196 patches, or 32 x 784 at 448 px) is timed
 under CUDA graphs (bench/graph_timing.py), with PyTorch's own LayerNorm beside it, and dx / dw / db are
-compared with float64. Writes DIR/block_ops_ln_rows.{json,md}. Run on an H200 on 2026-11-27
-(bench/results/image_h200_2026-11-27/block_ops_ln_rows.md): 16 rows fastest at width 384, 8 rows 10% faster
-at 192 (~1% of the tiny model's step, not adopted). As a stage of bench/gpu_session.sh: `OUT=$OUT bash bench/gpu_session.sh ln_rows:200`.
+compared with float64. Writes DIR/block_ops_ln_rows.{json,md}; the result docs/design.md cites is in
+bench/results/block_ops_ln_rows/. As a stage of bench/gpu_session.sh: `OUT=$OUT bash bench/gpu_session.sh ln_rows:200`.
 """
 import argparse
 import json

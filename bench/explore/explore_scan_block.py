@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Exploration (issue 3, session 11): the real scan's forward as one CTA per channel block that walks
+"""Exploration of the "block" mode: the real scan's forward as one CTA per channel block that walks
 the sequence in blocks of ``R * NW`` steps, with the block's time split over ``NW`` segments of ``R``
 consecutive steps (the tile is [NW, R, BD]: a thread owns ``R`` steps of its channels, so each
 segment's scan runs in registers, and the segments are joined by a scan of their ``NW`` maps).
@@ -16,10 +16,9 @@ launches ``_plan`` refuses can be tried too) over a grid of (R, NW, BD, warps, s
 result is checked against ``real_scan`` before it is timed. ``--library`` times ``real_scan`` and
 ``hgru_fused`` forwards under ``tuning`` dicts instead.
 
-(Session 11's first sweep and layout diagnosis ran this script's own copy of the kernel, which could
-also shift the segment states by a masked sum instead of ``tl.gather``: the results in
-``results/explore_scan_block*_s11.md`` name that ``shift`` option. The copy was dropped once the
-kernel was in the library.)
+(The first sweep and the layout diagnosis in ``bench/results/explore_scan_block/`` ran an earlier copy
+of the kernel that could also shift the segment states by a masked sum instead of ``tl.gather``: its
+rows name that ``shift`` option.)
 
     python3 bench/explore/explore_scan_block.py --out DIR [--shapes 8x2048x1024,...] [--configs JSON | --library JSON]
 """

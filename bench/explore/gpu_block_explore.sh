@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 11 (issue 3): the block forward on the GPU machine in one call: its GPU tests (split over
+# The HGRU block forward on the GPU machine in one call: its GPU tests (split over
 # processes), launches of the block kernel that _plan refuses (layout check), then forward timings of real_scan and
 # hgru_fused under several tuning dicts (bench/explore/explore_scan_block.py --library).
 #   OUT=/some/dir bash bench/explore/gpu_block_explore.sh
@@ -11,7 +11,7 @@ split_pytest block_ids "${TEST_PROCS:-8}" "${TESTS_S:-200}" "$OUT/gpu_tests.log"
   tests/kernels/test_hgru_triton.py -k "block or one_million or 64bit"
 grep -h "passed\|failed\|FAILED\|== " "$OUT/gpu_tests.log" | tail -20
 echo "tests done at $(el)s"
-# (launches _plan refuses: a segment's steps spread over lanes or warps; session 11 saw wrong outputs)
+# (launches _plan refuses: a segment's steps spread over lanes or warps, which gave wrong outputs)
 timeout 120 python3 bench/explore/explore_scan_block.py --out "$OUT/diag" --shapes 8x2048x1024 --configs \
   '[{"R":8,"NW":8,"BD":64,"warps":4,"vec":8},{"R":4,"NW":4,"BD":32,"warps":4,"vec":8},
     {"R":8,"NW":16,"BD":64,"warps":4,"vec":8}]' 2>&1 | grep "^|"

@@ -3,8 +3,7 @@
 * ``layer_norm(x, weight, bias, eps)``: LayerNorm whose output is already in the autocast dtype
   (what the next matrix product reads). Under bf16 autocast PyTorch runs LayerNorm in fp32, writes an
   fp32 output that the product then casts (one more pass), and its weight/bias gradient kernel is
-  slow at narrow widths (measured on an H100, 2026-11-24: 3.4 of the 29 GPU-ms of an
-  hgrn1d_vit_tiny training step at width 192, bench/profile_image.py). Here: one kernel forward
+  slow at narrow widths (a tenth of an hgrn1d_vit_tiny training step at width 192). Here: one kernel forward
   (statistics in fp32), one backward that also writes per-program partial sums of the weight and
   bias gradients, and one column sum of those.
 * ``gated_act(ab, hidden, activation)``: ``act(a) * b`` for ``ab = [a | b]`` (the GLU's stacked
@@ -15,10 +14,10 @@
 * ``scaled_residual(x, y, scale)``: ``x + y * scale[b]``, the residual add with stochastic depth.
 * ``linear(x, weight, bias)``: ``F.linear`` whose backward sums the bias gradient with a matrix
   product (a row of ones times the output gradient) instead of PyTorch's column reduction, which
-  is slow for narrow outputs (H100, 2026-11-24: 50 bias reductions took 2.8 of the 17.6 GPU-ms of an
-  hgrn1d_vit_tiny step, ~56 us each for 12-63 MB).
+  is slow for narrow outputs.
 
-Both fall back to their PyTorch definitions on the CPU, in float64, and inside ``torch.compile``
+The image models use these ops (``modules.block.use_block_ops``); the language models do not, since
+they trained slower with them (docs/design.md). All fall back to their PyTorch definitions on the CPU, in float64, and inside ``torch.compile``
 graphs (where the compiler fuses the same operations itself).
 """
 from __future__ import annotations

@@ -33,8 +33,8 @@ Paths 2 and 3 are rare with realistic decays but their code doubles the register
 contains it (255 against 128-152 on sm_90, bf16, head dim 128), which halves the occupancy. So the
 output and dq/dg kernels can run in two launches (``FAST_ONLY``, then ``REDO``): path 1 alone for every
 chunk, the forward appending the chunks that need another path to a small list, then a few programs
-that take the listed chunks again with every path. ``hgrn2_triton`` uses this for head dims >= 64
-(``SPLIT_MIN_HEAD``) and one launch with every path otherwise.
+that take the listed chunks again with every path. ``hgrn2_triton`` uses this for heads of at least
+``SPLIT_MIN_HEAD`` and one launch with every path otherwise.
 
 Kernels (``BH`` = batch * heads, ``NT`` = chunks):
 
@@ -155,9 +155,8 @@ def _triangle_sums(b_g, SUFFIX: tl.constexpr, EMU: tl.constexpr):
 @triton.jit
 def _prefix_decay(b_g, EMU: tl.constexpr):
     """Cumulative log decay b (fp32, inclusive) of a chunk's ``[BT, BK]`` tile of g in its loaded dtype:
-    16-bit tiles through ``_triangle_sums`` (a scan's shuffles and cross-warp shared-memory steps were
-    among the forward kernels' main stalls: bench/results/ncu_hgrn2_h200_2026-11-21_s7.md), fp32 tiles
-    through tl.cumsum (a tf32 product would round g)."""
+    16-bit tiles through ``_triangle_sums`` (a scan's shuffles and cross-warp shared-memory steps stall
+    the kernels), fp32 tiles through tl.cumsum (a tf32 product would round g)."""
     if b_g.dtype == tl.float32:
         return tl.cumsum(b_g, axis=0)
     else:
@@ -287,10 +286,9 @@ def _intra_A_blocks(b_q, b_k, b_b, o_t, blk, off, i_n, T, H, K: tl.constexpr, g_
     unsafe = 1 - safe_row
     # q scaled to the start of its own block: exponent b - r_blk <= 0
     b_qh = b_q * tl.exp(b_b - r_blk)
-    # The four products below run in full fp32 ("ieee"), not tf32: on an H200 (triton 3.6, BK = 32,
+    # The four products below run in full fp32 ("ieee"), not tf32: with Triton 3.6 on the GPU (BK 32,
     # 8 warps) this chain of four tf32 products accumulating into one tile returned wrong rows for
-    # blocks 0-2 (errors of order 1 in A; only the last product was right), while BK = 16 / 4 warps and
-    # the CPU interpreter were right. Full fp32 products are right in every configuration tested.
+    # blocks 0-2 (errors of order 1 in A). Full fp32 products are right in every configuration tested.
     b_A += tl.dot(tl.where((blk == 0)[:, None], b_qh, 0.0),
                   tl.trans(b_k * _intra_cols(b_b, r1 * 0.0, blk, 0, s0)), input_precision="ieee")
     b_A += tl.dot(tl.where((blk == 1)[:, None], b_qh, 0.0),
@@ -554,9 +552,9 @@ def hgrn2_bwd_dv_kernel(
     b_dA = tl.dot(b_do, tl.trans(b_v))
     tl.store(dA + chunk * (BT * BT) + o_a, tl.where(o_t[:, None] >= o_t[None, :], b_dA, 0.0).to(dA.dtype.element_ty))
 
-    # (the suffix sums by a scan: with _suffix_decay_of's triangular product, this kernel's dv was off
-    # by 12-15% on an H200 at V = 16 and 32 in bf16, triton 3.6, while K = V = 64 and 128 were right;
-    # not pinned down)
+    # (the suffix sums by a scan: with _suffix_decay_of's triangular product this kernel's dv is 12-15%
+    # off on the GPU at V = 16 and 32 in bf16 with Triton 3.6, while V = 64 and 128 are right; the cause
+    # was not found)
     b_g = tl.load(g_base + pos[:, None] * (H * K) + o_k[None, :],
                   mask=valid[:, None] & m_k[None, :], other=0.0).to(tl.float32)
     b_kt = _cast(_neg_expm1(b_g) * tl.exp(_suffix_decay(g_base, i_n, T, H, K, o_k, m_k, BT, REVERSE)), DT, EMU)

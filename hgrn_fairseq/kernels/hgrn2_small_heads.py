@@ -8,16 +8,12 @@ so the whole layer is the HGRU real scan over ``H * K * V`` channels (``hgru/ops
 bandwidth floor) and a contraction over ``i``. The decay, the inputs and the state are fp32 here (a bf16
 decay near 1 would lose the long memory).
 
-Where it pays (bench/bench_lra.py, H100, 2026-11-24, training sequences/s against the chunk kernels): heads
-of one number (K = V = 1: LRA Path-X, expand ratio 1) ran 4.4x faster (58 -> 313 seq/s; 1.22x a
-Transformer instead of 0.23x): there the layer *is* an HGRU scan over d channels. Heads of 2 x 2 (Image,
-Pathfinder, Retrieval, expand ratio 2) ran 1.6-3.4x *slower* (image 58 -> 36, pathfinder 227 -> 143,
-retrieval 184 -> 55 seq/s): the state's four entries per head are materialised in fp32 ([B, T, 4d]) and
-contracted by PyTorch operators, forward and backward, which costs more than the chunk kernels'
-waste on tiny tiles. So ``hgrn2_scan`` routes only K x V <= ``SMALL_HEAD_STATE`` = 1 here; the function
-itself is exact for any K, V (tested). (The 2-D models' rows and columns of at most 32 steps with heads of
-2 x 2 now take ``hgrn2_triton``'s packed kernels, many heads per program, instead of the one-head
-recurrent kernel those rows were measured with above.)
+It pays for heads of one number (K = V = 1: LRA Path-X at expand ratio 1), where the layer *is* an HGRU
+scan over d channels and this path is several times faster than the chunk kernels. Heads of 2 x 2 are
+slower this way: the state's four entries per head are materialised in fp32 (``[B, T, 4d]``) and
+contracted by PyTorch operators, forward and backward. So ``hgrn2_scan`` routes only K x V <=
+``SMALL_HEAD_STATE`` = 1 here (measurements: docs/design.md); the function itself is exact for any K, V
+(tested). Other small heads take ``hgrn2_triton``'s packed kernels.
 """
 from __future__ import annotations
 

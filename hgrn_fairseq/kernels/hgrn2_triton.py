@@ -3,26 +3,25 @@
     S_t = Diag(lambda_t) S_{t-1} + (1 - lambda_t)^T v_t,   o_t = q_t S_t,   lambda_t = exp(log_decay_t)
 
 ``k = 1 - lambda`` is derived inside the kernels from ``log_decay`` (it is never passed in nor
-materialised) and the scale is 1. Three implementations behind one signature:
+materialised) and the scale is 1. Three implementations behind one signature (``impl``; "auto" picks
+one by shape, ``_resolve_impl``):
 
-* chunked (``hgrn2_chunk_kernels``, ``hgrn2_state_kernels``): chunks of 64 steps (32 at head 64 on
-  short scans, ``chunk_size``); chunk states from chunk-parallel products and a light sequential scan,
-  then chunk-parallel passes for the outputs and gradients; used for training and long sequences;
-* recurrent (``hgrn2_recurrent_kernels``): one step at a time with the state in registers; used for
-  short sequences (``T <= RECURRENT_MAX_T``) of heads larger than ``PACKED_MAX_STATE`` and for
-  single-step decoding;
-* packed (``hgrn2_packed_kernels``): the recurrent walk with many small heads per program (a block of
-  heads' states in registers); used for heads of at most ``PACKED_MAX_STATE`` numbers of state (the LRA
-  models' heads of 2 x 2 and 4 x 4), where the other kernels' 16 x 16 minimum tiles are mostly padding,
-  for short sequences and, past ``RECURRENT_MAX_T``, when ``B * H >= PACKED_MIN_ROWS``: on an H200
-  (2026-11-26, bf16, forward + backward) 24-76x the recurrent kernel on the 2-D models' rows (T 32) and
-  2.2-4.4x the chunked kernels at T 256-4000 for heads of 2 x 2 with B * H >= 8,192.
+* chunked (``hgrn2_chunk_kernels``, ``hgrn2_state_kernels``): chunks of ``chunk_size`` steps; chunk
+  states from chunk-parallel products and a light sequential pass, then chunk-parallel kernels for the
+  outputs and gradients; training and long sequences;
+* recurrent (``hgrn2_recurrent_kernels``): one step at a time with a head's state in registers; short
+  sequences (``T <= RECURRENT_MAX_T``) of heads larger than ``PACKED_MAX_STATE``, and single-step
+  decoding;
+* packed (``hgrn2_packed_kernels``): the recurrent walk with a block of small heads per program; heads
+  of at most ``PACKED_MAX_STATE`` numbers of state (the LRA models' heads of 2 x 2 and 4 x 4), where the
+  other kernels' 16 x 16 minimum tiles would be mostly padding, for short sequences and, past
+  ``RECURRENT_MAX_T``, when there are at least ``PACKED_MIN_ROWS`` (sequence, head) rows.
 
-Both accumulate in fp32, read and write the input dtype (bf16, fp16 or fp32), keep states in fp32 at
+All accumulate in fp32, read and write the input dtype (bf16, fp16 or fp32), keep states in fp32 at
 the API boundary, support an initial state, return the final state, run forwards or in reverse, and
 have full autograd (q, v, log_decay, initial_state, including gradients flowing from the final state).
 Matrix products take bf16 operands for 16-bit inputs and tf32 for fp32 inputs (for the intra-chunk
-products: see ``INTRA_DOT``).
+products: see ``INTRA_DOT``). The measurements behind the constants below are in docs/design.md.
 """
 from __future__ import annotations
 
@@ -51,17 +50,15 @@ from .hgrn2_state_kernels import (
 
 Tensor = torch.Tensor
 
-# steps per chunk (BT); the intra-chunk code works in four blocks of BT // 4 rows (BC). Each forward
+# Steps per chunk (BT); the intra-chunk code works in four blocks of BT // 4 rows (BC). Each forward
 # picks it by chunk_size(): CHUNK None (the default) applies the rule below, 64 or 32 forces that size
-# (the sizes checked against float64, tests/kernels/test_hgrn2_triton.py). The backward takes the size
-# its forward used (from the saved A), whatever CHUNK holds by then.
+# (the sizes tested against float64). The backward takes the size its forward used (from the saved A),
+# whatever CHUNK holds by then.
 CHUNK: Optional[int] = None
 CHUNK_SIZES = (32, 64)
-# Chunks of 32 where K = V = SHORT_CHUNK_HEAD and the scan has at most SHORT_CHUNK_MAX_T steps, else 64.
-# Measured on an H200, 2026-11-28 (bench/results/image_h200_2026-11-28/chunk32/): at head 64, 32 against
-# 64 made the image models' scan pair (forward + backward) 1.17x faster at 196 steps, and whole-model
-# training +8.0% / +8.6% (hgrn2 tiny / small, 224 px: 196 steps) and +3.6% / +4.2% (448 px: 784 steps).
-# Other heads (the language models' 128, LRA's 1-16) and longer scans were not measured and keep 64.
+# Chunks of 32 where K = V = SHORT_CHUNK_HEAD and the scan has at most SHORT_CHUNK_MAX_T steps, else 64:
+# the HGRN2 image models' heads of 64 at 196-784 steps are faster in chunks of 32. Other heads and
+# longer scans were not measured that way and keep 64.
 SHORT_CHUNK_HEAD = 64
 SHORT_CHUNK_MAX_T = 1024
 MAX_HEAD_DIM = 128  # K and V: whole [BT, K] tiles live in registers in the chunk kernels
@@ -69,10 +66,8 @@ RECURRENT_MAX_T = 32  # at or below this length the recurrent kernel is used
 _IMPLS = ("auto", "chunk", "recurrent", "packed")
 MAX_GRID_ROWS = 65535  # CUDA's limit on grid dimensions y and z, where the kernels put B * H
 PACKED_MAX_STATE = 16  # K * V at or below which "auto" takes the packed kernels (many heads a program)
-# Past RECURRENT_MAX_T steps the packed walk (one step at a time, a few hundred programs) beats the chunked
-# kernels only when there are many (sequence, head) rows to spread: H200, 2026-11-26, bf16, fwd + bwd
-# (bench_hgrn2_small_heads.py): B * H = 16,384 -> 4.2-4.4x, 8,192 -> 2.2x, 2,048 (ListOps, heads of 4 x 4,
-# T 2048) -> 0.52x, 512 (heads of 1 x 1, T 16,384) -> 0.15x.
+# Past RECURRENT_MAX_T steps the packed walk (one step at a time) beats the chunked kernels only when
+# there are enough (sequence, head) rows, B * H, to fill the GPU.
 PACKED_MIN_ROWS = 4096
 PACKED_TILE = 256  # state numbers per program of the packed kernels: BH = PACKED_TILE // (BK * BV) heads
 # Intra-chunk products exp(b_i - b_j) are factorised as exp(b_i - r) * exp(r - b_j) with a reference r.
@@ -87,19 +82,16 @@ SAFE_LOG_DECAY = 60.0
 # scan that only multiplies and adds (hgrn2_state_kernels); "fused" = one sequential kernel doing the
 # products inside its loop over chunks; "pre" = the decay-dependent operands of the products computed
 # chunk-parallel first, then a sequential kernel with the products but no cumulative sums or
-# exponentials (hgrn2_state_kernels). "auto" = "pre": on an H200 (2026-11-21, bf16, H 8, K = V = 128,
-# bench/results/bench_hgrn2_h200_2026-11-21_s10_pre.md) it was the fastest of the three at every shape of
-# the bench, forward 0.261 / 0.499 / 0.246 / 0.660 ms against 0.323 / 0.630 / 0.331 / 1.179 (fused) and
-# 0.344 / 0.664 / 0.333 / 0.830 (split) at (B, T) = (8, 2048), (8, 4096), (16, 1024), (2, 16384), and
-# fwd+bwd 8-14% faster than the better of the other two. (Before it, "auto" took split when the fused
-# kernel's programs could not fill the GPU, fused otherwise.)
+# exponentials (hgrn2_state_kernels). "auto" = "pre", the fastest of the three at every benchmarked
+# shape. Read from HGRN2_STATE_IMPL at import.
 STATE_IMPL = os.environ.get("HGRN2_STATE_IMPL", "auto")
 _STATE_IMPLS = ("auto", "split", "fused", "pre")
 # Operands of the intra-chunk products (A = Q K^T with the decay factorised through one mid-chunk
 # reference, and the two dA products of the backward) and storage of A / dA: "input" = the dot dtype
 # (bf16 for 16-bit inputs, as the inter-chunk products; A and dA stored in it), "fp32" = fp32 operands
 # (tf32 on the GPU) with A and dA stored in fp32. The four-block and element-by-element paths of steep
-# decays stay in fp32 either way. fp32 inputs are unaffected (their dot dtype is fp32).
+# decays stay in fp32 either way. fp32 inputs are unaffected (their dot dtype is fp32). Read from
+# HGRN2_INTRA_DOT at import.
 INTRA_DOT = os.environ.get("HGRN2_INTRA_DOT", "input")
 
 
@@ -141,7 +133,8 @@ def _pad(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
-# Small autotune spaces on purpose (see DEVICE.md). Sequential state passes: the state tile, and
+# Small autotune spaces on purpose: every config is one more compilation (tests pin each config in
+# turn, and a cold cache compiles them all). Sequential state passes: the state tile, and
 # whether the next chunk's loads are issued before the current chunk is computed (PREFETCH).
 _STATE_CONFIGS = _configs(
     [
@@ -167,9 +160,9 @@ _OUTPUT_CONFIGS = _configs(
     ],
     triton.Config({"BK": 16, "PREFETCH": True}, num_warps=4),
 )
-# Offline sm_90 compiles (ptxas, bf16, K = V = 128, path-1-only launches): fwd_output BK 32 / 8 warps
-# 128 registers (two programs per SM), BK 64 195; dqdg BK 32 / 8 warps 152 (one per SM), capped at 128
-# (maxnreg) 28 bytes of spills (two per SM); BK 16 / 4 warps 144, capped at 128 no spills (four per SM).
+# Occupancy on sm_90 (bf16, K = V = 128, path-1-only launches): fwd_output BK 32 / 8 warps fits two
+# programs per SM; dq/dg BK 32 / 8 warps one, two when capped at 128 registers (maxnreg, a few spills),
+# and BK 16 / 4 warps capped at 128 four, without spills.
 _DQDG_CONFIGS = _configs(
     [
         triton.Config({"BK": 32}, num_warps=8),
@@ -209,14 +202,11 @@ def _prune_bk(configs, named_args, **kwargs):
 def _small_head_only(configs, K, V, instead):
     """Keep the BK 64 / 4-warp configs only where K = V = 64 (``instead`` if nothing else is left).
 
-    They were added for the HGRN2 image models' heads of 64 (one step over the channels), where they made
-    the bidirectional scan pair's forward + backward 1.13-1.19x (dq/dg) and 1.09-1.12x (output) faster
-    than the autotuner's earlier choices under CUDA graphs, with the same errors against float64 (H200,
-    2026-11-27, bench/explore/hgrn2_image_scan_configs.py), and were tested there. At larger heads they
-    would take several steps with 4 warps, the dq/dg family that faulted at head 64 (BK 16 and BK 32 with
-    4 warps: illegal addresses, same sweep and _prune_dqdg), and heads of 33-63 (masked channels) were not
-    measured, nor heads whose K and V differ: elsewhere the spaces stay as they were. Triton's autotuner
-    prunes only kernels with several configs: one pinned config runs as is."""
+    They serve the HGRN2 image models' heads of 64 (one step over the channels), where they are faster
+    and were checked against float64. At larger heads they would take several channel steps with 4 warps,
+    the dq/dg configurations that read out of bounds (see _prune_dqdg); heads of 33-63 and heads whose K
+    and V differ were not measured. Triton's autotuner prunes only kernels with several configs: one
+    pinned config runs as is."""
     if K == 64 and V == 64:
         return configs
     kept = [c for c in configs if not (c.kwargs["BK"] == 64 and c.num_warps == 4)]
@@ -226,10 +216,8 @@ def _small_head_only(configs, K, V, instead):
 def _prune_output(configs, named_args, **kwargs):
     """_prune_bk, and for the path-1-only output launch (FAST_ONLY) only configs with BK < K, i.e. at
     least two steps of its loop over channels: with one step, Triton 3.6 hands A to the final product
-    through a register layout conversion (offline TTGIR) instead of shared memory, and it is in those
-    specialisations (head dims 16 and 32 with BK 32) that compute-sanitizer caught out-of-bounds shared
-    reads on an H200. (K >= SPLIT_MIN_HEAD = 64 leaves the BK 32 configs.) A GPU test that launched
-    K 64 with BK 64 directly got A wrong by 1e22 (H200, 2026-11-21, session 10): the same fault.
+    through a register layout conversion instead of shared memory, and those specialisations read
+    shared memory out of bounds on the GPU (compute-sanitizer; A wrong by orders of magnitude).
     Register-capped configs (maxnreg) are kept only in chunks of 32 steps (BT 32), see below."""
     K, V = _head_dims(named_args, kwargs)
     kept = _prune_bk(configs, named_args, **kwargs)
@@ -237,28 +225,22 @@ def _prune_output(configs, named_args, **kwargs):
         kept = [c for c in kept if c.kwargs["BK"] < K] or [min(configs, key=lambda c: c.kwargs["BK"])]
     if _launch_arg(named_args, kwargs, "BT") != 32:
         # Register caps only in chunks of 32 steps (with _small_head_only: heads of 64): there the BK 64 /
-        # 4-warp config capped at 128 registers (four programs an SM instead of two, no spills in offline
-        # sm_90 compiles, +1% instructions) made the scan pair 1.04x / 1.05x faster at the HGRN2 image
-        # models' shapes (tiny / small, 224 px; H200 2026-11-28, bench/explore/hgrn2_image_scan_configs.py,
-        # results/image_h200_2026-11-28/chunk32/regcaps), with the same errors against float64; in chunks
-        # of 64 the same caps were 0.97-1.01x (H200 2026-11-27).
+        # 4-warp config capped at 128 registers runs four programs an SM instead of two without spilling,
+        # and is faster at the image models' shapes; in chunks of 64 the caps gain nothing.
         kept = [c for c in kept if not c.maxnreg] or [_OUTPUT_FALLBACK]
     return _small_head_only(kept, K, V, _OUTPUT_FALLBACK)
 
 
 def _prune_dqdg(configs, named_args, **kwargs):
     """_prune_bk, and BK 16 only for heads of at most 16: at head 64 the dq/dg kernel with BK 16 (four
-    steps over the channels) read out of bounds on an H100 (illegal address; or NaN gradients) at
-    hgrn2_vit_tiny's shape, B 128 x 3 heads, T 196, bf16, while both BK 32 configs ran clean with the
-    reference's errors (bench/explore/hgrn2_head64_configs.py, 2026-11-24). Under compute-sanitizer
-    (H200, 2026-11-27) the BK 16 and BK 32 / 4-warp faults are out-of-bounds *shared-memory* reads at the
-    fast path's products (Triton's layout conversions, not our indexing), and BK 16 / 4 warps also gave
-    NaN gradients with no sanitizer error."""
+    steps over the channels) reads shared memory out of bounds at the fast path's products (Triton's
+    layout conversions, not our indexing; illegal addresses or NaN gradients), while the BK 32 configs
+    match the reference."""
     K, V = _head_dims(named_args, kwargs)
     kept = _prune_bk(configs, named_args, **kwargs)
     if _pad(K) > 16:
-        # (BK 32 / 8 warps if only BK 16 was given. Pinned alone, a config is not pruned: BK 16 pinned
-        # at head 64 faulted again at the image shape on an H200, 2026-11-27)
+        # (BK 32 / 8 warps if only BK 16 was given. A config pinned alone is not pruned, and BK 16
+        # pinned at head 64 faults)
         kept = [c for c in kept if c.kwargs["BK"] >= 32] or [_DQDG_FALLBACK]
     return _small_head_only(kept, K, V, _DQDG_FALLBACK)
 
@@ -309,18 +291,14 @@ _bwd_dqdg = triton.autotune(configs=_DQDG_CONFIGS, key=["K", "V", "LOWP", "FAST_
                             restore_value=["dq", "dg"],
                             prune_configs_by={"early_config_prune": _prune_dqdg})(hgrn2_bwd_dqdg_kernel)
 # The REDO launches (chunks whose decay is too steep for the one-reference path: rare) are not
-# autotuned: one config each, sized to fit without spilling (offline sm_90 compiles).
+# autotuned: one config each, sized to fit without spilling on sm_90.
 _REDO_CONFIG = {"BK": 16, "num_warps": 4} if _INTERPRET else {"BK": 32, "num_warps": 8, "num_stages": 1}
 # The two-launch scheme (path 1 alone, then the listed chunks; see hgrn2_fwd_output_kernel) is used
-# when K and V are at least this; smaller heads take one launch with every path. At head dims 16 and
-# 32 the path-1-only output kernel read shared memory out of bounds on an H200 (triton 3.6, under
-# compute-sanitizer; garbage outputs, then illegal-address errors), at 64 and 128 it ran clean (with
-# BK 32; see _prune_output for what differs). Head 64 takes the single launch since 2026-11-24: the one
-# verified on an H100 at hgrn2_vit_tiny's shape after the dq/dg BK 16 fault (see _prune_dqdg) was found.
-# The two launches at head 64 ran clean at the image shapes on an H200 (2026-11-27, every pruned config,
-# the reference's errors) and were no faster there: the scan pair 1.01-1.02x, training +0.7-1.1%,
-# inference ~15% slower (docs/image.md, Speed). Tests set it to 0 to exercise them on small shapes in the
-# interpreter.
+# when K and V are at least this; smaller heads take one launch with every path. Heads of 16 and 32
+# cannot take it (the path-1-only output kernel reads shared memory out of bounds there with Triton
+# 3.6, see _prune_output); at 64 it is correct but no faster for the image models, and their inference
+# slower, so 64 takes one launch too. Tests set it to 0 to exercise the two launches on small shapes in
+# the interpreter.
 SPLIT_MIN_HEAD = 128
 # (autotuned kernel, its full config space), for tests that pin each config in turn
 AUTOTUNED = [
@@ -720,8 +698,8 @@ def hgrn2_fused(
     B, T, H, K = q.shape
     impl = _resolve_impl(impl, B, T, H, K, v.shape[-1])
     if impl != "packed" and B * H > MAX_GRID_ROWS:
-        # the kernels put B * H on a grid dimension that CUDA caps at 65,535 (the LRA 2-D models' rows
-        # and columns as batch rows: 64 images x 32 rows x 256 heads gave "invalid argument" on an H100)
+        # the kernels put B * H on a grid dimension that CUDA caps at 65,535; the LRA 2-D models, with
+        # an image's rows and columns as batch rows, pass it
         step = max(1, MAX_GRID_ROWS // H)
         if H > MAX_GRID_ROWS:
             raise ValueError(f"hgrn2_fused: {H} heads is more than the kernels' {MAX_GRID_ROWS} grid rows")

@@ -1,7 +1,6 @@
-"""The HGRU kernels' former single module, kept so that ``hgru_triton.X`` and
-``from hgrn_fairseq.kernels.hgru_triton import X`` keep working: every name it defined now lives in the
-package ``hgrn_fairseq.kernels.hgru`` (see its docstring for which file holds what) and is re-exported
-here.
+"""Every name of the package ``hgrn_fairseq.kernels.hgru`` (its docstring says which file holds what),
+re-exported under one module, so that ``hgru_triton.X`` and ``from hgrn_fairseq.kernels.hgru_triton
+import X`` work.
 
 ``tuning`` is the package's own dict, so editing it here (``hgru_triton.tuning[...] = ...``,
 ``hgru_triton.tuned(...)``) changes the plans. Rebinding a name here (``hgru_triton.X = ...``) changes

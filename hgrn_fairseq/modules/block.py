@@ -1,4 +1,4 @@
-"""Pre-norm residual block (token mixer + GLU) shared by the LM, LRA and image models (SPEC 4)."""
+"""Pre-norm residual block (token mixer + GLU) shared by the LM, LRA and image models."""
 from __future__ import annotations
 
 import math
@@ -76,11 +76,9 @@ def use_block_ops(module: nn.Module, on: bool = True) -> nn.Module:
     """Switch the blocks, mixers and GLUs inside ``module`` (``BlockOpsSwitch``) to the fused
     element-wise kernels of ``kernels/block_ops.py`` (LayerNorm to the autocast dtype, gated activation,
     residual with stochastic depth, bias gradients as a product with ones; in HGRU2 also the in-projection's
-    gates in one kernel each way and its output LayerNorm, ``HGRU2.fuse_in_gates``). Off by default. Measured on
-    an H100 (2026-11-24): with them (and contiguous patch tokens) an hgrn1d_vit_tiny training step at
-    128 x 224 px went from 29.1 to 15.7 GPU-ms (bench/profile_image.py), but the WikiText-103 LMs trained
-    1.06-1.7x slower (hgrn_lm_base 16x512: 426k -> 250k tokens/s, old and new tree in one call; not yet
-    bisected), so only the image models turn them on. Returns ``module``."""
+    gates in one kernel each way and its output LayerNorm, ``HGRU2.fuse_in_gates``). Off by default: they
+    make the image models' training steps much faster but the WikiText-103 LMs slower (docs/design.md), so
+    only the image models turn them on. Returns ``module``."""
     for m in module.modules():
         if isinstance(m, BlockOpsSwitch):
             m.block_ops = on
@@ -112,7 +110,7 @@ class HgrnBlock(BlockOpsSwitch, TransientAttrs, nn.Module):
     (per sample, training only), on top of ``dropout``.
     ``forward(..., padding_mask=[B, T] bool, grid=(H, W))`` passes both to the mixer (masks the
     batch norms' statistics; the 2-D scan); they are left out of the mixer call when None, so
-    mixers without them (LRU, MLGRU) work as before. ``scan_padding=True`` keeps the mask from the
+    mixers without them (LRU, MLGRU) work unchanged. ``scan_padding=True`` keeps the mask from the
     mixer only: it scans through the padded positions (the batch norms normalise them too) while the
     norms' statistics still skip them (an LRA option).
 
@@ -185,8 +183,8 @@ class HgrnBlock(BlockOpsSwitch, TransientAttrs, nn.Module):
         zero_pads = not scan_padding  # (scan_padding: the pads' normalised values go into the scans)
         y, state = self.mixer(apply_norm(self.mixer_norm, x, padding_mask, ops, zero_pads), lower_bound, initial_state,
                               output_final_state, **extra)
-        # (a fused dropout + add Triton kernel was measured on an H200, 2026-11-21: no faster at
-        # 8192 tokens/step, where the step is bound by launch overhead on the CPU; see git 66b1495)
+        # (a fused dropout + add kernel is no faster here: at LM shapes the eager step is bound by the
+        # host's kernel launches, which CUDA graphs remove)
         x = residual_add(x, self.dropout(y), p, self.training, ops)
         if self.glu is not None:
             y = self.glu(apply_norm(self.glu_norm, x, padding_mask, ops, zero_pads))

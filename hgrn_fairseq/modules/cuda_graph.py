@@ -30,9 +30,8 @@ run eagerly, with one warning.
 
 :class:`InferenceGraphCache` does the same for evaluation: a module in eval mode called under
 ``torch.no_grad`` (or ``torch.inference_mode``) is recorded once per input shape with
-:class:`torch.cuda.CUDAGraph` and replayed. There the host's cost is all there is: an eval forward of
-hgrn2_vit_tiny at 256 images took 28.7 ms of wall time for 8.2 ms of GPU work (H200, 2026-11-27,
-bench/results/image_h200_2026-11-27/profile_image_infer.md). Each call copies its inputs into the
+:class:`torch.cuda.CUDAGraph` and replayed. There the host's cost is all there is: an eager eval
+forward of hgrn2_vit_tiny takes several times its GPU time in wall time. Each call copies its inputs into the
 graph's input buffers and returns a *copy* of the graph's output, so results kept across calls stay
 valid (a list of logits is a list of different tensors).
 """

@@ -1,4 +1,4 @@
-"""HGRU: the HGRN1 token mixer (SPEC 1), complex-valued by default, with a real variant."""
+"""HGRU: the HGRN1 token mixer, complex-valued by default, with a real variant."""
 from __future__ import annotations
 
 from typing import Optional, Tuple, Union
@@ -143,8 +143,8 @@ class HGRU(BlockOpsSwitch, nn.Module):
                 self.theta_reverse = nn.Parameter(theta_init(state_dim).float())
 
     def upgrade_state_dict_named(self, state_dict, name: str) -> None:
-        """Checkpoints from before the projections were stacked (``input_proj``, ``forget_proj``,
-        ``gate_proj``) load as ``in_proj`` (fairseq calls this when it loads a checkpoint)."""
+        """Checkpoints with separate projections (``input_proj``, ``forget_proj``, ``gate_proj``) load
+        as ``in_proj`` (fairseq calls this when it loads a checkpoint)."""
         stack_old_projections(state_dict, name, ("input_proj", "forget_proj", "gate_proj"), "in_proj")
 
     @property

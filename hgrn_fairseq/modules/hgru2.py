@@ -1,4 +1,4 @@
-"""HGRU2: the HGRN2 token mixer with state expansion (SPEC 3)."""
+"""HGRU2: the HGRN2 token mixer with state expansion."""
 from __future__ import annotations
 
 from typing import Optional, Tuple, Union
@@ -18,7 +18,7 @@ Tensor = torch.Tensor
 VARIANTS = ("lm", "lra")
 
 
-hgrn2_log_decay = hgrn2_log_decay_reference  # the stable log(lambda), kept under its old name
+hgrn2_log_decay = hgrn2_log_decay_reference  # the stable log(lambda), also importable under this name
 
 
 class HGRU2(BlockOpsSwitch, nn.Module):
@@ -44,12 +44,12 @@ class HGRU2(BlockOpsSwitch, nn.Module):
     """
 
     # With block_ops: v's SiLU fused into the gates kernel (hgrn2_in_gates) and the fused LayerNorm. False
-    # keeps the split / PyTorch SiLU / PyTorch LayerNorm of before 2026-11-27 (bench_image.py --ab-hgru2).
+    # keeps the split / PyTorch SiLU / PyTorch LayerNorm (for A/B runs: bench_image.py --ab-hgru2).
     fuse_in_gates = True
     # Non-causal: the reverse scan adds its output and gradients into the forward scan's inside the
-    # chunked kernels (kernels.hgrn2_scan_bidirectional) instead of by element-wise adds. Off: on an
-    # H200 (2026-11-27, bench_image.py --ab-accum) it gave +1% training images/s, within the run-to-run
-    # spread, for 0.25-0.39 GiB more peak memory (docs/image.md, Speed).
+    # chunked kernels (kernels.hgrn2_scan_bidirectional) instead of by element-wise adds. Off: the
+    # image models trained no faster with it (within the run-to-run spread) and took more peak memory
+    # (bench_image.py --ab-accum; docs/design.md).
     accumulate_directions = False
 
     def __init__(

@@ -1,4 +1,4 @@
-"""Layer-wise lower bounds on the forget gate: the "hierarchical" part of HGRN (SPEC 2)."""
+"""Layer-wise lower bounds on the forget gate: the "hierarchical" part of HGRN."""
 from __future__ import annotations
 
 import torch
@@ -28,7 +28,7 @@ class LayerLowerBounds(nn.Module):
         else:
             self.register_parameter("gamma", None)
             # follows the module's device, so a disabled bound costs no host-to-device copy per step;
-            # not persistent, so checkpoints are the same as before
+            # not persistent, so checkpoints do not carry it
             self.register_buffer("zeros", torch.zeros(num_layers, dim), persistent=False)
 
     def forward(self) -> torch.Tensor:

@@ -1,8 +1,8 @@
-"""Compile the Triton kernels for sm_90 (H100 / H200) without a GPU, one specialisation per line.
+"""Compile the Triton kernels for sm_90 (Hopper) without a GPU, one specialisation per line.
 
 The CPU tests run the kernels through the Triton interpreter, which executes the Python code and does
 not type-check it the way the compiler does: a loop-carried variable whose shape changes inside the
-loop, for one, runs in the interpreter and only fails to compile on the GPU (it happened: see
+loop, for one, runs in the interpreter and only fails to compile on the GPU (see
 test_sm90_compile.py). This script compiles a list of constexpr combinations of every kernel through
 Triton's real compiler (front end to PTX and ptxas) for an sm_90 target, which needs no GPU.
 
@@ -13,8 +13,9 @@ if any failed.
 ``--match TEXT`` keeps the specialisations whose label contains TEXT; ``--resources`` adds, per kernel,
 what decides its occupancy and size on sm_90: registers per thread, local memory (spills), shared
 memory and the static SASS instruction count (from the cubin, with cuobjdump and nvdisasm of Triton's
-own CUDA tools). A quick offline check of a kernel change before spending GPU time on it (the figures
-match the GPU build: same compiler, same target).
+own CUDA tools). A quick check of a kernel change without a GPU (the figures match the GPU build: same
+compiler, same target). The pointer arguments carry the ``tt.divisibility`` 16 attribute the JIT gives
+them; without it loads stay scalar and the pipeliner does nothing, so the figures would be wrong.
 """
 from __future__ import annotations
 

@@ -175,8 +175,8 @@ def test_linear_matches_float64(autocast):
 
 
 def test_only_the_image_models_use_the_block_ops():
-    """The LMs keep PyTorch's operations (the fused ones measured slower there); the image models
-    turn them on."""
+    """The LMs keep PyTorch's operations (the fused ones are slower there); the image models turn
+    them on."""
     from hgrn_fairseq.image import HgrnVit
 
     vit = HgrnVit(img_size=32, patch_size=8, embed_dim=16, depth=1, num_classes=3)

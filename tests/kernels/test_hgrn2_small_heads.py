@@ -1,7 +1,7 @@
 """HGRN2 with tiny heads as the HGRU real scan over the state's entries (kernels/hgrn2_small_heads.py):
 forward, final state and every gradient against the float64 reference, both directions, with and without
 an initial state, for K x V up to 4; hgrn2_scan on the Triton path routes only K x V = 1 there (the shape
-where it measured faster, see the module) and keeps the chunk kernels for the rest."""
+where it is faster, see the module) and keeps the chunk kernels for the rest."""
 import os
 
 import torch

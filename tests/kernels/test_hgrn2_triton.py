@@ -356,7 +356,7 @@ def test_gpu_other_head_sizes(K, V):
 @pytest.mark.parametrize("reverse", [False, True])
 def test_gpu_image_model_shape(reverse):
     """hgrn2_vit_tiny's scans (batch 128 x 3 heads of 64, 196 patches, both directions, bf16): the
-    backward hit an illegal address here on an H100 with the two-launch scheme at head 64."""
+    backward hit an illegal address here with the two-launch scheme at head 64."""
     q, v, g, _ = make_inputs(128, 196, 3, 64, 64, torch.bfloat16, seed=14)
     leaves = [x.detach().clone().requires_grad_() for x in (q, v, g)]
     o, _ = hgrn2_triton.hgrn2_fused(*leaves, None, reverse, impl="chunk")
@@ -448,8 +448,8 @@ def test_bidirectional_falls_back_to_two_scans(monkeypatch):
     """Outside the one-launch chunked scheme (the two-launch scheme: heads of SPLIT_MIN_HEAD; short
     sequences: the recurrent kernel) the two directions are summed, with the same numbers. Heads of 16
     in the interpreter (SPLIT_MIN_HEAD lowered to 16), 128 on the GPU: the two-launch scheme at head 16,
-    which the package never makes (SPLIT_MIN_HEAD is 128), ended in an illegal memory access on an H200
-    with Triton 3.6 (2026-11-27; not investigated further)."""
+    which the package never makes (SPLIT_MIN_HEAD is 128), ends in an illegal memory access on the GPU
+    with Triton 3.6 (not investigated further)."""
     calls = _spy_accum(monkeypatch)
     K = 16 if INTERPRET else hgrn2_triton.SPLIT_MIN_HEAD
     monkeypatch.setattr(hgrn2_triton, "SPLIT_MIN_HEAD", K)
@@ -508,12 +508,12 @@ _A_CONFIGS = [(16, 4)] if INTERPRET else [(16, 4), (32, 8), (64, 8)]
 @pytest.mark.parametrize("path,decay_scale", [("fast", 1.0), ("blocks", 1.0), ("elementwise", 1.0), ("mixed", 3.0)])
 def test_intra_chunk_A_every_config(path, decay_scale, bk, warps):
     """The intra-chunk matrix A stored by the forward output kernel, on each path and in each launch
-    configuration of its autotune space (BK, warps), against float64. Regression: on an H200 (triton
+    configuration of its autotune space (BK, warps), against float64. Regression: on the GPU (Triton
     3.6) the four-block products in tf32 gave errors of order 1 in A; 7 of the 9 non-fast cases here
     failed with them (fixed by running those products in full fp32). The head dim is at least twice BK:
     the path-1-only launch with a single channel block (BK >= K) is the configuration that faults with
-    Triton 3.6 (hgrn2_triton._prune_output never picks it; with K 64 and BK 64 this test got A wrong
-    by 1e22 on an H200, 2026-11-21)."""
+    Triton 3.6 (hgrn2_triton._prune_output never picks it; with K 64 and BK 64 A comes out wrong by
+    orders of magnitude)."""
     from hgrn_fairseq.kernels.hgrn2_chunk_kernels import hgrn2_fwd_output_kernel
 
     csafe = 60.0 if path in ("fast", "mixed") else 0.0
@@ -550,8 +550,8 @@ def test_split_and_single_launch(monkeypatch, split_min_head, reverse):
     listed chunks again with every path; 1000: one launch, every path), on decays steep enough that
     some chunks need the other paths and some do not, with bf16 intra-chunk products (the default) and
     with fp32 ones. Head dim 16 in the interpreter, 64 on the GPU: below 64 the path-1-only output launch
-    faults with Triton 3.6 (see hgrn2_triton.SPLIT_MIN_HEAD; with head dim 16 this test's outputs were
-    off by 3-4% on an H200, 2026-11-21)."""
+    faults with Triton 3.6 (see hgrn2_triton.SPLIT_MIN_HEAD; with head dim 16 this test's outputs are
+    off by 3-4% on the GPU)."""
     monkeypatch.setattr(hgrn2_triton, "SPLIT_MIN_HEAD", split_min_head)
     head = 16 if INTERPRET else 64
     for intra, dtype in (("input", torch.bfloat16), ("fp32", torch.float32)):
@@ -597,8 +597,8 @@ def test_chunk_size_is_checked(monkeypatch):
 
 
 def test_chunk_size_rule(monkeypatch):
-    """CHUNK None: chunks of 32 at head 64 on scans up to 1024 steps (the image models' shapes, measured
-    faster on an H200), 64 elsewhere (the language models' head 128, LRA's small heads, long scans); a
+    """CHUNK None: chunks of 32 at head 64 on scans up to 1024 steps (the image models' shapes, where
+    they are faster), 64 elsewhere (the language models' head 128, LRA's small heads, long scans); a
     set CHUNK wins."""
     monkeypatch.setattr(hgrn2_triton, "CHUNK", None)
     size = hgrn2_triton.chunk_size
@@ -657,7 +657,7 @@ def pinned_configs(index, K=None, V=None, BT=64):
     ``K`` (and ``V``, default ``K``), of what its prune keeps at that head size and chunk size ``BT`` (set
     hgrn2_triton.CHUNK to match). Triton's autotuner does not prune a kernel that has
     one config: a pinned config runs as is, so pinning one the prune drops at K tests a launch that
-    training never makes (at head 64, dq/dg BK 16 faulted on an H200 when pinned, 2026-11-27)."""
+    training never makes (at head 64, dq/dg BK 16 pinned faults on the GPU)."""
     chosen = {}
     for kernel, space in hgrn2_triton.AUTOTUNED:
         if K is not None and kernel.early_config_prune is not None:
@@ -721,8 +721,8 @@ def test_gpu_every_autotune_config_in_chunks_of_32(monkeypatch, index):
 
 
 def test_output_register_cap_only_in_chunks_of_32():
-    """The output kernel's register-capped config (measured faster only in chunks of 32 steps at heads of
-    64) is kept only there; a list of capped configs alone falls back to the uncapped BK 32 / 8 warps."""
+    """The output kernel's register-capped config (faster only in chunks of 32 steps at heads of 64) is
+    kept only there; a list of capped configs alone falls back to the uncapped BK 32 / 8 warps."""
     import triton
 
     plain = triton.Config({"BK": 64, "PREFETCH": False}, num_warps=4)
@@ -738,7 +738,7 @@ def test_output_register_cap_only_in_chunks_of_32():
 
 
 def test_dqdg_configs_keep_bk16_only_for_small_heads():
-    """BK 16 faulted in the dq/dg backward at head 64 on an H100 (hgrn2_triton._prune_dqdg)."""
+    """BK 16 faults in the dq/dg backward at head 64 on the GPU (hgrn2_triton._prune_dqdg)."""
     import triton
 
     space = [triton.Config({"BK": bk}, num_warps=8) for bk in (16, 32, 64)]

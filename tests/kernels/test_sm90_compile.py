@@ -1,9 +1,8 @@
-"""Every kernel compiles for sm_90 (H100 / H200) through Triton's real compiler, on a machine without a
+"""Every kernel compiles for sm_90 (Hopper) through Triton's real compiler, on a machine without a
 GPU (tests/kernels/sm90_compile.py has the list and says why the interpreter cannot check this).
 
-Regression: a loop-carried variable whose shape changed inside the loop (the fused stream backward of
-the HGRU scan, 2026-11-21) passed every CPU test and failed to compile on the H200; this test fails on
-that code."""
+Regression: a loop-carried variable whose shape changed inside the loop (in the fused stream backward
+of the HGRU scan) passed every CPU test and failed to compile on the GPU; this test fails on that code."""
 import os
 import subprocess
 import sys

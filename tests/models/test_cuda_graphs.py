@@ -239,8 +239,8 @@ def test_graphed_dropout_draws_new_masks_each_step():
     graphed.eval()
     with torch.no_grad():
         a, b = (loss_of(graphed, tokens).item() for _ in range(2))
-    # no dropout in evaluation: equal up to the kernels' summation order (seen 6e-8 relative on an
-    # H200), where the training losses above differ by dropout
+    # no dropout in evaluation: equal up to the kernels' summation order (about 1e-7 relative on the
+    # GPU), where the training losses above differ by dropout
     assert abs(a - b) <= 1e-5 * abs(a), (a, b)
     assert min(abs(x - y) for x, y in [(losses[0], losses[1]), (losses[1], losses[2])]) > 1e-4 * abs(a)
 

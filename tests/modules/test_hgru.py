@@ -1,4 +1,5 @@
-"""HGRU, lower bounds, GLU and the block, against an independent complex128 rewrite of SPEC 1/2/4."""
+"""HGRU, lower bounds, GLU and the block, against an independent complex128 rewrite of the HGRN
+paper's equations."""
 import math
 
 import pytest
@@ -21,7 +22,7 @@ def hgru_projections(m: HGRU, x):
 
 
 def hgru_by_hand(m: HGRU, x, gamma):
-    """SPEC 1 in complex128, written from the equations, not from the module's code path."""
+    """The HGRU in complex128, written from the paper's equations, not from the module's code path."""
     B, T, d = x.shape
     pre_c, pre_f, pre_g = hgru_projections(m, x)
     c = F.silu(pre_c)
@@ -135,7 +136,7 @@ def test_lower_bounds_layer0_zero_monotone_and_k_over_L_at_init():
     bounds = lb()
     assert torch.all(bounds[0] == 0)
     assert torch.all(bounds[1:] >= bounds[:-1]) and torch.all(bounds < 1)
-    p = torch.softmax(lb.gamma, 0)  # SPEC's LRA form: gamma_k = sum_{i<k} ... after removing P_0
+    p = torch.softmax(lb.gamma, 0)  # the LRA form: gamma_k = sum_{i<k} ... after removing P_0
     torch.testing.assert_close(bounds[2], p[1] + p[2])
     bounds.sum().backward()
     assert lb.gamma.grad is not None and torch.isfinite(lb.gamma.grad).all()

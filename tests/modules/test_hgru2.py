@@ -1,4 +1,4 @@
-"""HGRU2 (SPEC 3) against an independent float64 rewrite of its equations; shapes, errors, parameter
+"""HGRU2 against an independent float64 rewrite of the HGRN2 paper's equations; shapes, errors, parameter
 count, incremental decoding, and the Triton backend (CPU interpreter) against the reference backend."""
 import math
 import os
@@ -21,7 +21,7 @@ def lin(layer, x):
 
 
 def hgru2_by_hand(m: HGRU2, x, gamma, reverse_too=False):
-    """SPEC 3 written from the equations, per head and per step, in the dtype of x."""
+    """HGRU2 written from the equations, per head and per step, in the dtype of x."""
     B, T, d = x.shape
     e, H = m.expand_ratio, d // m.expand_ratio
     proj = lin(m.in_proj, x)

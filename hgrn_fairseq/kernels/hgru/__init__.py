@@ -20,8 +20,8 @@ in the dtype of ``x`` / ``inputs``; the recurrence is carried in fp32.
 The recurrence is memory-bound. A program's threads own channels of one sequence and each holds a tile
 of ``BT`` consecutive steps, so a tile is scanned along time in registers while loads stay coalesced
 along channels. Parallelism over time comes in six launch modes, one picked per launch by
-``plan._plan`` (``tuning`` overrides; docs/hgru_kernels.md has each mode and the measurements behind
-the choice): ``seq`` (a program walks a whole sequence), ``twopass`` (chunk maps, then the chunks),
+``plan._plan`` (``tuning`` overrides; docs/design.md#hgru-launch-planner has each mode and the
+measurements behind the choice): ``seq`` (a program walks a whole sequence), ``twopass`` (chunk maps, then the chunks),
 ``chunklb`` (forward: the chunks in one launch, look-back over chunk maps), ``lookback`` (one tile per
 program, decoupled look-back), ``stream`` (real scans: a software pipeline over tiles) and ``block``
 (real forward: a CTA scans blocks of R * NW steps).
@@ -36,8 +36,7 @@ Files, each readable on its own:
 * ``autograd.py``: the autograd Function (launches, scratch buffers);
 * ``ops.py``: the public ops and their argument checks.
 
-``hgrn_fairseq.kernels.hgru_triton`` re-exports every name of these files (the module this package
-was split from).
+``hgrn_fairseq.kernels.hgru_triton`` re-exports every name of these files under that module name.
 """
 from .ops import complex_scan, hgru_fused, real_scan
 from .plan import tuned, tuning

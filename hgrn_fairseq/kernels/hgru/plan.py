@@ -1,6 +1,7 @@
 """Launch planner of the HGRU kernels: which mode, tile and grid each launch takes (``_plan``), from
-the tables below, measured on an H200; ``tuning`` overrides any of it (tests and benches).
-Why each table holds what it holds, with the measurements: docs/hgru_kernels.md.
+the tables below; ``tuning`` overrides any of it (tests and benches). The tables come from graphed
+sweeps of ``bench/bench_scan.py --sweep``; the rules and the measurements behind each table are in
+docs/design.md#hgru-launch-planner.
 """
 from __future__ import annotations
 
@@ -61,8 +62,9 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-# (complex, fused, backward) -> (mode with few columns, BT of look-back, (BT, prefetch) of seq and two passes)
-# docs/hgru_kernels.md#defaults-per-kernel
+# (complex, fused, backward) -> (mode with few columns, BT of look-back, (BT, prefetch) of seq and two
+# passes). With few (batch, channel-block) columns two passes are fastest, except the plain complex
+# forward (look-back) and the plain real forward (chunklb).
 _DEFAULTS = {
     (False, False, False): ("chunklb", 16, (16, True)),
     (False, False, True): ("twopass", 16, (8, True)),
@@ -73,42 +75,49 @@ _DEFAULTS = {
     (True, True, False): ("twopass", 8, (8, True)),
     (True, True, True): ("twopass", 8, (8, False)),
 }
-_MODES = ("seq", "lookback", "twopass", "stream", "chunklb", "block")  # docs/hgru_kernels.md#modes
-# "stream": plain real scans, >= STREAM_WIDE_PROGRAMS 64-channel programs per SM (docs/hgru_kernels.md#stream)
+_MODES = ("seq", "lookback", "twopass", "stream", "chunklb", "block")
+# "stream": plain real scans with >= STREAM_WIDE_PROGRAMS 64-channel programs per SM (with fewer, two
+# passes win; the fused kernels are slower streamed at every size). Its forward is never reached by
+# default ("block" comes first) and is kept for forced modes.
 _STREAM = {(False, False): True, (False, True): True, (True, False): False, (True, True): False}  # (fused, bwd)
 STREAM_STAGES = 3
 STREAM_WIDE_PROGRAMS = 4  # per SM, with 64-channel programs
-# "block": plain real forward, >= BLOCK_MIN_COLUMNS_PER_SM 64-channel columns per SM (docs/hgru_kernels.md#block)
+# "block": plain real forward with >= BLOCK_MIN_COLUMNS_PER_SM 64-channel columns per SM; below that
+# most SMs would idle and "chunklb" is faster. The fused forward is slower this way (the gates' registers).
 BLOCK_FWD = dict(R=8, NW=16, BD=64, num_warps=4, STAGES=3)
 BLOCK_MIN_COLUMNS_PER_SM = 0.45
-# predecessors read per look-back round trip, real / complex (docs/hgru_kernels.md#look-back-window)
+# predecessors read per look-back round trip, real / complex: 1, since a predecessor has usually
+# published by the time a tile looks, and wider windows only add L2 reads and registers
 _LOOKBACK_WINDOW = {False: 1, True: 1}
-# "twopass" programs per SM, real / complex (chunks = this * SMs / columns, <= 32)
-# docs/hgru_kernels.md#two-pass-programs-per-sm
+# "twopass" programs per SM, real / complex (chunks = this * SMs / columns, <= 32); the complex kernels
+# hold twice the state per program and do better with fewer
 TWOPASS_PROGRAMS_PER_SM = {False: 16, True: 8}
-# "chunklb" programs per SM, real / complex (docs/hgru_kernels.md#chunklb-programs-per-sm)
+# "chunklb" programs per SM, real / complex: many short chunks keep loads in flight
 CHUNKLB_PROGRAMS_PER_SM = {False: 64, True: 48}
-# channels per access of the "chunklb" real forward where _vec_width allows (docs/hgru_kernels.md#chunklb-vec)
+# channels per access of the "chunklb" real forward where _vec_width allows: 2 keeps each thread on
+# whole channels, so the time scan stays in registers (8 would spread a channel's steps over lanes)
 CHUNKLB_VEC = 2
-# (channels, warps) per "chunklb" program (docs/hgru_kernels.md#chunklb-block)
+# (channels, warps) per "chunklb" program: 32 * CHUNKLB_VEC channels a warp, so that no warp splits the
+# tile's rows (the scan would then go through shared memory)
 CHUNKLB_BLOCK = (64, 1)
-# kernels whose mode differs from _DEFAULTS' with at most SMs / 2 columns (docs/hgru_kernels.md#few-columns)
+# kernels whose mode differs from _DEFAULTS' with at most SMs / 2 columns
 _FEW_COLUMNS_MODE = {(True, True, True): "lookback"}
-# (AGG_REV: chunk maps walk back from the chunk end unless fused; docs/hgru_kernels.md#chunk-map-walk-direction)
+# (AGG_REV: two-pass chunk maps walk back from the chunk end, so that the second pass starts on tiles
+# still in L2; not when fused, whose chunk-map programs also carry the gates and are slower that way)
 
 
 def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused: bool = False,
           backward: bool = False) -> dict:
     """Launch parameters for one kernel launch: ``mode`` (one of ``_MODES``; the rules, in order, are in
-    docs/hgru_kernels.md#the-planners-rules-in-order) and the constexprs and grid sizes of its kernel.
+    docs/design.md#hgru-launch-planner) and the constexprs and grid sizes of its kernel.
     ``tuning`` overrides any of them; launches the kernels cannot run are refused with a ValueError.
     """
     cfg = tuning
     key = (bool(is_complex), bool(fused), bool(backward))
     small_mode, bt_lb, (bt_seq, pf_default) = _DEFAULTS[key]
     # at least 32 channels per program, so that the lanes of a warp never split the time axis (with
-    # 16-channel blocks the complex look-back backward gave wrong gradients for a few elements on an
-    # H200, 2026-11-21, in tests/kernels; not understood, and that layout is no longer used)
+    # 16-channel blocks the complex look-back backward gave wrong gradients for a few elements on the
+    # GPU; not understood, and that layout is not used)
     bd = max(32, cfg["block_d"] or 32)
     num_warps = cfg["num_warps"] or 1
     programs = B * triton.cdiv(D, bd)
@@ -140,8 +149,7 @@ def _plan(B: int, T: int, D: int, is_complex: bool, device: torch.device, fused:
                 f"tuning: the block forward needs powers of two with block_d <= 256 and segments * block_d >= "
                 f"256 * num_warps (got segment_steps={r}, segments={nw}, block_d={bd}, num_warps={warps}): with "
                 "8 channels per access, a warp's lanes must all fit on (segment, channel) pairs, or Triton spreads "
-                "a segment's steps over lanes or warps, which is slow and gave wrong results on an H200 "
-                "(Triton 3.6, 2026-11-21)")
+                "a segment's steps over lanes or warps, which is slow and gave wrong results with Triton 3.6")
         return dict(mode=mode, R=r, NW=nw, BD=bd, num_warps=warps, STAGES=int(cfg["stages"] or BLOCK_FWD["STAGES"]),
                     NC=1, CL=T, LBW=1)
     if mode == "chunklb":  # wider programs (CHUNKLB_BLOCK)

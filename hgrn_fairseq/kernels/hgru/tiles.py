@@ -108,8 +108,8 @@ def _load_pair(P, base, roff, vrow, d0, D, COMPLEX: tl.constexpr, BT: tl.constex
         v = tl.load((Pb + j)[None, :] + tl.multiple_of(roff, 2)[:, None], mask=m, other=0.0)
         vr, vi = tl.split(tl.reshape(v.to(tl.float32), [BT, BD, 2]))
     elif VEC > 1:  # rows start at a multiple of VEC channels (strides, D and d0): VEC channels per access
-        # VEC * (x // VEC) == x here; written so because Triton dropped tl.multiple_of hints on these
-        # scalars (sm_90 compile, 2026-11-21) and then loaded 2-byte elements
+        # VEC * (x // VEC) == x here; written so because Triton 3.6 drops tl.multiple_of hints on these
+        # scalars (sm_90 compiles) and then loads 2-byte elements
         Pb = P + VEC * (base // VEC)
         d = VEC * (d0 // VEC) + tl.arange(0, BD)
         vr = tl.load((Pb + d)[None, :] + roff[:, None],
