@@ -581,7 +581,7 @@ def summarise(args, models, status, records, losses=("fairseq",)):
     lines = [f"# bench_train: training step of the WikiText-103-sized LMs ({run} run)", ""]
     lines.append(f"{env.get('gpu') or env.get('cpu')}, torch {env.get('torch')}, triton {env.get('triton')}, "
                  f"fairseq {env.get('fairseq')}, fla {env.get('fla')}, transformers {env.get('transformers')}, "
-                 f"{env.get('date_utc')}, git {env.get('git')}. Step = forward + loss + backward + Adam, "
+                 f"{env.get('date_utc')}, commit {env.get('git')}. Step = forward + loss + backward + Adam, "
                  f"autocast {args.amp}, vocab {vocab}.")
     if "fused" in losses:
         lines += ["", "Loss: fairseq's `cross_entropy` criterion (fp32 log-softmax) for the fairseq models; rows "
