@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Training throughput and memory of the WikiText-103-sized language models, ours and peers, in one run.
 
-    python3 bench/bench_train.py --out results/bench_train          # the GPU run (about 5 minutes)
+    python3 bench/bench_train.py --out $OUT                          # the GPU run (about 5 minutes)
     python3 bench/bench_train.py --out /tmp/bt --quick               # smoke test: tiny shapes
     python3 bench/bench_train.py --out /tmp/bt --quick --device cpu  # CPU smoke test, tiny models
 
@@ -20,7 +20,7 @@ backward, ``torch.optim.Adam`` step (fused on CUDA), the same for every model. T
 model trains with: fairseq's ``cross_entropy`` criterion (fp32 log-softmax over the vocabulary) for the
 fairseq models, fla's fused cross entropy for fla's. ``--loss fused`` (or ``--loss fairseq,fused`` for
 both, rows labelled ``MODEL (fused CE)``) trains the fairseq models with our ``linear_cross_entropy``
-criterion instead (output projection + cross entropy in chunks, no fp32 logits); the issue-5 targets
+criterion instead (output projection + cross entropy in chunks, no fp32 logits); the speed targets
 still compare against ``transformer_lm`` with fairseq's ``cross_entropy``, and the markdown adds the
 comparison with ``transformer_lm (fused CE)``. Steps are timed with ``triton.testing.do_bench``
 (median) on CUDA after two untimed steps (compilation, autotuning), ``time.perf_counter`` on CPU.
@@ -58,13 +58,13 @@ OURS = ("hgrn_lm_base", "hgrn2_lm_base")
 # CUDA graphs)
 VARIANT_FLAGS = {"+compile": "--compile-blocks", "+graphs": "--cuda-graphs"}
 VARIANTS = tuple(f"{m}{suffix}" for suffix in VARIANT_FLAGS for m in OURS)
-# +block_ops: ours with modules.block.use_block_ops (the image models' fused element-wise kernels; off in the
-# LMs since they measured 1.06-1.7x slower there, bench/results/bench_train_block_ops_ab_h100_2026-11-24.md)
+# +block_ops: ours with modules.block.use_block_ops (the image models' fused element-wise kernels, which
+# the LMs leave off: they make them slower, docs/wikitext103.md)
 VARIANTS += tuple(f"{m}+block_ops" for m in OURS)
-# the baselines' archs of hgrn_lm (issue 22; hgrn_fairseq/models/baseline_archs.py): measured when asked for
+# the baselines' archs of hgrn_lm (hgrn_fairseq/models/baseline_archs.py): measured when asked for
 BASELINES = {"lru_lm_base": "lru_lm_tiny", "lru_mml_lm_base": "lru_lm_tiny", "mlgru_lm_base": "mlgru_lm_tiny",
              "mlgru_mml_lm_base": "mlgru_lm_tiny"}
-# and each with --cuda-graphs, the HGRN recipes' setting (their recipes train eagerly until it is measured)
+# and each with --cuda-graphs, the HGRN recipes' setting (the baselines' recipes train eagerly)
 VARIANTS += tuple(f"{m}+graphs" for m in BASELINES)
 # loss of the fairseq models: fairseq's cross_entropy criterion, or our linear_cross_entropy criterion
 LOSSES = ("fairseq", "fused")
@@ -75,7 +75,7 @@ QUICK = {
     "cuda": {"shapes": ((2, 256), (1, 512)), "memory_t": (256, 512, 1024), "eval_l": 2048, "tiny": False},
     "cpu": {"shapes": ((2, 16), (1, 32)), "memory_t": (), "eval_l": 48, "tiny": True},
 }
-# Issue 5 targets: tokens/s ratio of one model over another at a shape.
+# Speed targets: tokens/s ratio of one model over another at a shape.
 TARGETS = (
     ("hgrn_lm_base", "transformer_lm", (16, 512), 1.5),
     ("hgrn_lm_base", "transformer_lm", (1, 8192), 2.0),
@@ -469,7 +469,7 @@ def read_records(path):
 
 def plan_jobs(models, losses):
     """(model, loss) of every worker: each fairseq model once per loss, each fla model once (its own
-    loss), and ``transformer_lm`` always with fairseq's loss too (the issue-5 peer)."""
+    loss), and ``transformer_lm`` always with fairseq's loss too (the peer of the speed targets)."""
     jobs = []
     for m in models:
         if m.startswith("fla_"):
@@ -581,12 +581,12 @@ def summarise(args, models, status, records, losses=("fairseq",)):
     lines = [f"# bench_train: training step of the WikiText-103-sized LMs ({run} run)", ""]
     lines.append(f"{env.get('gpu') or env.get('cpu')}, torch {env.get('torch')}, triton {env.get('triton')}, "
                  f"fairseq {env.get('fairseq')}, fla {env.get('fla')}, transformers {env.get('transformers')}, "
-                 f"{env.get('date_utc')}, git {env.get('git')}. Step = forward + loss + backward + Adam, "
+                 f"{env.get('date_utc')}, commit {env.get('git')}. Step = forward + loss + backward + Adam, "
                  f"autocast {args.amp}, vocab {vocab}.")
     if "fused" in losses:
         lines += ["", "Loss: fairseq's `cross_entropy` criterion (fp32 log-softmax) for the fairseq models; rows "
                   "`(fused CE)`: our `--criterion linear_cross_entropy` (projection + cross entropy in chunks, no "
-                  "fp32 logits); fla: its fused cross entropy. The issue-5 targets compare against "
+                  "fp32 logits); fla: its fused cross entropy. The speed targets compare against "
                   "`transformer_lm` with fairseq's `cross_entropy`; evaluation rows come from the fairseq-loss "
                   "workers (evaluation computes no loss)."]
     lines += ["", "## Training tokens/s (peak memory GiB)", ""]
@@ -610,7 +610,7 @@ def summarise(args, models, status, records, losses=("fairseq",)):
             note = f" ({status[m][:120].replace('|', '/')})"
         lines.append(f"| {m}{note} | {fmt(params.get(m))} | " + " | ".join(cells) + " |")
 
-    lines += ["", "## Targets (issue 5): tokens/s ratio, same run", "",
+    lines += ["", "## Speed targets: tokens/s ratio, same run", "",
               "| model / peer | shape | ratio | target | met |", "| --- | --- | --- | --- | --- |"]
     for r in ratios:
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
@@ -685,7 +685,7 @@ def main(argv=None):
     parser.add_argument("--loss", default="fairseq",
                         help=f"loss of the fairseq models, comma-separated subset of {','.join(LOSSES)}: fairseq "
                              "(--criterion cross_entropy) and/or fused (--criterion linear_cross_entropy, rows "
-                             "'MODEL (fused CE)'); transformer_lm always also runs with fairseq's (issue-5 peer)")
+                             "'MODEL (fused CE)'); transformer_lm always also runs with fairseq's (the speed targets' peer)")
     parser.add_argument("--budget-s", type=float, default=330.0, help="wall-clock budget for all models")
     parser.add_argument("--isolation", choices=("process", "none"), default="process",
                         help="process: one subprocess per model (default); none: all in this process")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""WikiText-103 (raw) -> fairseq binarised data for the language models (SPEC 5, issue 5 part 1).
+"""WikiText-103 (raw) -> fairseq binarised data for the language models.
 
 Input: ``wikitext-103-raw-v1.zip`` or a folder holding ``wiki.train.raw``, ``wiki.valid.raw`` and
 ``wiki.test.raw`` (directly or in ``wikitext-103-raw/``). Nothing is downloaded unless

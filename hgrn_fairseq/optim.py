@@ -3,9 +3,8 @@ PyTorch kernel per step instead of a Python loop over the parameters.
 
 Without NVIDIA's apex (not installable on our stack), fairseq's ``adam`` runs its own
 ``fairseq.optim.adam.Adam``: about ten small kernels per parameter tensor, and its gradient-norm
-computation is one more kernel per tensor. On the small LRA and MQAR models that is most of an update:
-a ListOps HGRN1 update (66k parameters in ~90 tensors) was ~70 ms, of which the forward and backward
-were ~38 ms (H100, bench/profile_lra_step.py, 2026-11-24).
+computation is one more kernel per tensor. On the small LRA and MQAR models (many small tensors) that
+launch overhead is a large share of an update.
 
 This optimizer is ``torch.optim.AdamW`` (``fused=True`` on CUDA: every parameter in one launch) with
 the same options as fairseq's ``adam`` (``--adam-betas``, ``--adam-eps``, ``--weight-decay``, the lr

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue-5 evidence run on an offline corpus: the whole WikiText-103 pipeline (corpus -> BPE -> binarise ->
+# Evidence run on an offline corpus: the whole WikiText-103 pipeline (corpus -> BPE -> binarise ->
 # train with the paper recipes -> length extrapolation) for hgrn_lm_base, hgrn2_lm_base and the
 # Transformer baseline, the same number of updates each, then one comparison table and plot.
 #
-#   bash scripts/lm_evidence.sh                    # on a GPU machine; ~7 minutes on one H200
+#   bash scripts/lm_evidence.sh                    # on a GPU machine (minutes on one GPU)
 #   MAX_UPDATE=200 LENGTHS=512,1024 bash scripts/lm_evidence.sh    # a quicker look
 #
 # The corpus is text already on the machine (this Python's standard library, all of it; see

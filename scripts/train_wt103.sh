@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Train a WikiText-103 language model with one of the papers' recipes (SPEC 5).
+# Train a WikiText-103 language model with one of the papers' recipes.
 #
 #   bash scripts/train_wt103.sh RECIPE [DATA_DIR] [extra fairseq-train args...]
-#   bash scripts/train_wt103.sh --dry-run RECIPE ...      # print the exact command, run nothing
+#   bash scripts/train_wt103.sh RECIPE [DATA_DIR] --dry-run   # print the exact command, run nothing
 #
 # RECIPE (also the --arch, except for the Transformer):
 #   hgrn_lm_base                HGRN1, 46.25M: adam (0.9, 0.98), lr 5e-4, inverse_sqrt, warmup 8000 from
@@ -15,27 +15,23 @@
 #                               OpenNLPLab/HGRN): weight decay 0.01, no clipping, warmup 8000, fp32,
 #                               100k updates
 #   lru_lm_base, lru_mml_lm_base, mlgru_lm_base, mlgru_mml_lm_base
-#                               the baselines of SPEC 10 (hgrn_fairseq/models/baseline_archs.py) with
+#                               the recurrent baselines (hgrn_fairseq/models/baseline_archs.py) with
 #                               hgrn_lm_base's recipe (fp32, eager: no --cuda-graphs)
 # All: dropout 0.1, 512 tokens per sample (sample-break-mode none), 128 sequences (65,536 tokens) per
 # update whatever the number of GPUs, task hgrn_language_modeling, cross-entropy loss through
-# --criterion linear_cross_entropy (hgrn_fairseq/criterions/linear_cross_entropy.py): the same loss,
-# logs and gradients as fairseq's cross_entropy, with the output projection fused into the loss (no
-# fp32 [tokens, vocab] logits). bench/bench_train.py on an H200 (2026-11-21; bf16, 16 x 512 tokens):
-# hgrn_lm_base 505K -> 688K tok/s, peak memory 6.9 -> 2.7 GiB; transformer_lm 505K -> 677K tok/s.
-# For fairseq's own criterion add --criterion cross_entropy (extra arguments win, see below), e.g.
+# --criterion linear_cross_entropy: the same loss, logs and gradients as fairseq's cross_entropy, with
+# the output projection fused into the loss (no fp32 [tokens, vocab] logits). For fairseq's own
+# criterion add --criterion cross_entropy (extra arguments win, see below), e.g.
 #   bash scripts/train_wt103.sh hgrn_lm_base --criterion cross_entropy
 # (needed for a decoder without one bias-free output matrix, e.g. with an adaptive softmax).
-# The two HGRN recipes add --cuda-graphs (hgrn_fairseq/modules/cuda_graph.py): on CUDA each training
-# forward and backward of the decoder is replayed as a CUDA graph, so the host issues 2 launches
-# instead of ~550 a step; the numbers are the eager model's (tested, DDP included). On an H200
-# (2026-11-21, bench/results/profile_train_h200_2026-11-21_s4.md) hgrn_lm_base went from 560K
-# (eager) to 818K tok/s at 16 x 512, in one run.
-# CUDA_GRAPHS=0 leaves it out. CPU runs ignore it.
+# The two HGRN recipes add --cuda-graphs: on CUDA each training forward and backward of the decoder is
+# replayed as a CUDA graph, so the host issues 2 launches a step instead of ~550; the numbers are the
+# eager model's. CUDA_GRAPHS=0 leaves it out. CPU runs ignore it. (docs/wikitext103.md: speed.)
 #
-# DATA_DIR defaults to data-bin/wikitext-103 (what data_prep/ writes), relative to the repository.
-# Extra arguments go to fairseq-train after the recipe's, so they override it (e.g. --max-update 1000,
-# --criterion cross_entropy): fairseq's argparse keeps the last occurrence of a flag.
+# DATA_DIR defaults to data-bin/wikitext-103 (what data_prep/prepare_wikitext103.py writes), relative to
+# the repository. Extra arguments go to fairseq-train after the recipe's, so they override it (e.g.
+# --max-update 1000, --criterion cross_entropy): fairseq's argparse keeps the last occurrence of a flag.
+# --dry-run prints the command also when DATA_DIR does not exist yet; an existing DATA_DIR is checked.
 #
 # Environment:
 #   NUM_GPUS        GPUs to use (default: all visible, CUDA_VISIBLE_DEVICES respected; 0 = CPU)
@@ -48,8 +44,8 @@
 #   PRECISION       fp32 | tf32 | bf16 (default: the paper's: fp32 for hgrn_lm_base and the
 #                   Transformer, bf16 for hgrn2_lm_base). tf32: fp32 weights and activations with
 #                   TensorFloat-32 matrix products on CUDA; bf16: fairseq's --bf16. The precision is
-#                   printed and written at the top of train.log. fairseq-train on an H200, 128 x 512
-#                   tokens per update (README, Speed): hgrn_lm_base fp32 149K tokens/s, bf16 771K.
+#                   printed and written at the top of train.log.
+#   OMP_NUM_THREADS on the CPU, 1 unless set (small models train several times faster so)
 #
 # Multi-GPU: one process per GPU through torchrun (python -m torch.distributed.run --standalone), which
 # fairseq's distributed training picks up from the environment (env:// rendezvous, no fairseq spawn).
@@ -58,7 +54,7 @@
 # Before anything runs, scripts/check_lm_data.py checks DATA_DIR (dict.txt, train and valid splits, no
 # token id beyond the dictionary). The same runs for fairseq-hydra-train: configs/wt103/RECIPE.yaml.
 # bf16: fairseq's command line turns --bf16 into --tpu; scripts/fairseq_train.py undoes that so the
-# hgrn2_lm_base recipe trains in bfloat16 on CUDA (see that file).
+# bf16 recipes train in bfloat16 on CUDA.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -72,7 +68,7 @@ die() {
     echo "train_wt103.sh: error: $*" >&2
     exit 2
 }
-. "$REPO/scripts/gpu_count.sh"  # count_gpus
+. "$REPO/scripts/gpu_count.sh"  # count_gpus, cpu_threads
 note() { echo "train_wt103.sh: $*" >&2; }
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; }
 absolute() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
@@ -112,16 +108,21 @@ has_extra() {
 }
 
 # ---- data ------------------------------------------------------------------------------------
-[ -d "$DATA_DIR" ] || die "DATA_DIR $DATA_DIR does not exist: prepare it with data_prep/ (see README) or pass the binarised data directory as the second argument"
-[ -f "$DATA_DIR/dict.txt" ] || die "$DATA_DIR/dict.txt is missing: pass the directory fairseq-preprocess wrote (it holds dict.txt, train.bin/.idx, valid.bin/.idx)"
-CHECK=$("$PYTHON" "$REPO/scripts/check_lm_data.py" "$DATA_DIR" --splits train,valid 2>&1) ||
-    die "${CHECK#error: }"
-DICT_SIZE=$(echo "$CHECK" | sed -n 's/^dictionary_size=//p')
-if [ "$DICT_SIZE" != "$GPT2_DICT_SIZE" ]; then
-    note "note: dict.txt gives $DICT_SIZE entries, not GPT-2 BPE's $GPT2_DICT_SIZE: parameter counts and perplexities are not comparable with the papers'"
-fi
-if [ -f "$DATA_DIR/TOKENIZER_INFO.json" ]; then
-    note "note: $DATA_DIR/TOKENIZER_INFO.json: $(tr -d '\n' <"$DATA_DIR/TOKENIZER_INFO.json" | cut -c1-200)"
+MAKE_DATA="python data_prep/prepare_wikitext103.py --source wikitext-103-raw-v1.zip --gpt2-dir GPT2_DIR --dest $DATA_DIR (data_prep/README.md)"
+if [ ! -d "$DATA_DIR" ]; then
+    [ "$DRY_RUN" -eq 1 ] || die "DATA_DIR $DATA_DIR does not exist: make it with $MAKE_DATA, or pass the binarised data directory as the second argument"
+    note "note: DATA_DIR $DATA_DIR does not exist yet (a dry run prints the command anyway): make it with $MAKE_DATA"
+else
+    [ -f "$DATA_DIR/dict.txt" ] || die "$DATA_DIR/dict.txt is missing: pass the directory fairseq-preprocess wrote (it holds dict.txt, train.bin/.idx, valid.bin/.idx)"
+    CHECK=$("$PYTHON" "$REPO/scripts/check_lm_data.py" "$DATA_DIR" --splits train,valid 2>&1) ||
+        die "${CHECK#error: }"
+    DICT_SIZE=$(echo "$CHECK" | sed -n 's/^dictionary_size=//p')
+    if [ "$DICT_SIZE" != "$GPT2_DICT_SIZE" ]; then
+        note "note: dict.txt gives $DICT_SIZE entries, not GPT-2 BPE's $GPT2_DICT_SIZE: parameter counts and perplexities are not comparable with the papers'"
+    fi
+    if [ -f "$DATA_DIR/TOKENIZER_INFO.json" ]; then
+        note "note: $DATA_DIR/TOKENIZER_INFO.json: $(tr -d '\n' <"$DATA_DIR/TOKENIZER_INFO.json" | cut -c1-200)"
+    fi
 fi
 
 # ---- processes and batch ---------------------------------------------------------------------
@@ -138,6 +139,14 @@ else
     else
         NPROC=$NGPU
         DEVICE=cuda
+    fi
+fi
+ENV_SET=()  # variables this script sets for the command (printed with it)
+if [ "$DEVICE" = cpu ]; then
+    cpu_threads
+    if [ "$CPU_THREADS_SET" -eq 1 ]; then
+        ENV_SET+=(OMP_NUM_THREADS=1)
+        note "note: OMP_NUM_THREADS=1 for the CPU run (set OMP_NUM_THREADS to choose another number of threads)"
     fi
 fi
 BATCH_PER_GPU=${BATCH_PER_GPU:-16}
@@ -180,7 +189,7 @@ case "$RECIPE" in
             "${GRAPHS[@]}")
         ;;
     lru_lm_base | lru_mml_lm_base | mlgru_lm_base | mlgru_mml_lm_base)
-        # the baselines (issue 22) with HGRN1's recipe; eager (CUDA graphs are not tested with their mixers)
+        # the baselines with HGRN1's recipe; eager (CUDA graphs are not tested with their mixers)
         RECIPE_ARGS=(--arch "$RECIPE" --warmup-updates 8000 --weight-decay 0.2 --clip-norm 0.0 --max-update 100000)
         ;;
     transformer_lm_wt103_small)
@@ -196,7 +205,7 @@ esac
 PRECISION=${PRECISION:-$PAPER_PRECISION}
 case "$PRECISION" in
     fp32) PRECISION_ARGS=() ;;
-    tf32) PRECISION_ARGS=(); export HGRN_MATMUL_PRECISION=tf32 ;;
+    tf32) PRECISION_ARGS=(); export HGRN_MATMUL_PRECISION=tf32; ENV_SET+=(HGRN_MATMUL_PRECISION=tf32) ;;
     bf16) PRECISION_ARGS=(--bf16) ;;
     *) die "PRECISION='$PRECISION' is not one of fp32, tf32, bf16 (default for $RECIPE: $PAPER_PRECISION, the paper's)" ;;
 esac
@@ -231,7 +240,7 @@ note "recipe $RECIPE on $NPROC $DEVICE process(es): $BATCH_PER_GPU sequences x $
 note "precision: $PRECISION_NOTE"
 note "checkpoints: $SAVE_DIR (rerun to resume from checkpoint_last.pt); logs: $LOG_DIR"
 if [ "$DRY_RUN" -eq 1 ]; then
-    if [ "$PRECISION" = tf32 ]; then printf 'HGRN_MATMUL_PRECISION=tf32 '; fi
+    [ ${#ENV_SET[@]} -eq 0 ] || printf '%s ' "${ENV_SET[@]}"
     printf '%q ' "${CMD[@]}"
     echo
     exit 0
@@ -243,7 +252,7 @@ fi
 mkdir -p "$SAVE_DIR" "$LOG_DIR"
 {
     printf '# %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    if [ "$PRECISION" = tf32 ]; then printf 'HGRN_MATMUL_PRECISION=tf32 '; fi
+    [ ${#ENV_SET[@]} -eq 0 ] || printf '%s ' "${ENV_SET[@]}"
     printf '%q ' "${CMD[@]}"
     echo
 } >>"$LOG_DIR/command.txt"

@@ -1,4 +1,4 @@
-"""Command-line options of everything the plugin registers (issue 18).
+"""Command-line options of everything the plugin registers.
 
 * No boolean option defaults to True: fairseq turns such a field into a flag that switches it *off*.
 * Each boolean flag of ``hgrn_lm`` changes the model the way its name says.

@@ -1,6 +1,6 @@
 """Length extrapolation: test perplexity of a fairseq language model at evaluation lengths L.
 
-What is measured (SPEC 6): the test split, as one token stream, is cut into non-overlapping blocks
+What is measured: the test split, as one token stream, is cut into non-overlapping blocks
 of L tokens (context window 0; the last block may be shorter) and each block is scored on its own,
 one block per batch. The perplexity at L is exp(total NLL / number of scored tokens). Run at the
 training length and above it, this shows whether a model still works on sequences longer than any
@@ -656,7 +656,7 @@ def write_reports(
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m hgrn_fairseq.evaluation.extrapolation",
-        description="Test perplexity of a fairseq LM checkpoint at several evaluation lengths (SPEC 6).",
+        description="Test perplexity of a fairseq LM checkpoint at several evaluation lengths.",
     )
     p.add_argument("checkpoint", help="fairseq checkpoint (.pt) of hgrn_lm*, transformer_lm, ...")
     p.add_argument("data", nargs="?", default=None,

@@ -122,7 +122,7 @@ def test_incomplete_folder(tmp_path):
         pw.locate_raw(str(tmp_path), str(tmp_path / "w"))
 
 
-# ---- the GPT-2 files are verified before any work (issue 19) -------------------------------------------
+# ---- the GPT-2 files are verified before any work -------------------------------------------
 def test_gpt2_files_that_are_not_the_published_ones_are_refused(wikitext, tmp_path):
     fixtures_corpus.write_byte_level_gpt2_files(str(tmp_path / "gpt2"))
     with pytest.raises(pw.PrepError) as err:

@@ -193,3 +193,25 @@ def test_shell_entry_point(setup, tmp_path):
     bad = pyrun.run(["bash", script, setup["hgrn"], setup["data"], "--lengths", "0"],
                     capture_output=True, text=True, env=fixtures_corpus.subprocess_env())
     assert bad.returncode == 2 and "L=0 is invalid" in bad.stderr
+
+
+def test_shell_entry_point_defaults_to_one_omp_thread_on_cpu(tmp_path):
+    """On the CPU (--cpu, or no GPU) the evaluation runs with OMP_NUM_THREADS=1 unless it is set."""
+    script = os.path.join(fixtures_corpus.REPO, "scripts", "eval_extrapolation.sh")
+    fake_python = tmp_path / "python"
+    fake_python.write_text('#!/bin/sh\necho "OMP=${OMP_NUM_THREADS:-unset} $*"\n')
+    fake_python.chmod(0o755)
+    checkpoint = tmp_path / "checkpoint.pt"
+    checkpoint.write_text("")
+
+    def omp(env, *args):
+        full = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+        full.update(PYTHON=str(fake_python), **env)
+        proc = pyrun.run(["bash", script, str(checkpoint), *args], capture_output=True, text=True, env=full)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.split()[0]
+
+    assert omp({"NUM_GPUS": "0"}) == "OMP=1"
+    assert omp({"NUM_GPUS": "1"}, "--cpu") == "OMP=1"
+    assert omp({"NUM_GPUS": "1"}) == "OMP=unset"
+    assert omp({"NUM_GPUS": "0", "OMP_NUM_THREADS": "3"}) == "OMP=3"

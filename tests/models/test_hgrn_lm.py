@@ -64,7 +64,7 @@ def test_real_variant_parameter_counts(arch, width):
 
 
 def test_parameter_count_by_hand_for_other_widths():
-    # Count of SPEC 1/2/4 written out: embedding, per layer (HGRU + 2 LN + GLU), final LN, Gamma.
+    # The papers' count written out: embedding, per layer (HGRU + 2 LN + GLU), final LN, Gamma.
     V, d, L, g = 1000, 48, 3, 80
     model = build("hgrn_lm_tiny", gpt2_sized_dictionary(V), decoder_embed_dim=d, decoder_layers=L, glu_dim=g)
     hgru = (d * 2 * d + 2 * d) + (d * d + d) + (d * 2 * d + 2 * d) + (2 * d * d + d) + 2 * (2 * d) + d

@@ -1,6 +1,6 @@
 """bench/bench_train.py on CPU: it imports, its smoke path measures tiny models end to end, an
 unavailable peer is reported instead of crashing, and the time budget is kept. (The numbers come from
-the GPU run; see bench/README.md.)"""
+the GPU run; see docs/wikitext103.md and bench/results/train_lm/.)"""
 import importlib.util
 import json
 import os
@@ -26,7 +26,7 @@ def test_full_run_plan(bench):
     assert bench.SHAPES == ((16, 512), (4, 2048), (1, 8192)) and bench.VOCAB == 50264 and bench.EVAL_L == 14336
     assert set(bench.MODELS) == {"hgrn_lm_base", "hgrn2_lm_base", "transformer_lm", "fla_hgrn", "fla_hgrn2"}
     assert bench.LOSSES == ("fairseq", "fused")
-    # every fairseq model once per loss, fla once, transformer_lm always with fairseq's loss (issue-5 peer)
+    # every fairseq model once per loss, fla once, transformer_lm always with fairseq's loss (the speed targets' peer)
     assert bench.plan_jobs(["hgrn_lm_base", "transformer_lm", "fla_hgrn"], ["fused"]) == [
         ("hgrn_lm_base", "fused"), ("transformer_lm", "fairseq"), ("transformer_lm", "fused"), ("fla_hgrn", "fairseq")]
     assert bench.plan_jobs(["hgrn2_lm_base"], ["fairseq", "fused"]) == [
@@ -95,7 +95,7 @@ def test_cpu_smoke_run(bench, tmp_path):
         assert "fla" in summary["unavailable"]["fla_hgrn"]
         assert "fla_hgrn (unavailable: ModuleNotFoundError" in markdown
     assert "| hgrn_lm_base | 173,312 |" in markdown  # tiny arch on CPU
-    assert "## Targets (issue 5)" in markdown and "## Evaluation at L = 48" in markdown
+    assert "## Speed targets" in markdown and "## Evaluation at L = 48" in markdown
 
     # --loss fused: the same models trained with the linear_cross_entropy criterion, in rows of their own
     criterion = {r["model"]: r["criterion"] for r in summary["records"] if r["kind"] == "model" and "criterion" in r}
@@ -107,7 +107,7 @@ def test_cpu_smoke_run(bench, tmp_path):
         for batch, seq in bench.QUICK["cpu"]["shapes"]:
             assert train[(model, batch, seq)]["tokens_per_s"] > 0
     assert "| hgrn_lm_base (fused CE) | 173,312 |" in markdown
-    # the issue-5 targets keep fairseq's transformer_lm as the peer; the same-loss ratio is extra
+    # the speed targets keep fairseq's transformer_lm as the peer; the same-loss ratio is extra
     pairs = {(r["model"], r["peer"]): r["target"] for r in summary["ratios"] if r["batch"] == 16}
     assert pairs[("hgrn_lm_base", "transformer_lm")] == 1.5
     assert pairs[("hgrn_lm_base (fused CE)", "transformer_lm")] == 1.5

@@ -1,6 +1,6 @@
 """scripts/lm_evidence.sh: its corpus + BPE stage on a generated source tree, and its input checks.
 (The training and evaluation stages are train_wt103.sh and evaluation.extrapolation, tested on their
-own; the full run needs a GPU and is reported in the README.)"""
+own; the full run needs a GPU and is reported in docs/wikitext103.md.)"""
 import json
 import os
 

@@ -21,7 +21,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SCRIPT = os.path.join(REPO, "scripts", "train_wt103.sh")
 CONFIGS = os.path.join(REPO, "configs", "wt103")
 RECIPES = ("hgrn_lm_base", "hgrn2_lm_base", "transformer_lm_wt103_small")
-BASELINES = ("lru_lm_base", "lru_mml_lm_base", "mlgru_lm_base", "mlgru_mml_lm_base")  # issue 22, HGRN1's recipe
+BASELINES = ("lru_lm_base", "lru_mml_lm_base", "mlgru_lm_base", "mlgru_mml_lm_base")  # HGRN1's recipe
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import fairseq_train  # noqa: E402  (scripts/fairseq_train.py)
 
@@ -198,9 +198,51 @@ def test_default_data_dir_and_save_dir_env(tmp_path, data):
                                                  "LOG_DIR": str(tmp_path / "lg")})
     got = flags(argv)
     assert got["--save-dir"] == str(tmp_path / "ck") and got["--log-file"] == str(tmp_path / "lg" / "train.log")
-    # DATA_DIR omitted and the next argument a flag: the default data-bin/wikitext-103 is used (and checked)
-    proc = run_script("--dry-run", "hgrn_lm_base", "--max-update", "3")
-    assert proc.returncode == 2 and "data-bin/wikitext-103 does not exist" in proc.stderr
+    # DATA_DIR omitted and the next argument a flag: the default data-bin/wikitext-103 is used
+    default = os.path.join(REPO, "data-bin", "wikitext-103")
+    if not os.path.exists(default):
+        proc = run_script("--dry-run", "hgrn_lm_base", "--max-update", "3", env={"NUM_GPUS": "1"})
+        assert proc.returncode == 0 and shlex.split(proc.stdout)[2] == default
+        err = one_line_error(run_script("hgrn_lm_base", "--max-update", "3", env={"NUM_GPUS": "1"}))
+        assert "data-bin/wikitext-103 does not exist" in err
+
+
+def test_dry_run_needs_no_data_but_a_run_does(tmp_path):
+    """--dry-run prints the command before the data exists (a note says how to make it); a real run
+    stops with one line naming the directory and the command that makes it."""
+    missing = tmp_path / "wikitext-103"
+    for args in (("--dry-run", "hgrn_lm_base", missing), ("hgrn2_lm_base", missing, "--dry-run")):
+        proc = run_script(*args, env={"NUM_GPUS": "1"})
+        assert proc.returncode == 0, proc.stderr
+        argv = shlex.split(proc.stdout)
+        assert argv[2] == str(missing) and "--arch" in argv
+        assert "does not exist yet" in proc.stderr and "data_prep/prepare_wikitext103.py" in proc.stderr
+    err = one_line_error(run_script("hgrn_lm_base", missing, env={"NUM_GPUS": "1"}))
+    assert f"DATA_DIR {missing} does not exist" in err
+    assert f"data_prep/prepare_wikitext103.py --source wikitext-103-raw-v1.zip --gpt2-dir GPT2_DIR --dest {missing}" in err
+    assert not missing.exists()
+
+
+def test_cpu_runs_default_to_one_omp_thread(tmp_path):
+    """On the CPU the command gets OMP_NUM_THREADS=1 unless the user set it; GPU runs are left alone."""
+    missing = tmp_path / "data"
+
+    def command(env, *extra):
+        full = pyrun.script_env()
+        full.pop("OMP_NUM_THREADS", None)
+        full.update(env)
+        proc = pyrun.run(["bash", SCRIPT, "--dry-run", "hgrn_lm_base", str(missing), *extra], capture_output=True,
+                         text=True, env=full, cwd=REPO)
+        assert proc.returncode == 0, proc.stderr
+        return shlex.split(proc.stdout), proc.stderr
+
+    for env, extra in (({"NUM_GPUS": "0"}, ()), ({"NUM_GPUS": "1"}, ("--cpu",))):
+        argv, log = command(env, *extra)
+        assert argv[0] == "OMP_NUM_THREADS=1" and "OMP_NUM_THREADS=1 for the CPU run" in log
+    argv, _ = command({"NUM_GPUS": "0", "OMP_NUM_THREADS": "2"})
+    assert not any(a.startswith("OMP_NUM_THREADS") for a in argv)  # the user's setting stands
+    argv, _ = command({"NUM_GPUS": "1"})
+    assert not any(a.startswith("OMP_NUM_THREADS") for a in argv)
 
 
 # ---- bad input: one line, exit 2, naming the fix ----------------------------------------------
@@ -220,7 +262,7 @@ def test_unknown_or_missing_recipe(data):
 
 
 def test_missing_data_dir_or_dictionary(tmp_path, data):
-    err = one_line_error(run_script("--dry-run", "hgrn_lm_base", tmp_path / "nowhere"))
+    err = one_line_error(run_script("hgrn_lm_base", tmp_path / "nowhere"))
     assert "nowhere does not exist" in err and "data_prep/" in err
     no_dict = tmp_path / "no_dict"
     shutil.copytree(data, no_dict)

@@ -77,7 +77,7 @@ def test_long_samples_are_refused_not_skipped():
         task.filter_indices_by_size(indices, _Sized([5, 6, 7]), max_positions=6, ignore_invalid_inputs=True)
 
 
-# ---- issue 19: every token counted, a checkpoint knows its data, numbers and splits checked ---------------
+# ---- every token counted, a checkpoint knows its data, numbers and splits checked ---------------
 FAIRSEQ = os.path.dirname(sys.executable)
 
 
