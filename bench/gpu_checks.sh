@@ -116,7 +116,7 @@ if [[ " $STAGES " == *" mqar "* ]]; then
   SETTINGS=${MQAR_SETTINGS:-256:16,512:64} DIMS=${MQAR_DIMS:-64,128,256,512} LRS=${MQAR_LRS:-1e-3,3e-3} \
     TRAIN_SIZE=${MQAR_TRAIN_SIZE:-20000} EPOCHS=${MQAR_EPOCHS:-4} MAX_UPDATE=${MQAR_MAX_UPDATE:-} \
     VALIDATE_EVERY=${MQAR_VALIDATE_EVERY:-0} JOBS=${MQAR_JOBS:-4} GPUS=${MQAR_GPUS:-} TIME_BUDGET=${MQAR_S:-420} \
-    OUT=$OUT/mqar bash scripts/run_mqar.sh ${MQAR_RUN_TIMEOUT:+--run-timeout $MQAR_RUN_TIMEOUT} 2>&1 \
+    OUT=$OUT/mqar bash scripts/run_mqar.sh --yes ${MQAR_RUN_TIMEOUT:+--run-timeout $MQAR_RUN_TIMEOUT} 2>&1 \
     | tee -a "$OUT/mqar.log" | tail -30
   [ "${MQAR_MPS:-0}" = 1 ] && stop_mps
   # $OUT brings back at most 8 files: the per-run logs and JSONs travel as one archive
