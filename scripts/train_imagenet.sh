@@ -58,7 +58,7 @@ ARGS=(--config-name "$RECIPE" "model.name=$MODEL" "data.path=$DATA" "train.outpu
 PREFIX=""
 if [ "$NGPU" -eq 0 ]; then
     echo "train_imagenet.sh: no GPU: one CPU process (for smoke runs)" >&2
-    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+    cpu_threads  # (scripts/gpu_count.sh)
     PREFIX="OMP_NUM_THREADS=$OMP_NUM_THREADS "
     CMD=("$PY" -m hgrn_fairseq.image.train "${ARGS[@]}" train.device=cpu "$@")
 elif [ "$NGPU" -eq 1 ]; then

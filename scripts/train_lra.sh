@@ -107,7 +107,7 @@ else
 fi
 CPU_ENV=()  # what the CPU processes run with, printed with the commands
 if [ "$DEVICE" = cpu ]; then
-    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+    cpu_threads  # (scripts/gpu_count.sh)
     CPU_ENV=(env "OMP_NUM_THREADS=$OMP_NUM_THREADS")
 fi
 
