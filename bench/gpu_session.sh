@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One GPU-machine call that runs several evidence/benchmark stages with fairseq installed (see
-# ../shared/DEVICE.md). Run from the repository root with the wheels of DEVICE.md in .whl/:
+# One GPU-machine call that runs several evidence/benchmark stages with fairseq installed. Run from the
+# repository root with the wheels in .whl/ (bench/README.md, "On a GPU machine"):
 #
 #   OUT=/some/dir bash bench/gpu_session.sh STAGE[:SECONDS] ...
 #
@@ -22,8 +22,7 @@
 #               the checkpoint parts mqar_ckpt.tar.partNN, which travel alone.
 #   tests:PATHS... is not a stage: use TEST_PATHS with bench/gpu_checks.sh for kernel tests.
 # SESSION_PARALLEL=1 runs the stages at the same time, under one CUDA MPS daemon they share. Only for stages
-#   that leave a GPU idle: LRA ListOps beside the MQAR sweep's 8 jobs measured no gain (H200 2026-11-25:
-#   ListOps at ~35% of its rate, the sweep at ~55%; docs/lra.md), so run those one after the other.
+#   that leave a GPU idle: LRA ListOps beside the MQAR sweep gained nothing, so run those one after the other.
 # SAVE_FAIRSEQ_WHEEL=1 returns the fairseq wheel built here in $OUT (two parts; see gpu_fairseq.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +40,7 @@ export PYTHONPATH=$R:/tmp/site:/tmp/site2 PATH=/tmp/site2/bin:$PATH
 export TRITON_CACHE_DIR=/tmp/tc
 mkdir -p /tmp/tc
 
-run_stage() {  # SPEC (STAGE[:SECONDS]): the stage under its time limit, its output in $OUT/STAGE.log
+run_stage() {  # STAGE[:SECONDS]: the stage under its time limit, its output in $OUT/STAGE.log
   local spec=$1 stage=${1%%:*} limit=300 cmd
   [ "$spec" != "$stage" ] && limit=${spec#*:}
   case $stage in

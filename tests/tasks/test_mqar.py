@@ -279,7 +279,7 @@ def load_sweep():
 def test_sweep_reports_pick_the_best_lr_per_model_and_width(tmp_path):
     sweep = load_sweep()
     log = "\n".join(
-        '2026-01-01 | INFO | valid | ' + json.dumps({"epoch": e, "valid_loss": "1.0", "valid_accuracy": a,
+        '1970-01-01 | INFO | valid | ' + json.dumps({"epoch": e, "valid_loss": "1.0", "valid_accuracy": a,
                                                       "valid_num_updates": 10 * e})
         for e, a in [(1, "12.5"), (2, "40.25"), (3, "38")]
     )
