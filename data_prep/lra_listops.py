@@ -21,6 +21,10 @@ drops examples that would be rejected, so the kept ones have exactly the distrib
 
     python data_prep/lra_listops.py --dest data/lra_generated --workers 16
 
+Lengths no tree reaches at ``--max-depth`` / ``--max-args``, or fewer distinct trees than examples
+asked, are refused before any work; otherwise a draw budget per example and a duplicate budget end
+a search for trees that are reachable but too rare, with one line naming the options.
+
 writes ``data/lra_generated/listops-1000/`` (``GENERATOR.json`` records the options, counts and
 label histogram; re-running with the same options prints "up to date").
 """
@@ -46,8 +50,74 @@ STAMP = "GENERATOR.json"
 FORMAT = "hgrn-listops-generator/1"
 
 
+MAX_DRAWS = 100_000  # trees drawn for one example before giving up (the defaults need about 10)
+COUNT_CAP = 4096  # lengths up to which generate() counts the distinct trees exactly before any work
+
+
 class _TooLong(Exception):
     pass
+
+
+class SamplingError(ValueError):
+    """Sampling ran out of its draw budget: the requested lengths are reachable but too rare."""
+
+
+def longest_tree(max_depth: int, max_args: int) -> int:
+    """Length of the largest tree: every node above ``max_depth`` an operator with ``max_args`` children."""
+    n = 1
+    for _ in range(max_depth - 1):
+        n = 2 + max_args * n
+    return n
+
+
+def tree_counts(max_depth: int, max_args: int, limit: int):
+    """float64 [limit]: number of distinct tree texts of each length below ``limit`` (capped at 1e15,
+    exact below it), by dynamic programming over the depth, as ``_node`` builds them."""
+    import numpy as np
+
+    cap = 1e15
+    counts = np.zeros(limit)
+    counts[1] = 10.0  # a digit
+    for _ in range(max_depth - 1):
+        children = np.zeros(limit)  # lengths of k >= 2 children together
+        acc = counts
+        for _ in range(2, max_args + 1):
+            acc = np.minimum(np.convolve(acc, counts)[:limit], cap)
+            children += acc
+        new = np.zeros(limit)
+        new[1] = 10.0
+        new[3:] = 4.0 * children[1:limit - 2]  # the operator and its closing bracket: +2
+        new = np.minimum(new, cap)
+        if np.array_equal(new, counts):
+            break
+        counts = new
+    return counts
+
+
+def check_reachable(total: int, max_depth: int, max_args: int, min_length: int, max_length: int) -> None:
+    """Refuse, before any sampling, lengths no tree can have or fewer distinct trees than examples asked."""
+    what = f"at --max-depth {max_depth} --max-args {max_args}"
+    longest = longest_tree(max_depth, max_args)
+    if longest <= min_length:
+        raise ValueError(f"--min-length {min_length}: the longest ListOps tree {what} has length {longest}; "
+                         f"lower --min-length below {longest} or raise --max-depth / --max-args")
+    limit = min(max_length, longest + 1, COUNT_CAP)
+    exact = min(max_length, longest + 1) <= COUNT_CAP  # every length of the window counted
+    if min_length + 1 >= limit:
+        return  # the window starts beyond the exact count: the draw budget of sample() is the guard
+    counts = tree_counts(max_depth, max_args, limit)
+    in_window = float(counts[min_length + 1:limit].sum())
+    if in_window == 0 and exact:
+        reach = [i for i in range(limit) if counts[i] > 0]
+        below = max(i for i in reach if i <= min_length)
+        wider = tree_counts(max_depth, max_args, min(longest + 1, COUNT_CAP))
+        above = next((str(i) for i in range(max_length, len(wider)) if wider[i] > 0), "none")
+        raise ValueError(f"--min-length {min_length} --max-length {max_length}: no ListOps tree {what} has a "
+                         f"length strictly between them (nearest reachable lengths: {below} and {above}); "
+                         f"widen the range")
+    if in_window < total and exact:
+        raise ValueError(f"--train/--valid/--test {total} examples: only {int(in_window)} distinct ListOps trees "
+                         f"{what} have {min_length} < length < {max_length}; ask for fewer or widen the range")
 
 
 def _apply(op: str, args: List[int]) -> int:
@@ -91,8 +161,10 @@ def _node(rng: random.Random, depth: int, max_depth: int, max_args: int, budget:
 
 def sample(rng: random.Random, max_depth: int = 10, max_args: int = 10, min_length: int = 500,
            max_length: int = 2000) -> Tuple[str, int, int]:
-    """Draw trees until one has ``min_length < length < max_length``: (text, value, length)."""
-    while True:
+    """Draw trees until one has ``min_length < length < max_length``: (text, value, length).
+
+    Raises SamplingError after ``MAX_DRAWS`` draws without one (lengths reachable but too rare)."""
+    for _ in range(MAX_DRAWS):
         out: List[str] = []
         budget = [max_length]
         try:
@@ -102,6 +174,10 @@ def sample(rng: random.Random, max_depth: int = 10, max_args: int = 10, min_leng
         length = max_length - budget[0]
         if length > min_length:
             return "".join(out), value, length
+    raise SamplingError(f"no ListOps tree with {min_length} < length < {max_length} in {MAX_DRAWS} draws at "
+                        f"--max-depth {max_depth} --max-args {max_args} (reachable up to "
+                        f"{longest_tree(max_depth, max_args)}, but too rare); widen --min-length/--max-length "
+                        f"or raise --max-depth / --max-args")
 
 
 def _chunk(job: Tuple[int, int, int, int, int, int, int]) -> List[Tuple[str, int, int]]:
@@ -129,6 +205,7 @@ def generate(dest: str, train: int = 96000, valid: int = 2000, test: int = 2000,
             raise ValueError(f"--{name.replace('_', '-')} {v}: expected an integer >= {lo}")
     if max_length <= min_length + 2:
         raise ValueError(f"--max-length {max_length} must exceed --min-length {min_length} by more than 2")
+    check_reachable(train + valid + test, max_depth, max_args, min_length, max_length)
     opts = {"train": train, "valid": valid, "test": test, "seed": seed, "max_depth": max_depth,
             "max_args": max_args, "min_length": min_length, "max_length": max_length}
     folder = os.path.join(dest, FOLDER)
@@ -146,6 +223,7 @@ def generate(dest: str, train: int = 96000, valid: int = 2000, test: int = 2000,
     t0 = time.time()
     seen = set()
     duplicates = 0
+    max_duplicates = 20 * total + 10_000  # a full draw of every distinct tree needs ~ln(total) per example
     labels = {split: [0] * 10 for split in targets}
     lengths = {split: [max_length, 0, 0] for split in targets}  # min, max, sum
     order = [s for s, _ in SPLIT_FILES]
@@ -169,6 +247,11 @@ def generate(dest: str, train: int = 96000, valid: int = 2000, test: int = 2000,
                 key = hashlib.blake2b(text.encode(), digest_size=16).digest()
                 if key in seen:
                     duplicates += 1
+                    if duplicates > max_duplicates:
+                        raise SamplingError(
+                            f"{duplicates} duplicate ListOps trees after {done} distinct of {total} at "
+                            f"--max-depth {max_depth} --max-args {max_args} --min-length {min_length} "
+                            f"--max-length {max_length}: too few distinct trees; ask for fewer or widen the range")
                     continue
                 seen.add(key)
                 split = next(s for s in order if written[s] < targets[s])
@@ -182,6 +265,11 @@ def generate(dest: str, train: int = 96000, valid: int = 2000, test: int = 2000,
                     bar.update(1)
             if done == total:
                 break
+    except BaseException:
+        for f in files.values():
+            f.close()
+            os.remove(f.name)  # no half-written split left beside the finished ones
+        raise
     finally:
         if pool is not None:
             pool.terminate()
