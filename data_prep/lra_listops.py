@@ -19,11 +19,11 @@ Work is split into fixed chunks of ``CHUNK`` accepted examples, chunk ``c`` draw
 ``--workers``). Trees larger than the maximum are abandoned as soon as they pass it: that only
 drops examples that would be rejected, so the kept ones have exactly the distribution above.
 
-    python data_prep/lra_listops.py --dest data/lra_generated --workers 16
-
 Lengths no tree reaches at ``--max-depth`` / ``--max-args``, or fewer distinct trees than examples
 asked, are refused before any work; otherwise a draw budget per example and a duplicate budget end
 a search for trees that are reachable but too rare, with one line naming the options.
+
+    python data_prep/lra_listops.py --dest data/lra_generated --workers 16
 
 writes ``data/lra_generated/listops-1000/`` (``GENERATOR.json`` records the options, counts and
 label histogram; re-running with the same options prints "up to date").

@@ -27,7 +27,9 @@ that a model learns Pathfinder at all; their meta.json says ``comparable=false``
 
 Longer sequences are truncated to ``--max-len`` (counted, in meta.json and on stdout); unreadable
 or empty images (the release's ``sample_172.png``) are reported, counted and left out; a label
-outside the task's classes stops with the file and line. Everything is written through
+outside the task's classes, a ListOps symbol other than the operators, digits and ``]`` (refused, not
+mapped to ``<unk>``), a split without examples, a non-UTF-8 TSV and a damaged archive stop with
+one line naming the file (and line). Everything is written through
 ``hgrn_fairseq/tasks/lra_format.py`` (temporary names, renamed; ``meta.json`` last). A rerun with
 the same inputs and options finds ``meta.json``'s fingerprint unchanged and prints "up to date".
 """
@@ -44,6 +46,7 @@ import re
 import shutil
 import sys
 import tarfile
+import zlib
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -134,7 +137,8 @@ def _members(task: str, contour_length: int = DEFAULT_CONTOUR):
 def _tqdm(iterable=None, **kw):
     from tqdm import tqdm
 
-    return tqdm(iterable, file=sys.stderr, dynamic_ncols=True, mininterval=1.0, **kw)
+    # disable=None: bars on a terminal only, so a captured stderr holds the messages, errors among them
+    return tqdm(iterable, file=sys.stderr, dynamic_ncols=True, mininterval=1.0, disable=None, **kw)
 
 
 # --------------------------------------------------------------------------------------------
@@ -174,21 +178,32 @@ def unpack(task: str, archive: str, workdir: str, log=print, contour_length: int
     try:
         tar = tarfile.open(archive, "r:*")
     except (tarfile.TarError, OSError) as e:
-        raise PrepError(f"{archive}: not a readable tar archive ({e}); {_needs(task, contour_length)[1]}") from None
+        # (tarfile lists one line per compression it tried: the first line says enough)
+        why = str(e).splitlines()[0].rstrip(":") if str(e) else type(e).__name__
+        raise PrepError(f"{archive}: not a readable tar archive ({why}): damaged, truncated or another format "
+                        f"(a .zip must be unpacked first); {_needs(task, contour_length)[1]}") from None
     pattern = _members(task, contour_length)
     n = 0
-    with tar:
-        for member in _tqdm(tar, desc=f"unpacking {os.path.basename(archive)}", unit=" files"):
-            m = pattern.search(member.name)
-            if not m or not member.isfile():
-                continue
-            out = os.path.join(workdir, m.group(1))
-            os.makedirs(os.path.dirname(out), exist_ok=True)
-            src = tar.extractfile(member)
-            with open(out + ".part", "wb") as f:
-                shutil.copyfileobj(src, f, 1 << 20)
-            os.replace(out + ".part", out)
-            n += 1
+    out = None
+    try:
+        with tar:
+            for member in _tqdm(tar, desc=f"unpacking {os.path.basename(archive)}", unit=" files"):
+                m = pattern.search(member.name)
+                if not m or not member.isfile():
+                    continue
+                out = os.path.join(workdir, m.group(1))
+                os.makedirs(os.path.dirname(out), exist_ok=True)
+                src = tar.extractfile(member)
+                with open(out + ".part", "wb") as f:
+                    shutil.copyfileobj(src, f, 1 << 20)
+                os.replace(out + ".part", out)
+                n += 1
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
+        # a truncated or corrupted download: nothing unpacked from it is used (no stamp is written)
+        if out is not None and os.path.exists(out + ".part"):
+            os.remove(out + ".part")
+        raise PrepError(f"{archive}: damaged or truncated archive ({type(e).__name__}: {e}); "
+                        f"download it again") from None
     log(f"[{task}] unpacked {n} files from {archive}")
     with open(stamp, "w") as f:
         json.dump(key, f)
@@ -218,6 +233,10 @@ def char_symbol(c: str) -> str:
     """A character as a fairseq dict.txt symbol: itself, or ``<U+XXXX>`` for whitespace / control
     characters (dict.txt is ``symbol count`` per line and fairseq splits on whitespace)."""
     return c if c.isprintable() and not c.isspace() else f"<U+{ord(c):04X}>"
+
+
+# LRA's ListOps vocabulary after listops_tokens(): the four operators, the closing bracket, the digits.
+LISTOPS_SYMBOLS = frozenset(["[MIN", "[MAX", "[MED", "[SM", "X"] + [str(d) for d in range(10)])
 
 
 def listops_tokens(source: str) -> List[str]:
@@ -265,9 +284,21 @@ def _build_char_dictionary(texts: Iterable[str], min_count: int):
 
 def _read_tsv(path: str) -> Iterable[Tuple[int, List[str]]]:
     csv.field_size_limit(sys.maxsize)
+    lineno = 0
     with open(path, encoding="utf-8", newline="") as f:
-        for lineno, row in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE), 1):
-            yield lineno, row
+        try:
+            for lineno, row in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE), 1):
+                yield lineno, row
+        except UnicodeDecodeError as e:
+            raise PrepError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} after line {lineno}); "
+                            f"LRA's TSV files are UTF-8: re-download the file or convert it to UTF-8") from None
+
+
+def _require_examples(path: str, n: int) -> None:
+    """No split may be empty: a header-only file would pass until evaluation divides by zero."""
+    if n == 0:
+        raise PrepError(f"{path}: no examples (a header at most); every split needs at least one: "
+                        f"re-download or regenerate the file")
 
 
 def _label(text: str, path: str, lineno: int, num_classes: int) -> int:
@@ -308,10 +339,18 @@ def prepare_listops(root: str, dest: str, max_len: int, log) -> Result:
             toks = listops_tokens(row[0])
             if not toks:
                 raise PrepError(f"{path} line {lineno}: empty expression")
+            # refused, not mapped to <unk>: ListOps has a closed vocabulary, so a foreign symbol means a
+            # damaged or different file, and a model cannot compute a value through an unknown operator
+            bad = next((t for t in toks if t not in LISTOPS_SYMBOLS), None)
+            if bad is not None:
+                raise PrepError(f"{path} line {lineno}: unknown ListOps symbol {bad!r}; expected the operators "
+                                f"[MIN [MAX [MED [SM, the digits 0-9 and ]: the file is not LRA's ListOps "
+                                f"(re-download or regenerate it)")
             if len(toks) > max_len:
                 toks, cut = toks[:max_len], cut + 1
             docs.append(toks)
             labels.append(_label(row[1], path, lineno, 10))
+        _require_examples(path, len(docs))
         data[split] = (docs, labels)
         res.truncated[split] = cut
     d = fmt.build_dictionary(data["train"][0])
@@ -387,6 +426,7 @@ def prepare_retrieval(root: str, dest: str, max_len: int, log) -> Result:
             n_cut = (len(row[3]) > max_len) + (len(row[4]) > max_len)
             cut_docs += n_cut
             cut_examples += n_cut > 0
+        _require_examples(path, len(labels))
         data[split] = (a, b, labels)
         res.truncated[split] = cut_examples
         docs_cut[split] = cut_docs

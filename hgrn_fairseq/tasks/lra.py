@@ -326,6 +326,9 @@ class _LraTask(RecordsDataInCheckpoints, FairseqTask):
             raise ValueError(f"{self.NAME}: split {split!r} is not in {self.cfg.data} (it has "
                              f"{sorted(self.meta['splits'])}); pass one of those to --valid-subset")
         data = lra_format.load_split(self.cfg.data, split, self.meta)
+        if len(data) == 0:  # (validate() refuses it too; this guards a directory changed since setup_task)
+            raise lra_format.LraDataError(f"{lra_format.label_path(self.cfg.data, split)}: split {split!r} has no "
+                                          f"examples; fix: {lra_format.PREPARE_HINT}")
         self.datasets[split] = self._dataset(split, data)
         logger.info(f"{self.NAME}: {split}: {len(self.datasets[split])} examples")
 

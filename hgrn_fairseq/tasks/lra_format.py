@@ -470,6 +470,10 @@ def _validate_files(dest: str, meta: Dict[str, Any], max_len: Optional[int] = No
             continue
         n = meta["splits"][split]
         lp = label_path(dest, split)
+        if n == 0:  # refused here, not when evaluation divides by the split's size at the end of a run
+            problems.append(f"{lp}: split {split!r} has no examples (meta.json: 0); every split needs at least "
+                            f"one; {fix}")
+            continue
         if not os.path.isfile(lp):
             problems.append(f"{lp}: missing; {fix}")
         else:

@@ -60,3 +60,93 @@ def test_listops_duplicate_budget_ends_a_search_the_count_did_not_cover(tmp_path
     with pytest.raises(lra_listops.SamplingError, match="10 distinct of 22 at --max-depth 1"):
         lra_listops.generate(str(tmp_path), train=20, valid=1, test=1, workers=1, max_depth=1, min_length=0,
                              max_length=50, progress=False, log=lambda m: None)
+
+
+# ------------------------------------------------------------------------------------------ prepare_lra.py
+def prepare(*args):
+    from tests import pyrun  # a fresh `python data_prep/prepare_lra.py`, started from a warm interpreter
+
+    return pyrun.run([sys.executable, os.path.join(DATA_PREP, "prepare_lra.py"), *map(str, args)],
+                     capture_output=True, text=True)
+
+
+ROWS = ["( ( ( [MAX 2 ) 9 ) ] )\t9", "( ( ( [SM 4 ) 7 ) ] )\t1", "3\t3", "( ( ( [MED 1 ) 5 ) ] )\t3"]
+
+
+def listops_folder(tmp_path, test_rows=ROWS, train_rows=ROWS):
+    folder = tmp_path / "src" / "listops-1000"
+    folder.mkdir(parents=True)
+    for name, rows in (("basic_train.tsv", train_rows), ("basic_val.tsv", ROWS), ("basic_test.tsv", test_rows)):
+        (folder / name).write_text("Source\tTarget\n" + "".join(r + "\n" for r in rows))
+    return folder
+
+
+def test_prepare_refuses_a_header_only_split(tmp_path):
+    folder = listops_folder(tmp_path, test_rows=[])
+    proc = prepare("listops", "--source", tmp_path / "src", "--dest", tmp_path / "out")
+    assert_one_line(proc, str(folder / "basic_test.tsv"), "no examples")
+    assert not (tmp_path / "out" / "meta.json").exists()
+
+
+def test_prepare_refuses_an_unknown_listops_operator_with_its_line(tmp_path):
+    # line 3 of the train file (the header is line 1) uses an operator LRA's ListOps does not have
+    folder = listops_folder(tmp_path, train_rows=[ROWS[0], "( ( ( [AVG 2 ) 4 ) ] )\t3"] + ROWS[1:])
+    proc = prepare("listops", "--source", tmp_path / "src", "--dest", tmp_path / "out")
+    assert_one_line(proc, f"{folder / 'basic_train.tsv'} line 3", "'[AVG'")
+
+
+def test_prepare_names_a_tsv_that_is_not_utf8(tmp_path):
+    folder = listops_folder(tmp_path)
+    # Latin-1 bytes (0xe9 = e acute) in the validation file's third example
+    (folder / "basic_val.tsv").write_bytes(b"Source\tTarget\n3\t3\n4\t4\n\xe9t\xe9\t5\n")
+    proc = prepare("listops", "--source", tmp_path / "src", "--dest", tmp_path / "out")
+    assert_one_line(proc, str(folder / "basic_val.tsv"), "UTF-8", "0xe9")
+
+
+def test_prepare_names_a_truncated_archive(tmp_path):
+    import io
+    import tarfile
+
+    listops_folder(tmp_path)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        t.add(str(tmp_path / "src"), arcname="lra_release")
+        # incompressible padding so that the cut lands inside the compressed stream, after the TSVs' headers
+        pad = tarfile.TarInfo("lra_release/zz_padding.bin")
+        pad.size = 1 << 16
+        t.addfile(pad, io.BytesIO(os.urandom(pad.size)))
+    data = buf.getvalue()
+    archive = tmp_path / "lra_release.tar.gz"
+    archive.write_bytes(data[:len(data) // 2])
+    proc = prepare("listops", "--source", archive, "--dest", tmp_path / "out")
+    err = assert_one_line(proc, str(archive), "download it again")
+    assert ".unpacked" not in err and "line" not in err
+
+
+def test_prepare_names_a_damaged_zip(tmp_path):
+    archive = tmp_path / "lra_release.zip"
+    archive.write_bytes(b"PK\x03\x04" + os.urandom(200))
+    proc = prepare("listops", "--source", archive, "--dest", tmp_path / "out")
+    assert_one_line(proc, str(archive))
+
+
+def test_validate_refuses_an_empty_split_before_training(tmp_path):
+    # a directory written without the check (as an older preparation could): test holds no example
+    import numpy as np
+    from fairseq.data import Dictionary
+
+    from hgrn_fairseq.tasks import lra_format as fmt
+
+    dest = str(tmp_path)
+    d = Dictionary()
+    for sym in ("1", "2"):
+        d.add_symbol(sym)
+    fmt.write_dictionary(dest, d)
+    for split, n in (("train", 2), ("valid", 1), ("test", 0)):
+        fmt.write_tokens(dest, split, "input0", [np.array([4, 5])] * n, len(d))
+        fmt.write_labels(dest, split, [0] * n, 10)
+    fmt.write_meta(dest, task="listops", input="tokens", num_classes=10, max_len=8,
+                   splits={"train": 2, "valid": 1, "test": 0}, check=False)
+    with pytest.raises(fmt.LraDataError) as e:
+        fmt.validate(dest, input_kind="tokens")
+    assert str(e.value).count("\n") == 0 and "test.label" in str(e.value) and "no examples" in str(e.value)
