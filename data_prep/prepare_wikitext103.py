@@ -28,7 +28,9 @@ then marked not comparable with the papers. A tokenizer that fails to load stops
 Encoding runs on ``--workers`` processes (default: all cores) with a progress bar, binarisation
 through ``fairseq-preprocess --workers``. The token count of every split is printed and written
 to ``token_counts.json``. A ``PREPARED.json`` stamp records the inputs: re-running with the same
-inputs is a no-op.
+inputs is a no-op when the outputs are intact (``dict.txt``, the tokenizer marker, and every split's
+``.bin`` the size its ``.idx`` says, with the recorded counts); a damaged or missing output is named
+in a warning and the directory is rebuilt.
 
     python data_prep/prepare_wikitext103.py --source ~/data/wikitext-103-raw-v1.zip \\
         --gpt2-dir ~/data/gpt2_bpe --dest data-bin/wikitext-103
@@ -321,6 +323,54 @@ def gpt2_encode_files(
 # --------------------------------------------------------------------------------------------
 # pipeline
 # --------------------------------------------------------------------------------------------
+_IDX_MAGIC = b"MMIDIDX\x00\x00"  # fairseq's mmap index: magic, <Q version, <B dtype, <Q items, sizes, pointers
+_IDX_ITEMSIZE = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 8, 7: 8, 8: 2, 9: 4, 10: 8}
+
+
+def _split_damage(prefix: str, expected: Optional[dict]) -> Optional[str]:
+    """What is wrong with the binarised split ``prefix``.{idx,bin} (None when intact): the index must
+    parse, its sizes must add up to the .bin file's size and to the recorded lines and tokens."""
+    import struct
+
+    idx, binary = prefix + ".idx", prefix + ".bin"
+    for path in (idx, binary):
+        if not os.path.isfile(path):
+            return f"{path} is missing"
+    with open(idx, "rb") as f:
+        header = f.read(len(_IDX_MAGIC) + 17)
+        if len(header) < len(_IDX_MAGIC) + 17 or header[: len(_IDX_MAGIC)] != _IDX_MAGIC:
+            return f"{idx} is not a fairseq mmap index (damaged or truncated)"
+        _, code, items = struct.unpack("<QBQ", header[len(_IDX_MAGIC):])
+        sizes = f.read(4 * items)
+    if code not in _IDX_ITEMSIZE or len(sizes) != 4 * items or \
+            os.path.getsize(idx) != len(header) + 12 * items:
+        return f"{idx} is truncated or damaged (its size does not match its header)"
+    tokens = sum(struct.unpack(f"<{items}i", sizes))
+    if os.path.getsize(binary) != tokens * _IDX_ITEMSIZE[code]:
+        return (f"{binary} has {os.path.getsize(binary):,} bytes, its .idx says {tokens * _IDX_ITEMSIZE[code]:,} "
+                f"(truncated or damaged)")
+    if expected is not None and expected != {"lines": items, "tokens": tokens}:
+        return f"{prefix}.* hold {items:,} lines / {tokens:,} tokens, {STAMP} recorded {expected}"
+    return None
+
+
+def output_damage(dest: str, stamp: dict, tokenizer: str) -> Optional[str]:
+    """What makes the prepared ``dest`` unusable although its stamp matches (None when intact): a
+    missing dict.txt / marker / sentencepiece model, or a split whose files disagree with its index."""
+    needed = ["dict.txt", sentencepiece_bpe.MARKER]
+    if tokenizer == "sentencepiece":
+        needed.append("spm.model")
+    for name in needed:
+        if not os.path.isfile(os.path.join(dest, name)) or os.path.getsize(os.path.join(dest, name)) == 0:
+            return f"{os.path.join(dest, name)} is missing or empty"
+    counts = stamp.get("token_counts") or {}
+    for split in RAW_FILES:
+        damage = _split_damage(os.path.join(dest, split), counts.get(split))
+        if damage:
+            return damage
+    return None
+
+
 def prepare(
     source: str,
     dest: str,
@@ -381,12 +431,14 @@ def prepare(
     if not force and os.path.isfile(stamp_path):
         with open(stamp_path) as f:
             stamp = json.load(f)
-        if stamp.get("inputs") == inputs and all(
-            os.path.isfile(os.path.join(dest, f"{s}.{ext}")) for s in RAW_FILES for ext in ("bin", "idx")
-        ):
-            log(f"[wikitext] {dest} is up to date ({tokenizer}); nothing to do")
-            log(fairseq_binarize.format_counts(stamp["token_counts"]))
-            return stamp["token_counts"]
+        if stamp.get("inputs") == inputs:
+            damage = output_damage(dest, stamp, tokenizer)
+            if damage is None:
+                log(f"[wikitext] {dest} is up to date ({tokenizer}); nothing to do")
+                log(fairseq_binarize.format_counts(stamp["token_counts"]))
+                return stamp["token_counts"]
+            # the inputs are unchanged but an output is not intact: rebuild rather than report it ready
+            log(f"[wikitext] WARNING: {dest} is not intact ({damage}): rebuilding it")
     os.makedirs(workdir, exist_ok=True)
     if tokenizer == "gpt2":
         enc_dir = os.path.join(workdir, "gpt2")

@@ -11,12 +11,13 @@
 #
 # Non-overlapping blocks of L tokens, one block per batch. The run fails (exit 3) if at any L the
 # number of scored tokens differs from the test split's token count; the Transformer's
-# max_target_positions is lifted to max(L) so that fairseq does not skip long blocks.
+# max_target_positions is lifted to max(L) so that fairseq does not skip long blocks. An L longer
+# than the test split is refused (exit 2, the split's token count named).
 # Writes extrapolation.{csv,md,json,png} to --out-dir (default: next to the checkpoint).
 # On the CPU (--cpu, or no GPU) it runs with OMP_NUM_THREADS=1 unless that is set.
 set -euo pipefail
 
-usage() { sed -n '2,16p' "$0"; }
+usage() { sed -n '2,17p' "$0"; }
 die() { echo "eval_extrapolation.sh: error: $*" >&2; exit 2; }
 if [[ $# -lt 1 || "$1" == "-h" || "$1" == "--help" ]]; then
   usage

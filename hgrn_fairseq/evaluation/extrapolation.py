@@ -24,6 +24,10 @@ run stops with ``TokenCountMismatch``. For the Transformer the checkpoint's
 overrides (``--no-lift-max-positions`` turns that off, which makes fairseq skip long blocks and the
 check fire).
 
+A length L longer than the split is refused (the block would be the whole split, so the row would
+not be at L), with the split's token count in the message. A damaged checkpoint (empty, truncated, not a
+torch file) or one of another kind (no fairseq training state) is refused naming the file.
+
 Outputs (``--out-dir``, default ``<checkpoint dir>/extrapolation``): ``extrapolation.csv``,
 ``extrapolation.md`` (a markdown table with the average over L, as in the paper),
 ``extrapolation.json`` and ``extrapolation.png`` (when matplotlib is installed). The CSV and
@@ -228,6 +232,40 @@ def supports_stateful(model) -> bool:
     return "continue_stream" in params
 
 
+def read_fairseq_checkpoint(checkpoint: str) -> dict:
+    """fairseq's ``load_checkpoint_to_cpu`` of ``checkpoint``, with a damaged file (empty, truncated,
+    not a torch file) or a checkpoint of another kind (no ``model`` weights, no fairseq training
+    state) refused as ``ExtrapolationError`` naming the file instead of a pickle/zip/KeyError traceback."""
+    import pickle
+    import zipfile
+
+    from fairseq import checkpoint_utils
+
+    fix = "pass a checkpoint_*.pt that fairseq-train wrote completely (copy it again if it was transferred)"
+    if os.path.getsize(checkpoint) == 0:
+        raise ExtrapolationError(f"checkpoint {checkpoint} is empty (0 bytes): {fix}")
+    try:
+        state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint)
+    except (KeyError, TypeError, AttributeError) as e:  # a torch file without fairseq's training state
+        raise ExtrapolationError(
+            f"checkpoint {checkpoint} is not a fairseq checkpoint (no {e} in it; a file of another kind, e.g. an "
+            f"image model's?): {fix}"
+        ) from None
+    except (EOFError, OSError, RuntimeError, ValueError, UnicodeDecodeError, ImportError, pickle.UnpicklingError,
+            zipfile.BadZipFile) as e:
+        first = next((line for line in str(e).splitlines() if line.strip()), "")[:120]
+        raise ExtrapolationError(
+            f"checkpoint {checkpoint} cannot be read ({type(e).__name__}: {first}): a truncated or damaged "
+            f"file? {fix}"
+        ) from None
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        raise ExtrapolationError(
+            f"checkpoint {checkpoint} is not a fairseq checkpoint (no 'model' weights in it; a file of another "
+            f"kind?): {fix}"
+        )
+    return state
+
+
 def load_checkpoint_for_eval(
     checkpoint: str,
     data: Optional[str] = None,
@@ -249,7 +287,7 @@ def load_checkpoint_for_eval(
 
     if not os.path.isfile(checkpoint):
         raise ExtrapolationError(f"checkpoint {checkpoint!r} not found: pass the .pt file fairseq-train saved")
-    state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint)
+    state = read_fairseq_checkpoint(checkpoint)
     if state.get("args") is not None:
         cfg = convert_namespace_to_omegaconf(state["args"])
         state["args"] = None
@@ -502,6 +540,13 @@ def evaluate_extrapolation(
     expected = count_split_tokens(
         loaded.info["data"], split, loaded.task.source_dictionary, getattr(loaded.task.args, "dataset_impl", None)
     )
+    too_long = [L for L in lengths if L > expected]
+    if too_long:  # a block longer than the split is the whole split: its row would not be at that L
+        raise ExtrapolationError(
+            f"--lengths: L={too_long[0]} is longer than the {split} split of {loaded.info['data']}, which holds "
+            f"{expected:,} tokens: pass lengths <= {expected}"
+            + (f" ({len(too_long)} of the {len(lengths)} lengths are longer)" if len(too_long) > 1 else "")
+        )
     info = dict(loaded.info, expected_tokens=expected, modes=modes, lengths=lengths)
     log(
         f"[extrapolation] {info['arch']} ({info['parameters']:,} params, {info['num_updates']} updates, "

@@ -36,6 +36,10 @@ starts after one (what ``fairseq-generate`` feeds an LM first).
   (O(1) per token); others re-read the prefix. Stops at an ``until`` string (cut there), at
   ``max_gen_toks``, or at end of sentence when ``"\\n"`` is an ``until`` string.
 
+Tasks defined from local files (``--include-path`` YAMLs with ``dataset_path: json``) are checked
+before anything loads: every line one JSON object, and for multiple choice a non-empty choices list
+and a label in range; the first bad line is an error naming the file and line.
+
 ``--dtype bf16`` runs the model in bfloat16 on CUDA (log-probabilities are taken in float32).
 Symbols of the text missing from the dictionary are scored as ``<unk>`` and counted; the command
 prints the count and writes it to ``--output``. The table is printed in the papers' layout (a column
@@ -509,12 +513,134 @@ def _offline_now() -> bool:
     return os.environ.get("HF_DATASETS_OFFLINE", "").upper() in _TRUE
 
 
+def _task_yamls(include_paths: Sequence[str]) -> Dict[str, Tuple[str, dict]]:
+    """{task name: (YAML path, its config)} of the task YAMLs under ``include_paths``. Tags such as
+    ``!function`` load as None: only the plain data fields are read here."""
+    import yaml
+
+    class _AnyTagLoader(yaml.SafeLoader):
+        pass
+
+    _AnyTagLoader.add_multi_constructor("!", lambda loader, suffix, node: None)
+    found: Dict[str, Tuple[str, dict]] = {}
+    for root in include_paths:
+        for folder, _, files in os.walk(root):
+            for name in sorted(files):
+                if not name.endswith((".yaml", ".yml")):
+                    continue
+                path = os.path.join(folder, name)
+                try:
+                    with open(path, encoding="utf-8") as f:
+                        config = yaml.load(f, Loader=_AnyTagLoader)
+                except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+                    first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+                    raise ZeroShotError(f"{path}: not a readable task YAML ({first}): fix or remove it") from None
+                if isinstance(config, dict) and isinstance(config.get("task"), str):
+                    found.setdefault(config["task"], (path, config))
+    return found
+
+
+def _template_field(template) -> Optional[str]:
+    """``"{{choices}}"`` -> ``"choices"``; None for anything but a single plain field reference."""
+    import re
+
+    match = re.fullmatch(r"\s*\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}\s*", template) if isinstance(template, str) else None
+    return match.group(1) if match else None
+
+
+def _local_data_files(config: dict, yaml_path: str) -> List[str]:
+    """The local files a ``dataset_path: json`` task reads (``dataset_kwargs.data_files``: a path, a
+    list, or a {split: path or list} mapping)."""
+    files = ((config.get("dataset_kwargs") or {}).get("data_files")) if isinstance(config.get("dataset_kwargs"), dict) else None
+    if files is None:
+        raise ZeroShotError(f"{yaml_path}: dataset_path json without dataset_kwargs.data_files: name the JSONL file(s)")
+    values = list(files.values()) if isinstance(files, dict) else [files]
+    paths: List[str] = []
+    for value in values:
+        paths.extend(value if isinstance(value, list) else [value])
+    return [str(p) for p in paths]
+
+
+def check_local_task_file(path: str, choices_field: Optional[str], label_field: Optional[str]) -> int:
+    """Check a local JSON-lines task file before anything is scored: every non-blank line one JSON
+    object; with ``choices_field``/``label_field`` (the task's ``doc_to_choice``/``doc_to_target``
+    fields), a non-empty list of choices and a label indexing them (or equal to one of them).
+    Returns the number of items; raises ``ZeroShotError`` naming the file and line."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        raise ZeroShotError(f"{path}: task data file not found (relative paths are read from the current "
+                            f"directory): write it, or fix data_files in the task YAML") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ZeroShotError(f"{path}: cannot be read as UTF-8 text ({type(e).__name__}): write it as JSON lines") from None
+    entries: List[Tuple[str, object]] = []
+    text = "\n".join(lines)
+    if text.lstrip().startswith("["):  # a .json file holding one array of items, which datasets also reads
+        try:
+            entries = [(f"{path} item {i}", doc) for i, doc in enumerate(json.loads(text))]
+        except ValueError as e:
+            raise ZeroShotError(f"{path}: not valid JSON ({e}): one JSON object per line, or one array") from None
+    else:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                entries.append((f"{path} line {number}", json.loads(line)))
+            except ValueError as e:
+                raise ZeroShotError(f"{path} line {number}: not valid JSON ({e}): one JSON object per line") from None
+    items = 0
+    for where, doc in entries:
+        if not isinstance(doc, dict):
+            raise ZeroShotError(f"{where}: a JSON {type(doc).__name__}, not an object: one JSON object per line")
+        items += 1
+        if choices_field is None:
+            continue
+        choices = doc.get(choices_field)
+        if not isinstance(choices, list) or not choices:
+            raise ZeroShotError(f"{where}: no choices ('{choices_field}' is {choices!r}): give a non-empty "
+                                f"list of choices")
+        if label_field is None:
+            continue
+        if label_field not in doc:
+            raise ZeroShotError(f"{where}: no label ('{label_field}' missing): give the index of the right choice")
+        label = doc[label_field]
+        if isinstance(label, str) and label.strip().lstrip("-").isdigit():
+            label = int(label)
+        if isinstance(label, bool) or not (isinstance(label, int) and 0 <= label < len(choices)
+                                           or isinstance(label, str) and label in choices):
+            raise ZeroShotError(f"{where}: label {doc[label_field]!r} is out of range for its {len(choices)} "
+                                f"choices: give an index from 0 to {len(choices) - 1}")
+    if not items:
+        raise ZeroShotError(f"{path}: no items (the file is empty): write one JSON object per line")
+    return items
+
+
+def check_local_tasks(names: Sequence[str], include_paths: Sequence[str]) -> None:
+    """Validate the local data of every requested task defined in ``include_paths`` with
+    ``dataset_path: json`` (what ``write_local_multiple_choice_task`` writes), before the harness
+    loads it: a bad line would otherwise be scored, or fail later under a misleading cause."""
+    yamls = _task_yamls(include_paths)
+    for name in names:
+        if name not in yamls:
+            continue
+        yaml_path, config = yamls[name]
+        if config.get("dataset_path") != "json":
+            continue
+        multiple_choice = config.get("output_type") == "multiple_choice"
+        choices_field = _template_field(config.get("doc_to_choice")) if multiple_choice else None
+        label_field = _template_field(config.get("doc_to_target")) if choices_field else None
+        for path in _local_data_files(config, yaml_path):
+            check_local_task_file(path, choices_field, label_field)
+
+
 def load_tasks(names: Sequence[str], include_paths: Sequence[str]):
     """The harness's task manager and task dict for ``names``. Tasks all found in ``include_paths``
     are loaded without indexing the harness's own ~15,000 task files; a task whose data cannot be had
     is named in the error, with how to make its data available."""
     from lm_eval.tasks import TaskManager, get_task_dict
 
+    check_local_tasks(names, include_paths)
     manager = None
     if include_paths:
         local = TaskManager(include_path=list(include_paths), include_defaults=False)
@@ -651,6 +777,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     if not args.online:
         use_offline_hub()
+    import logging
+
+    # importing fairseq leaves the root logger at DEBUG: keep Hugging Face datasets' import chatter
+    # off stderr, where an error is one line
+    logging.getLogger("datasets").setLevel(logging.WARNING)
     import lm_eval
 
     names = [t for t in args.tasks.split(",") if t]

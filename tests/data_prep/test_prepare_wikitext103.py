@@ -176,3 +176,49 @@ def test_the_published_checksums_are_pinned():
     # the digests tiktoken pins for OpenAI's GPT-2 files (which fairseq's gpt2_bpe/ mirrors)
     assert pw.GPT2_SHA256["encoder.json"].startswith("196139668be63f3b")
     assert pw.GPT2_SHA256["vocab.bpe"].startswith("1ce1664773c50f3e")
+
+
+def _damage(dest, what):
+    if what == "dict.txt deleted":
+        os.remove(os.path.join(dest, "dict.txt"))
+    elif what == "valid.bin truncated":
+        size = os.path.getsize(os.path.join(dest, "valid.bin"))
+        with open(os.path.join(dest, "valid.bin"), "r+b") as f:
+            f.truncate(size - 2)  # one int16 token short: the .idx still says the old size
+    elif what == "test.bin grown":
+        with open(os.path.join(dest, "test.bin"), "ab") as f:
+            f.write(b"\0\0\0\0")
+    elif what == "train.idx truncated":
+        size = os.path.getsize(os.path.join(dest, "train.idx"))
+        with open(os.path.join(dest, "train.idx"), "r+b") as f:
+            f.truncate(size - 8)
+
+
+@pytest.mark.parametrize("what, named", [("dict.txt deleted", "dict.txt"), ("valid.bin truncated", "valid.bin"),
+                                         ("test.bin grown", "test.bin"), ("train.idx truncated", "train.idx")])
+def test_damaged_outputs_are_rebuilt_not_reported_up_to_date(offline_run, wikitext, tmp_path, what, named):
+    """Same inputs, a damaged output: a warning names it and the directory is rebuilt (the counts
+    and files equal the first run's), never "up to date"."""
+    import shutil
+
+    dest0, counts, _ = offline_run
+    dest = str(tmp_path / "wikitext-103")
+    shutil.copytree(dest0, dest)
+    shutil.copytree(dest0 + ".work", dest + ".work")  # the sentencepiece model is reused, not retrained
+    intact = {f: open(os.path.join(dest0, f), "rb").read() for f in ("dict.txt", "valid.bin", "test.bin", "train.idx")}
+    _damage(dest, what)
+    proc = pyrun.run(
+        [sys.executable, os.path.join(fixtures_corpus.DATA_PREP, "prepare_wikitext103.py"), "--source", wikitext,
+         "--dest", dest, "--workers", "1", "--vocab-size", "200"],
+        capture_output=True, text=True, env=fixtures_corpus.subprocess_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not [line for line in proc.stdout.splitlines() if line.startswith("[wikitext]") and "up to date" in line]
+    warnings = [line for line in proc.stdout.splitlines() if "is not intact" in line]
+    assert len(warnings) == 1 and os.path.join(dest, named) in warnings[0] and "rebuilding" in warnings[0], proc.stdout
+    for name, data in intact.items():
+        assert open(os.path.join(dest, name), "rb").read() == data, name
+    assert json.load(open(os.path.join(dest, "token_counts.json"))) == counts
+    # and the rebuilt directory is up to date again
+    messages = []
+    assert pw.prepare(wikitext, dest, workers=1, vocab_size=200, log=messages.append) == counts
+    assert any("nothing to do" in m for m in messages)

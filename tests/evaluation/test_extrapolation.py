@@ -215,3 +215,51 @@ def test_shell_entry_point_defaults_to_one_omp_thread_on_cpu(tmp_path):
     assert omp({"NUM_GPUS": "1"}, "--cpu") == "OMP=1"
     assert omp({"NUM_GPUS": "1"}) == "OMP=unset"
     assert omp({"NUM_GPUS": "0", "OMP_NUM_THREADS": "3"}) == "OMP=3"
+
+
+def _one_error_line(argv, tmp_path):
+    """Run the command; return its single stderr line (warnings off: the line is what the user reads)."""
+    env = dict(fixtures_corpus.subprocess_env(), PYTHONWARNINGS="ignore")
+    proc = pyrun.run([sys.executable, "-m", "hgrn_fairseq.evaluation.extrapolation", *argv, "--out-dir",
+                      str(tmp_path / "out"), "--no-progress", "--no-plot", "--cpu"],
+                     capture_output=True, text=True, env=env, timeout=300)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return lines[0]
+
+
+def test_a_length_longer_than_the_split_is_refused_naming_its_length(setup, tmp_path):
+    n = setup["test_tokens"]  # counted from the tokenizer's text output
+    line = _one_error_line([setup["hgrn"], setup["data"], "--lengths", f"16,{n + 1},{10 * n}"], tmp_path)
+    assert f"L={n + 1} is longer than the test split" in line and f"holds {n:,} tokens" in line, line
+    assert f"pass lengths <= {n}" in line and "(2 of the 3 lengths are longer)" in line, line
+    assert not os.path.exists(tmp_path / "out" / "extrapolation.csv")  # no row was written, not even L=16
+
+
+def _damaged_checkpoints(real, folder):
+    """{kind: path} of checkpoints that must be refused naming the file."""
+    import torch
+
+    os.makedirs(folder, exist_ok=True)
+    data = open(real, "rb").read()
+    paths = {kind: os.path.join(folder, f"{kind}.pt") for kind in ("truncated", "random", "empty", "image")}
+    open(paths["truncated"], "wb").write(data[: len(data) * 2 // 3])
+    open(paths["random"], "wb").write(bytes(range(256)) * 40)
+    open(paths["empty"], "wb").close()
+    # a checkpoint of another kind: an image classifier's weights and epoch, no fairseq keys
+    torch.save({"state_dict": {"head.weight": torch.zeros(10, 4)}, "epoch": 3, "arch": "resnet18"}, paths["image"])
+    return paths
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("truncated", "cannot be read .*truncated or damaged"),
+    ("random", "cannot be read .*truncated or damaged"),
+    ("empty", "is empty \\(0 bytes\\)"),
+    ("image", "is not a fairseq checkpoint"),
+])
+def test_a_damaged_or_foreign_checkpoint_is_one_line_naming_the_file(setup, tmp_path, kind, message):
+    import re
+
+    path = _damaged_checkpoints(setup["hgrn"], str(tmp_path / "ckpts"))[kind]
+    line = _one_error_line([path, setup["data"], "--lengths", "16"], tmp_path)
+    assert path in line and re.search(message, line) and "pass a checkpoint_*.pt" in line, line

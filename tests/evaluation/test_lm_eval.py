@@ -450,3 +450,45 @@ def test_sentencepiece_text_becomes_the_ids_data_prep_binarised(tmp_path):
     with pytest.raises(ours.ZeroShotError, match="is not the sentencepiece model .* was encoded with"):
         ours.resolve_tokenizer(spm_dir, dictionary, None, str(other / "spm.model"), None)
     assert marker["spm_model_sha256"] == ours._sha256(os.path.join(spm_dir, "spm.model"))
+
+
+GOOD_DOC = {"context": "w1 w2", "choices": [" w3", " w9"], "label": 0}
+
+
+@pytest.mark.parametrize("lines, message", [
+    ([GOOD_DOC, {"context": "w4", "choices": [" w5", " w6", " w7"], "label": 3}],
+     r"local_mc\.jsonl line 2: label 3 is out of range for its 3 choices"),
+    ([GOOD_DOC, GOOD_DOC, {"context": "w4", "label": 0}], r"local_mc\.jsonl line 3: no choices"),
+    ([GOOD_DOC, {"context": "w4", "choices": [], "label": 0}], r"local_mc\.jsonl line 2: no choices"),
+    ([GOOD_DOC, "", '{"context": "w4", "choices": [" w5"], "label": 0'], r"local_mc\.jsonl line 3: not valid JSON"),
+    ([], r"local_mc\.jsonl: no items \(the file is empty\)"),
+])
+def test_command_refuses_a_bad_local_task_file_by_line(tmp_path, lines, message):
+    """The local task's JSONL is checked before anything loads (a checkpoint is not even needed):
+    one error line naming the file and line, exit 2, no traceback."""
+    include = ours.write_local_multiple_choice_task(str(tmp_path / "tasks"), "local_mc", [GOOD_DOC])
+    (tmp_path / "tasks" / "local_mc.jsonl").write_text(
+        "".join((json.dumps(x) if isinstance(x, dict) else x) + "\n" for x in lines))
+    proc = pyrun.run([sys.executable, "-m", "hgrn_fairseq.evaluation.lm_eval", "--path", str(tmp_path / "none.pt"),
+                      "--tokenizer", "space", "--device", "cpu", "--tasks", "local_mc", "--include-path", include],
+                     capture_output=True, text=True, timeout=300, env=subprocess_env())
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert re.search(message, errors[0]) and str(tmp_path / "tasks" / "local_mc.jsonl") in errors[0], errors[0]
+
+
+def test_local_task_check_reads_the_fields_the_yaml_names(tmp_path):
+    """A hand-written task YAML with its own field names: those fields are checked; a task whose
+    choices are not a plain field is checked for JSON only."""
+    data = tmp_path / "qa.jsonl"
+    data.write_text(json.dumps({"q": "a", "options": ["x", "y"], "answer": 1}) + "\n"
+                    + json.dumps({"q": "b", "options": ["x", "y"], "answer": 5}) + "\n")
+    (tmp_path / "qa.yaml").write_text(
+        f"task: qa\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+        "output_type: multiple_choice\ndoc_to_text: '{{q}}'\ndoc_to_choice: '{{ options }}'\n"
+        "doc_to_target: '{{answer}}'\nprocess_docs: !function utils.process\n")
+    with pytest.raises(ours.ZeroShotError, match=r"qa\.jsonl line 2: label 5 is out of range for its 2 choices"):
+        ours.check_local_tasks(["qa"], [str(tmp_path)])
+    assert ours.check_local_task_file(str(data), None, None) == 2
+    assert ours.check_local_task_file(str(data), "options", None) == 2
