@@ -188,14 +188,93 @@ def parse_list(text: str, cast):
     return [cast(x) for x in str(text).replace(" ", "").split(",") if x]
 
 
+# run_mqar.sh's variable for each option, so that a refusal names what the user set there as well
+ENV_NAMES = {"--settings": "SETTINGS", "--models": "MODELS", "--dims": "DIMS", "--lrs": "LRS", "--seeds": "SEEDS",
+             "--hgrn2-expand": "EXPAND", "--vocab-size": "VOCAB_SIZE", "--train-size": "TRAIN_SIZE",
+             "--test-size": "TEST_SIZE", "--epochs": "EPOCHS", "--max-update": "MAX_UPDATE",
+             "--batch-size": "BATCH_SIZE", "--jobs": "JOBS", "--validate-interval-updates": "VALIDATE_EVERY",
+             "--checkpoint-every": "CKPT_EVERY", "--slice-s": "SLICE_S", "--gpus": "GPUS",
+             "--time-budget": "TIME_BUDGET"}
+
+
+def refuse(option: str, value, problem: str, expected: str) -> SystemExit:
+    """The one-line refusal of a bad option value: the option (and run_mqar.sh's variable), the value,
+    what is wrong and what is expected."""
+    where = f" ({ENV_NAMES[option]} in run_mqar.sh)" if option in ENV_NAMES else ""
+    return SystemExit(f"mqar_sweep.py: {option} {str(value)!r}{where}: {problem}; expected {expected}")
+
+
+def int_list(text: str, option: str, minimum: int, expected: str, allow_empty: bool = False) -> List[int]:
+    """Comma-separated integers >= ``minimum`` (``SystemExit`` naming the option otherwise)."""
+    values = []
+    for item in parse_list(text, str):
+        if not re.fullmatch(r"[+-]?\d+", item):
+            raise refuse(option, text, f"{item!r} is not an integer", expected)
+        if int(item) < minimum:
+            raise refuse(option, text, f"{item} is below {minimum}", expected)
+        values.append(int(item))
+    if not values and not allow_empty:
+        raise refuse(option, text, "no value", expected)
+    return values
+
+
 def parse_settings(text: str) -> List[Setting]:
+    """``SEQ_LEN:KV_PAIRS`` list; the task's own rule (hgrn_fairseq/tasks/mqar.py, check_mqar_options):
+    at least one pair, and room for the pairs and their queries (SEQ_LEN >= 4 * KV_PAIRS)."""
+    expected = "SEQ_LEN:KV_PAIRS items with KV_PAIRS >= 1 and SEQ_LEN >= 4 * KV_PAIRS, e.g. 256:16,512:64"
     settings = []
     for item in parse_list(text, str):
         m = re.fullmatch(r"(\d+):(\d+)", item)
         if not m:
-            raise SystemExit(f"--settings: {item!r} is not SEQ_LEN:KV_PAIRS (e.g. 256:16,512:64)")
-        settings.append(Setting(int(m.group(1)), int(m.group(2))))
+            raise refuse("--settings", text, f"{item!r} is not SEQ_LEN:KV_PAIRS", expected)
+        seq_len, kv = int(m.group(1)), int(m.group(2))
+        if kv < 1:
+            raise refuse("--settings", text, f"{item!r} has {kv} kv pairs", expected)
+        if seq_len < 4 * kv:
+            raise refuse("--settings", text, f"{item!r}: {kv} pairs and their queries need {4 * kv} tokens",
+                         expected)
+        settings.append(Setting(seq_len, kv))
+    if not settings:
+        raise refuse("--settings", text, "no setting", expected)
     return settings
+
+
+def check_options(args, settings: List[Setting]) -> None:
+    """Refuse (one line, ``SystemExit``) the values no run could train with, before any work."""
+    kv = max(s.num_kv_pairs for s in settings)
+    if args.vocab_size < 2 * kv + 1:
+        worst = next(s for s in settings if s.num_kv_pairs == kv)
+        raise refuse("--vocab-size", args.vocab_size,
+                     f"{kv} distinct keys and values ({worst.seq_len}:{kv}) need {2 * kv + 1} tokens (blank, "
+                     f"keys, values)", f"an integer >= {2 * kv + 1}")
+    for option, value in (("--train-size", args.train_size), ("--test-size", args.test_size),
+                          ("--jobs", args.jobs), ("--log-interval", args.log_interval)):
+        if value < 1:
+            raise refuse(option, value, "below 1", "an integer >= 1")
+    for option, value in (("--validate-interval-updates", args.validate_interval_updates),
+                          ("--checkpoint-every", args.checkpoint_every), ("--slice-updates", args.slice_updates)):
+        if value < 0:
+            raise refuse(option, value, "negative", "an integer >= 0 (0: off)")
+    if args.gpus is not None and args.gpus < 1:
+        raise refuse("--gpus", args.gpus, "below 1", "an integer >= 1 (unset: every visible GPU)")
+    if not 0 <= args.warmup_frac < 1:
+        raise refuse("--warmup-frac", args.warmup_frac, "out of range", "a share of the updates in [0, 1)")
+    for option, value in (("--weight-decay", args.weight_decay), ("--clip-norm", args.clip_norm)):
+        if not value >= 0:
+            raise refuse(option, value, "negative", "a number >= 0")
+    for option, value in (("--run-timeout", args.run_timeout), ("--time-budget", args.time_budget),
+                          ("--slice-s", args.slice_s)):
+        if value is not None and not value > 0:
+            raise refuse(option, value, "not positive", "seconds > 0")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line (no usage block), naming run_mqar.sh's variable where one is set."""
+
+    def error(self, message):
+        m = re.match(r"argument (--[\w-]+)", message)
+        where = f" ({ENV_NAMES[m.group(1)]} in run_mqar.sh)" if m and m.group(1) in ENV_NAMES else ""
+        self.exit(2, f"mqar_sweep.py: {message}{where}; `python scripts/mqar_sweep.py --help` lists the options\n")
 
 
 def per_setting(text, option: str, settings: List[Setting]) -> List[int]:
@@ -203,13 +282,17 @@ def per_setting(text, option: str, settings: List[Setting]) -> List[int]:
     values = []
     for item in parse_list(text, str):
         if not item.isdigit() or int(item) < 1:
-            raise SystemExit(f"{option}: {item!r} in {text!r} is not a positive integer")
+            where = f" ({ENV_NAMES[option]} in run_mqar.sh)" if option in ENV_NAMES else ""
+            raise SystemExit(f"mqar_sweep.py: {option}: {item!r} in {text!r} is not a positive integer{where}; "
+                             "expected one integer >= 1, or one per setting")
         values.append(int(item))
+    if not values:
+        raise refuse(option, text, "no value", "one integer >= 1, or one per setting")
     if len(values) == 1:
         return values * len(settings)
     if len(values) != len(settings):
         names = ",".join(f"{s.seq_len}:{s.num_kv_pairs}" for s in settings)
-        raise SystemExit(f"{option}: {len(values)} values ({text}) for {len(settings)} settings ({names}): "
+        raise SystemExit(f"mqar_sweep.py: {option}: {len(values)} values ({text}) for {len(settings)} settings ({names}): "
                          f"give one value for every setting or one per setting, in the order of --settings")
     return values
 
@@ -813,8 +896,19 @@ def preflight(models, use_cpu: bool) -> None:
     print(proc.stdout.strip(), flush=True)
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def failed_runs_line(results: Dict[str, RunResult], runs: List[Run], out: str) -> str:
+    """"N of M runs failed: ..." for the runs of the grid whose record says failed ("" when none did)."""
+    failed = [results[r.name] for r in runs if r.name in results and results[r.name].status == "failed"]
+    if not failed:
+        return ""
+    shown = ", ".join(r.name for r in failed[:3]) + (f" and {len(failed) - 3} more" if len(failed) > 3 else "")
+    last = failed[0].error.split(" / ")[-1][-160:] if failed[0].error else "no output"
+    return (f"mqar_sweep.py: {len(failed)} of {len(runs)} runs failed: {shown} (the first ended with: {last}); "
+            f"logs in {os.path.join(out, 'logs')}; delete their runs/NAME.json to rerun them (--force reruns all)")
+
+
+def main(argv=None) -> int:
+    p = OneLineParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="output folder (created)")
     p.add_argument("--settings", default="256:16,512:64", help="SEQ_LEN:KV_PAIRS list")
@@ -899,25 +993,36 @@ def main(argv=None) -> None:
     models = parse_list(args.models, str)
     for m in models:
         if m not in ARCHS:
-            raise SystemExit(f"--models: {m!r} is not one of {sorted(ARCHS)}")
-    dims = parse_list(args.dims, int)
-    lrs = parse_list(args.lrs, float)
-    seeds = parse_list(args.seeds, int)
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise SystemExit(f"--seeds {args.seeds!r}: expected distinct integers, e.g. 1,2,3")
-    if args.validate_interval_updates < 0:
-        raise SystemExit(f"--validate-interval-updates {args.validate_interval_updates}: expected >= 0")
-    if args.checkpoint_every < 0 or args.slice_updates < 0:
-        raise SystemExit("--checkpoint-every and --slice-updates: expected >= 0")
+            raise refuse("--models", args.models, f"{m!r} is not a model", f"a subset of {','.join(ARCHS)}")
+    if not models:
+        raise refuse("--models", args.models, "no model", f"a subset of {','.join(ARCHS)}")
+    check_options(args, settings)
+    per_setting(args.epochs, "--epochs", settings)  # refused even where --max-update overrides it
+    dims = int_list(args.dims, "--dims", 1, "model widths d >= 1, e.g. 64,128")
+    lrs = []
+    for item in parse_list(args.lrs, str):
+        try:
+            lr = float(item)
+        except ValueError:
+            raise refuse("--lrs", args.lrs, f"{item!r} is not a number", "learning rates > 0, e.g. 1e-3,5e-3") from None
+        if not (lr > 0 and math.isfinite(lr)):
+            raise refuse("--lrs", args.lrs, f"{item} is not a positive number", "learning rates > 0, e.g. 1e-3,5e-3")
+        lrs.append(lr)
+    if not lrs:
+        raise refuse("--lrs", args.lrs, "no value", "learning rates > 0, e.g. 1e-3,5e-3")
+    seeds = int_list(args.seeds, "--seeds", 0, "distinct integers >= 0, e.g. 1,2,3")
+    if len(set(seeds)) != len(seeds):
+        raise refuse("--seeds", args.seeds, "a seed given twice", "distinct integers >= 0, e.g. 1,2,3")
     if (args.slice_s is not None or args.slice_updates) and not args.checkpoint_every:
         raise SystemExit("--slice-s / --slice-updates pause runs to continue them from their checkpoints: "
                          "they need --checkpoint-every > 0")
-    expands = parse_list(args.hgrn2_expand, int)
+    expands = int_list(args.hgrn2_expand, "--hgrn2-expand", 1, "HGRN2 expand ratios >= 1, e.g. 64,128 "
+                       "(empty: the arch default)", allow_empty=True)
     totals = planned_updates(args, settings)
     runs = order_runs(settings, models, dims, lrs, totals, expands, batch_sizes(args, settings), seeds)
     if args.plan:
         print(plan_text(runs, settings, args))
-        return
+        return 0
     os.makedirs(os.path.join(args.out, "runs"), exist_ok=True)
     import torch  # noqa: E402 (only to see whether CUDA is there)
 
@@ -927,7 +1032,7 @@ def main(argv=None) -> None:
     if args.dry_run:
         for run in runs:
             print(" ".join(shlex.quote(c) for c in fairseq_command(run, args, use_cpu)))
-        return
+        return 0
 
     results: Dict[str, RunResult] = {}
     todo, paused = [], []  # paused runs go first: they hold checkpoints to continue
@@ -957,7 +1062,7 @@ def main(argv=None) -> None:
     if args.report_only:
         write_reports(list(results.values()), settings, models, dims, args)
         print(f"reports from {len(results)} runs written to {args.out}")
-        return
+        return 0
 
     gpus = None if use_cpu else GpuPool(visible_gpus(args.gpus, torch.cuda.device_count()))
     if use_cpu:
@@ -1013,7 +1118,12 @@ def main(argv=None) -> None:
           + ("; rerun the same command to continue the paused and start the rest"
              if counts.get("paused") or counts.get("not started") or counts.get("skipped") else ""), flush=True)
     print(open(os.path.join(args.out, "table.md")).read())
+    failed = failed_runs_line(results, runs, args.out)
+    if failed:
+        print(failed, file=sys.stderr, flush=True)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

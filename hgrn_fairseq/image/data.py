@@ -1,5 +1,6 @@
 """ImageFolder data for the image entry point: layout checks with one-line errors, and a dataset that
-counts unreadable images instead of crashing hours into a run.
+counts unreadable images instead of crashing hours into a run. Only open/decode errors make an image
+unreadable; an error in the transform is a bug and surfaces (``TransformError``), naming the file.
 
 Layout (ImageNet's usual one)::
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 
 logger = logging.getLogger("hgrn_fairseq.image.data")
 
@@ -28,8 +29,17 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 MAX_CONSECUTIVE_FAILURES = 20
 
 
+# What opening and decoding a damaged file raises: OSError covers UnidentifiedImageError, truncated
+# files and missing or unreadable files; some PIL plugins raise SyntaxError or EOFError on broken data.
+DECODE_ERRORS = (OSError, SyntaxError, EOFError, Image.DecompressionBombError)
+
+
 class DataError(ValueError):
     """A problem with the data set, described in one line that names the fix."""
+
+
+class TransformError(RuntimeError):
+    """The transform failed on an image that decoded: a bug in the augmentation, not a bad file."""
 
 
 @dataclass
@@ -122,21 +132,58 @@ def load_rgb(path: str) -> Image.Image:
 
 
 def find_unreadable(samples: Sequence[Tuple[str, int]]) -> List[Tuple[str, str]]:
-    """``(path, error)`` of every sample that does not decode."""
+    """``(path, error)`` of every sample that does not open or decode (other errors propagate)."""
     bad = []
     for path, _ in samples:
         try:
             load_rgb(path)
-        except Exception as e:  # noqa: BLE001 - any decoder error makes the file unusable
+        except DECODE_ERRORS as e:
             bad.append((path, f"{type(e).__name__}: {e}"))
     return bad
+
+
+def posterize_any_bits(img: Image.Image, bits_to_keep: int, **_) -> Image.Image:
+    """timm's posterize op for every Pillow: current Pillow refuses 0 bits, which older Pillow turned
+    into an all-zero (black) image and timm's "inc" RandAugment asks for at full magnitude."""
+    if bits_to_keep >= 8:
+        return img
+    if bits_to_keep <= 0 and img.mode in ("L", "RGB"):
+        return Image.new(img.mode, img.size, 0)
+    return ImageOps.posterize(img, max(int(bits_to_keep), 1))
+
+
+def guard_posterize(transform) -> int:
+    """Swap timm's posterize in every augmentation op reachable from ``transform`` (Compose, RandAugment,
+    AutoAugment, AugMix) for ``posterize_any_bits``; returns how many ops were swapped."""
+    try:
+        from timm.data import auto_augment
+    except ImportError:
+        return 0
+    swapped, seen, todo = 0, set(), [transform]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or obj is None:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (list, tuple)):
+            todo.extend(obj)
+            continue
+        if getattr(obj, "aug_fn", None) is auto_augment.posterize:
+            obj.aug_fn = posterize_any_bits
+            swapped += 1
+        for attr in ("transforms", "ops", "policy"):
+            child = getattr(obj, attr, None)
+            if isinstance(child, (list, tuple)):
+                todo.append(child)
+    return swapped
 
 
 class ImageFolderDataset(torch.utils.data.Dataset):
     """``(image tensor, class index, unreadable count)`` for each sample of a ``Split``.
 
-    An image that does not decode is logged (path and error) and counted; ``on_error`` says what
-    stands in for it: ``"next"`` (training) takes the next readable image of the split, so batch
+    An image that does not open or decode (``DECODE_ERRORS``) is logged (path and error) and counted;
+    an error in the transform raises ``TransformError`` (the file is fine). ``on_error`` says what stands
+    in for an unreadable image: ``"next"`` (training) takes the next readable image of the split, so batch
     shapes and the run go on; ``"mark"`` (evaluation) returns a zero image with class -1, which the
     evaluation leaves out of the accuracy and reports. The third element is the number of unreadable
     files met for this sample, which the entry point sums and reports.
@@ -146,6 +193,7 @@ class ImageFolderDataset(torch.utils.data.Dataset):
         if on_error not in ("next", "mark"):
             raise ValueError(f"on_error={on_error!r} is not 'next' or 'mark'")
         self.split, self.transform, self.on_error = split, transform, on_error
+        guard_posterize(transform)  # timm's RandAugment asks the installed Pillow for 0-bit posterize
         self.samples = split.samples
         self.targets = [t for _, t in self.samples]
 
@@ -158,14 +206,19 @@ class ImageFolderDataset(torch.utils.data.Dataset):
             path, target = self.samples[index]
             try:
                 img = load_rgb(path)
-                return self.transform(img), target, failures
-            except Exception as e:  # noqa: BLE001 - decoder errors are many kinds
+            except DECODE_ERRORS as e:
                 failures += 1
                 logger.warning("unreadable image %s (%s: %s): counted and %s", path, type(e).__name__, e,
                                "replaced by the next image" if self.on_error == "next" else "left out")
                 if self.on_error == "mark":
                     return torch.zeros_like(self._blank()), -1, failures
                 index = (index + 1) % len(self.samples)
+                continue
+            try:
+                return self.transform(img), target, failures
+            except Exception as e:
+                raise TransformError(f"the transform failed on {path} ({type(e).__name__}: {e}); the file "
+                                     "decodes, so the augmentation is at fault, not the image") from e
         raise DataError(f"{MAX_CONSECUTIVE_FAILURES} consecutive unreadable images ending at {path}: the data set "
                         f"looks damaged; list them with `python -m hgrn_fairseq.image.data "
                         f"{os.path.dirname(self.split.root)} --decode`")

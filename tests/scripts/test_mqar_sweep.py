@@ -294,7 +294,8 @@ def test_seeds_repeat_the_grid_and_each_cell_takes_its_best_seed(sweep, tmp_path
         rows = list(csv.DictReader(f))
     picked = [(r["model"], r["lr"], r["seed"]) for r in rows if r["selected"] == "1"]
     assert sorted(picked) == [("hgrn1", "0.001", "1"), ("hgrn2", "0.001", "2")]
-    with pytest.raises(SystemExit, match=r"--seeds '1,1': expected distinct integers"):
+    with pytest.raises(SystemExit, match=r"--seeds '1,1' \(SEEDS in run_mqar.sh\): a seed given twice; expected "
+                                         r"distinct integers"):
         sweep.main(["--out", str(tmp_path / "x"), "--seeds", "1,1", "--report-only"])
     # a record from before --seeds is seed 1
     assert sweep.RunResult.from_json({k: v for k, v in json.loads(json.dumps(
@@ -413,6 +414,130 @@ def test_run_mqar_without_yes_prints_the_plan_and_starts_nothing(tmp_path):
     r = run_mqar_sh(env, "--yes", "--cpu")
     assert r.returncode == 0 and r.stdout.startswith("scripts/mqar_sweep.py --out ")
     assert "--plan" not in r.stdout and "--yes" not in r.stdout and r.stdout.rstrip().endswith("--cpu")
+
+
+# (variable, value, what the one line must say after "VARIABLE in run_mqar.sh)")
+BAD_VALUES = [
+    ("SETTINGS", "16:0", "'16:0' has 0 kv pairs; expected SEQ_LEN:KV_PAIRS"),
+    ("SETTINGS", "32:4,10:3", "'10:3': 3 pairs and their queries need 12 tokens; expected"),
+    ("SETTINGS", "32-4", "'32-4' is not SEQ_LEN:KV_PAIRS"),
+    ("VOCAB_SIZE", "0", "4 distinct keys and values (32:4) need 9 tokens (blank, keys, values); expected an integer >= 9"),
+    ("VOCAB_SIZE", "8", "need 9 tokens"),
+    ("VOCAB_SIZE", "many", "invalid int value: 'many'"),
+    ("DIMS", "0", "0 is below 1; expected model widths d >= 1"),
+    ("DIMS", "32,-8", "-8 is below 1; expected model widths d >= 1"),
+    ("DIMS", "3x", "'3x' is not an integer; expected model widths"),
+    ("DIMS", ",", "no value; expected model widths"),
+    ("LRS", "1e-3,-1e-3", "-1e-3 is not a positive number; expected learning rates > 0"),
+    ("LRS", "fast", "'fast' is not a number"),
+    ("TRAIN_SIZE", "0", "below 1; expected an integer >= 1"),
+    ("TEST_SIZE", "-5", "below 1; expected an integer >= 1"),
+    ("JOBS", "0", "below 1; expected an integer >= 1"),
+    ("EXPAND", "64,0", "0 is below 1; expected HGRN2 expand ratios >= 1"),
+    ("MODELS", "hgrn1,lstm", "'lstm' is not a model; expected a subset of hgrn1,hgrn2"),
+    ("EPOCHS", "0", "is not a positive integer"),
+    ("VALIDATE_EVERY", "-1", "negative; expected an integer >= 0"),
+]
+
+
+# every bad value with --yes (the path that trains); the issue's three also without it (the plan)
+CASES = [(v, x, says, True) for v, x, says in BAD_VALUES] + [
+    (v, x, says, False) for v, x, says in BAD_VALUES if (v, x) in {("SETTINGS", "16:0"), ("VOCAB_SIZE", "0"), ("DIMS", "0")}]
+
+
+@pytest.mark.parametrize("variable,value,says,yes", CASES,
+                         ids=[f"{v}={x}" + ("" if yes else "-plan") for v, x, _, yes in CASES])
+def test_run_mqar_refuses_nonsense_in_one_line_before_any_work(tmp_path, variable, value, says, yes):
+    env = subprocess_env()
+    env.update(SETTINGS="32:4", VOCAB_SIZE="64", DIMS="16", MODELS="hgrn1", LRS="3e-3", TRAIN_SIZE="64",
+               TEST_SIZE="16", MAX_UPDATE="1", OUT=str(tmp_path / "sweep"))
+    env[variable] = value
+    r = run_mqar_sh(env, *(["--yes", "--cpu"] if yes else []))
+    assert r.returncode != 0 and r.stdout == "", (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    flag = "--" + {"EXPAND": "hgrn2-expand", "VALIDATE_EVERY": "validate-interval-updates"}.get(
+        variable, variable.lower().replace("_", "-"))
+    assert lines[0].startswith("mqar_sweep.py: ") and flag in lines[0], lines[0]
+    assert f"{variable} in run_mqar.sh)" in lines[0] and value in lines[0] and says in lines[0], lines[0]
+    assert not (tmp_path / "sweep").exists()  # nothing written, nothing trained
+
+
+@pytest.mark.parametrize("option,value,says", [
+    ("--settings", "64:0", "--settings '64:0' (SETTINGS in run_mqar.sh): '64:0' has 0 kv pairs"),
+    ("--vocab-size", "2", "--vocab-size '2' (VOCAB_SIZE in run_mqar.sh): 64 distinct keys and values (512:64) need "
+                     "129 tokens"),
+    ("--dims", "-64", "--dims '-64' (DIMS in run_mqar.sh): -64 is below 1"),
+    ("--warmup-frac", "1.5", "--warmup-frac '1.5': out of range; expected a share of the updates in [0, 1)"),
+    ("--run-timeout", "0", "--run-timeout '0.0': not positive; expected seconds > 0"),
+    ("--jobs", "two", "argument --jobs: invalid int value: 'two' (JOBS in run_mqar.sh)"),
+    ("--no-such-option", "1", "unrecognized arguments: --no-such-option 1"),
+])
+def test_sweep_refuses_nonsense_in_one_line(tmp_path, option, value, says):
+    r = pyrun.run([sys.executable, SWEEP, "--out", str(tmp_path / "sweep"), "--cpu", option, value],
+                  env=subprocess_env(), capture_output=True, text=True)
+    assert r.returncode != 0 and r.stdout == "" and "Traceback" not in r.stderr, (r.stdout, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1 and says in r.stderr, r.stderr
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_settings_rule_is_the_tasks_rule(sweep):
+    """The sweep refuses exactly the settings and vocabularies the MQAR task refuses (its check_mqar_options)."""
+    from hgrn_fairseq.tasks.mqar import check_mqar_options
+
+    for seq_len, kv, vocab in [(16, 4, 9), (15, 4, 9), (16, 4, 8), (4, 1, 3), (3, 1, 3), (4, 1, 2), (64, 0, 100)]:
+        try:
+            check_mqar_options(vocab, seq_len, kv)
+            task_ok = True
+        except ValueError:
+            task_ok = False
+        try:
+            settings = sweep.parse_settings(f"{seq_len}:{kv}")
+            sweep.check_options(sweep.main.__globals__["argparse"].Namespace(
+                vocab_size=vocab, train_size=1, test_size=1, jobs=1, log_interval=1, validate_interval_updates=0,
+                checkpoint_every=0, slice_updates=0, gpus=None, warmup_frac=0.1, weight_decay=0.1, clip_norm=1.0,
+                run_timeout=None, time_budget=None, slice_s=None), settings)
+            sweep_ok = True
+        except SystemExit:
+            sweep_ok = False
+        assert (seq_len, kv, vocab, sweep_ok) == (seq_len, kv, vocab, task_ok)
+
+
+STUB_TRAIN = """import json, sys
+argv = sys.argv[1:]
+d, total = int(argv[argv.index("--decoder-embed-dim") + 1]), int(argv[argv.index("--max-update") + 1])
+if d in FAIL:
+    print("RuntimeError: stub fairseq-train broke at d %d" % d)
+    sys.exit(3)
+stats = {"valid_loss": "1.0", "valid_accuracy": "55.0", "valid_num_updates": str(total)}
+print("1970-01-01 00:00:00 | INFO | valid | " + json.dumps(stats))
+"""
+
+
+@pytest.mark.parametrize("fail,exit_code,says", [
+    ((16,), 1, "mqar_sweep.py: 1 of 3 runs failed: seq32_kv4_hgrn1_d16_lr0.003 (the first ended with: "
+               "RuntimeError: stub fairseq-train broke at d 16)"),
+    ((8, 16, 32), 1, "mqar_sweep.py: 3 of 3 runs failed: seq32_kv4_hgrn1_d32_lr0.003, seq32_kv4_hgrn1_d16_lr0.003, "
+                     "seq32_kv4_hgrn1_d8_lr0.003 (the first ended with: RuntimeError: stub fairseq-train broke at d 32)"),
+    ((), 0, ""),
+])
+def test_sweep_with_failed_runs_exits_non_zero_and_counts_them(sweep, tmp_path, monkeypatch, capsys, fail, exit_code,
+                                                                says):
+    stub = tmp_path / "stub_train.py"
+    stub.write_text(f"FAIL = {fail!r}\n" + STUB_TRAIN)
+    monkeypatch.setattr(sweep, "FAIRSEQ_TRAIN", str(stub))
+    out = tmp_path / "sweep"
+    argv = ["--out", str(out), "--cpu", "--settings", "32:4", "--vocab-size", "64", "--models", "hgrn1",
+            "--dims", "8,16,32", "--lrs", "3e-3", "--train-size", "64", "--test-size", "16", "--max-update", "2",
+            "--checkpoint-every", "0", "--no-preflight", "--no-plot"]
+    assert sweep.main(argv) == exit_code
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1] if says else err
+    assert last.startswith(says) and last.endswith(f"; logs in {out / 'logs'}; delete their runs/NAME.json to rerun "
+                                                   "them (--force reruns all)" if says else ""), err
+    # a rerun with the same --out trains nothing and still reports what failed
+    assert sweep.main(argv) == exit_code
+    assert capsys.readouterr().err.strip().splitlines()[-1:] == ([last] if says else [])
 
 
 def test_run_mqar_cpu_runs_get_one_thread_unless_set(tmp_path):
