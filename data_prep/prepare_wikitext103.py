@@ -45,6 +45,7 @@ import os
 import shutil
 import sys
 import zipfile
+import zlib
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -128,7 +129,7 @@ def locate_raw(source: str, workdir: str, log=print) -> Dict[str, str]:
             f"(mirror: {WIKITEXT_MIRROR}); download it (or pass --download) and give its path with --source"
         )
     if not zipfile.is_zipfile(source):
-        raise PrepError(f"{source} is not a zip archive: expected wikitext-103-raw-v1.zip from {WIKITEXT_URL}")
+        raise PrepError(_damaged_archive_message(source, "not a zip archive"))
     out = os.path.join(workdir, "raw")
     stamp = os.path.join(out, "UNPACKED.json")
     fp = _fingerprint(source)
@@ -136,20 +137,62 @@ def locate_raw(source: str, workdir: str, log=print) -> Dict[str, str]:
         with open(stamp) as f:
             if json.load(f) == fp:
                 return _find_raw_in_dir(out)
-    with zipfile.ZipFile(source) as z:
+        # the files are about to change: an interrupted unpack must not leave a stamp a rerun trusts
+        os.remove(stamp)
+    _unpack(source, out, log)
+    with open(stamp, "w") as f:
+        json.dump(fp, f)
+    return _find_raw_in_dir(out)
+
+
+def _damaged_archive_message(source: str, why: str) -> str:
+    return (f"{source} is damaged or not a complete zip archive ({why}): download it again as "
+            f"wikitext-103-raw-v1.zip from {WIKITEXT_URL} (mirror: {WIKITEXT_MIRROR}) and pass its path with --source")
+
+
+# what reading a damaged archive raises: a bad header or CRC, a deflate stream zlib rejects, data that
+# ends early, a seek to a negative offset (OSError) from a header pointing before the file's start
+_ARCHIVE_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, OSError)
+
+
+def _from_archive(source: str, read):
+    """``read()``, its errors turned into a PrepError naming the archive (only reads of the archive
+    go through here: an error writing the unpacked files is not blamed on it)."""
+    try:
+        return read()
+    except _ARCHIVE_ERRORS as e:
+        raise PrepError(_damaged_archive_message(source, f"{type(e).__name__}: {str(e)[:80]}")) from None
+
+
+def _unpack(source: str, out: str, log=print) -> None:
+    """Unpack the three raw files of ``source`` into ``out``: each goes to a ``.part`` file first and
+    all three are renamed only once every one has been read whole (CRC checked), so a damaged member
+    leaves neither a partial file nor a mix of two archives' files."""
+    z = _from_archive(source, lambda: zipfile.ZipFile(source))
+    with z:
         members = {os.path.basename(n): n for n in z.namelist() if os.path.basename(n) in RAW_FILES.values()}
         missing = [n for n in RAW_FILES.values() if n not in members]
         if missing:
             raise PrepError(f"{source} has no {missing[0]}: expected wikitext-103-raw-v1.zip from {WIKITEXT_URL}")
         os.makedirs(out, exist_ok=True)
-        for name, member in members.items():
-            log(f"[wikitext] unpacking {member}")
-            with z.open(member) as src, open(os.path.join(out, name + ".part"), "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-            os.replace(os.path.join(out, name + ".part"), os.path.join(out, name))
-    with open(stamp, "w") as f:
-        json.dump(fp, f)
-    return _find_raw_in_dir(out)
+        parts = {name: os.path.join(out, name + ".part") for name in members}
+        try:
+            for name, member in members.items():
+                log(f"[wikitext] unpacking {member}")
+                src = _from_archive(source, lambda: z.open(member))
+                with src, open(parts[name], "wb") as dst:
+                    while True:
+                        block = _from_archive(source, lambda: src.read(1 << 20))
+                        if not block:
+                            break
+                        dst.write(block)
+        except BaseException:
+            for part in parts.values():
+                if os.path.exists(part):
+                    os.remove(part)
+            raise
+        for name, part in parts.items():
+            os.replace(part, os.path.join(out, name))
 
 
 def gpt2_files(gpt2_dir: Optional[str]) -> Tuple[Dict[str, str], List[str]]:
