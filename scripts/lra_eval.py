@@ -37,6 +37,23 @@ def git_commit() -> str:
         return ""
 
 
+LRA_TASKS = ("lra_text", "lra_image")
+
+
+def check_lra_checkpoint(checkpoint: str) -> dict:
+    """The state of ``checkpoint``, refused (CheckpointError, one line naming the file) when it is damaged,
+    not a fairseq checkpoint, or a fairseq checkpoint of another task (a language model's)."""
+    from hgrn_fairseq.checkpoint_io import CheckpointError, checkpoint_task, read_fairseq_checkpoint
+
+    state = read_fairseq_checkpoint(checkpoint)
+    task = checkpoint_task(state)
+    if task not in LRA_TASKS:
+        raise CheckpointError(
+            f"checkpoint {checkpoint} is not an LRA checkpoint (trained with task {task!r}, not "
+            f"{' / '.join(LRA_TASKS)}): pass a checkpoint that scripts/train_lra.sh wrote")
+    return state
+
+
 def load(checkpoint: str, data: str | None = None, cpu: bool = False, pad_to_length: int | None = None,
          kernel_backend: str | None = None):
     """The checkpoint's model in eval mode, in its training precision, on the GPU unless ``cpu``; its
@@ -50,6 +67,7 @@ def load(checkpoint: str, data: str | None = None, cpu: bool = False, pad_to_len
 
     if not os.path.isfile(checkpoint):
         raise FileNotFoundError(f"checkpoint {checkpoint} not found: train first (bash scripts/train_lra.sh TASK MODEL)")
+    check_lra_checkpoint(checkpoint)
     overrides = {"data": data} if data else {}
     if pad_to_length is not None:  # (nested: older checkpoints' task configs have no such key to overwrite)
         overrides = {"task": dict(overrides, pad_to_length=int(pad_to_length))}
@@ -152,10 +170,10 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
 
     model, cfg, task, use_cuda, bf16 = load(checkpoint, data, cpu, pad_to_length)
     correct, seen = score(model, task, split, batch_size, use_cuda, bf16)
-    state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint)
+    state = check_lra_checkpoint(checkpoint)
     extra = state.get("extra_state", {}) or {}
     last = os.path.join(os.path.dirname(os.path.abspath(checkpoint)), "checkpoint_last.pt")
-    last_state = checkpoint_utils.load_checkpoint_to_cpu(last) if os.path.isfile(last) else state
+    last_state = check_lra_checkpoint(last) if os.path.isfile(last) else state
 
     def updates(s):
         return int((s.get("optimizer_history") or [{}])[-1].get("num_updates", 0))

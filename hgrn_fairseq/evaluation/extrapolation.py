@@ -233,37 +233,15 @@ def supports_stateful(model) -> bool:
 
 
 def read_fairseq_checkpoint(checkpoint: str) -> dict:
-    """fairseq's ``load_checkpoint_to_cpu`` of ``checkpoint``, with a damaged file (empty, truncated,
-    not a torch file) or a checkpoint of another kind (no ``model`` weights, no fairseq training
-    state) refused as ``ExtrapolationError`` naming the file instead of a pickle/zip/KeyError traceback."""
-    import pickle
-    import zipfile
+    """``checkpoint_io.read_fairseq_checkpoint`` with its refusal (a damaged file, a checkpoint of another
+    kind) raised as ``ExtrapolationError``, the tool's one-line error."""
+    from ..checkpoint_io import CheckpointError
+    from ..checkpoint_io import read_fairseq_checkpoint as read
 
-    from fairseq import checkpoint_utils
-
-    fix = "pass a checkpoint_*.pt that fairseq-train wrote completely (copy it again if it was transferred)"
-    if os.path.getsize(checkpoint) == 0:
-        raise ExtrapolationError(f"checkpoint {checkpoint} is empty (0 bytes): {fix}")
     try:
-        state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint)
-    except (KeyError, TypeError, AttributeError) as e:  # a torch file without fairseq's training state
-        raise ExtrapolationError(
-            f"checkpoint {checkpoint} is not a fairseq checkpoint (no {e} in it; a file of another kind, e.g. an "
-            f"image model's?): {fix}"
-        ) from None
-    except (EOFError, OSError, RuntimeError, ValueError, UnicodeDecodeError, ImportError, pickle.UnpicklingError,
-            zipfile.BadZipFile) as e:
-        first = next((line for line in str(e).splitlines() if line.strip()), "")[:120]
-        raise ExtrapolationError(
-            f"checkpoint {checkpoint} cannot be read ({type(e).__name__}: {first}): a truncated or damaged "
-            f"file? {fix}"
-        ) from None
-    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
-        raise ExtrapolationError(
-            f"checkpoint {checkpoint} is not a fairseq checkpoint (no 'model' weights in it; a file of another "
-            f"kind?): {fix}"
-        )
-    return state
+        return read(checkpoint)
+    except CheckpointError as e:
+        raise ExtrapolationError(str(e)) from None
 
 
 def load_checkpoint_for_eval(
