@@ -341,6 +341,8 @@ def test_bad_commands_are_one_line(lm, tmp_path, capsys):
     assert sorted(os.listdir(full)) == ["notes.txt"]
     fails([lm[0], tmp_path / "o4", "--data", tmp_path / "nowhere"], "pass --data DIR")
     fails([lm[0], tmp_path / "o5", "--ema"], "--ema is for image trainer checkpoints")
+    other = write_dict(str(tmp_path / "other_data"), n=21)
+    fails([lm[0], tmp_path / "o7", "--data", other], "was trained with another dictionary than")
     # a fairseq checkpoint of a task export does not support
     translation = {"args": None, "model": {"w": torch.zeros(1)},
                    "cfg": {"task": {"_name": "translation"}, "model": {"_name": "transformer"}},
