@@ -22,7 +22,9 @@ setup(
         "tensorboardX",  # fairseq logs "Please install tensorboardX" at start-up without it
         "tqdm",
         "Pillow",
+        "safetensors",  # python -m hgrn_fairseq.export / load_exported: weights to share, without pickle
     ],
+    entry_points={"console_scripts": ["hgrn-export = hgrn_fairseq.export:main"]},
     extras_require={
         # (pytest-xdist 3.8: --no-loadscope-reorder, which scripts/test.sh passes)
         "test": ["pytest", "pytest-xdist>=3.8", "numpy"],
