@@ -8,9 +8,10 @@ the lm-evaluation-harness model, ``scripts/check_lm_data.py``) checks it here be
   empty, its ``.bin`` holds exactly the tokens its index describes, and no token id reaches past the
   dictionary (data binarised with a larger dictionary would crash deep in the embedding lookup, or
   train on the wrong words);
-* a checkpoint records the SHA-256 of its training dictionary (the symbols in id order, not a path)
-  and of the tokenizer recorded next to the data (``TOKENIZER_INFO.json``); evaluating it on data
-  with another dictionary is an error.
+* a checkpoint records its training dictionary (the symbols in id order and their SHA-256, and the
+  ``dict.txt`` they came from) and the tokenizer recorded next to the data (``TOKENIZER_INFO.json``);
+  evaluating it on data with another dictionary is an error that says how the two differ (size, or
+  the first differing symbol and its line).
 
 numpy only: no torch, no fairseq.
 """
@@ -85,32 +86,68 @@ def tokenizer_record(data_dir: str) -> Optional[dict]:
     return {k: info[k] for k in keep if k in info}
 
 
-def data_fingerprint(data_dir: str, symbols: Optional[Sequence[str]] = None) -> Dict[str, object]:
-    """The record a checkpoint keeps about its training data: dictionary SHA-256 and size, tokenizer."""
+def data_fingerprint(data_dir: str, symbols: Optional[Sequence[str]] = None,
+                     nspecial: int = len(FAIRSEQ_SPECIALS)) -> Dict[str, object]:
+    """The record a checkpoint keeps about its training data: the dictionary (``dictionary_record``)
+    and the tokenizer."""
+    path = os.path.abspath(os.path.join(data_dir, "dict.txt"))
     if symbols is None:
-        symbols = read_dictionary_symbols(os.path.join(data_dir, "dict.txt"))
-    return {
-        "dictionary_sha256": symbols_fingerprint(symbols),
-        "dictionary_size": len(symbols),
-        "tokenizer": tokenizer_record(data_dir),
-    }
+        symbols = read_dictionary_symbols(path)
+    record = dictionary_record(symbols, nspecial, path)
+    record["tokenizer"] = tokenizer_record(data_dir)
+    return record
 
 
 def compare_fingerprints(trained: Dict[str, object], given: Dict[str, object], data_dir: str, what: str) -> None:
     """Raise ``DataError`` when ``given`` (the data passed now) is not the data ``what`` was trained on."""
-    if trained.get("dictionary_sha256") != given.get("dictionary_sha256"):
-        raise DataError(
-            f"{what} was trained with another dictionary than {os.path.join(data_dir, 'dict.txt')} "
-            f"({trained.get('dictionary_size')} entries, sha256 {str(trained.get('dictionary_sha256'))[:12]}... "
-            f"vs {given.get('dictionary_size')} entries, {str(given.get('dictionary_sha256'))[:12]}...): "
-            f"evaluate on data binarised with the training dictionary"
-        )
+    given = dict(given)
+    given.setdefault("dictionary_path", os.path.join(data_dir, "dict.txt"))
+    check_dictionary(trained, given, what)
     a, b = trained.get("tokenizer"), given.get("tokenizer")
     if a and b and a != b:
         raise DataError(
             f"{what} was trained on data encoded with another tokenizer than {data_dir} "
             f"({TOKENIZER_MARKER}: {a} vs {b}): evaluate on data encoded with the training tokenizer"
         )
+
+
+def dictionary_record(symbols: Sequence[str], nspecial: int, path: Optional[str]) -> Dict[str, object]:
+    """What a model keeps about the dictionary it was built with (saved with its weights): the symbols in
+    id order, their SHA-256, how many leading specials fairseq added, and the ``dict.txt`` they came from."""
+    return {
+        "dictionary_sha256": symbols_fingerprint(symbols),
+        "dictionary_size": len(symbols),
+        "dictionary_symbols": list(symbols),
+        "nspecial": int(nspecial),
+        "dictionary_path": path,
+    }
+
+
+def dictionary_difference(trained: Dict[str, object], given: Dict[str, object]) -> str:
+    """How two dictionary records differ, in a phrase: a size mismatch, or (same size) the first symbol
+    that differs with its line in ``dict.txt``. Records without symbols compare by size only."""
+    a, b = trained.get("dictionary_size"), given.get("dictionary_size")
+    if a != b:
+        return f"size mismatch: {a} entries in training vs {b} now"
+    sym_a, sym_b = trained.get("dictionary_symbols"), given.get("dictionary_symbols")
+    if not sym_a or not sym_b:
+        return f"same size ({a} entries), different symbols"
+    i = next(i for i, (x, y) in enumerate(zip(sym_a, sym_b)) if x != y)
+    nspecial = int(given.get("nspecial") or len(FAIRSEQ_SPECIALS))
+    where = f"dict.txt line {i - nspecial + 1}" if i >= nspecial else f"special symbol #{i}"
+    return f"same size ({a} entries), different symbols: first at id {i} ({where}), {sym_a[i]!r} in training vs {sym_b[i]!r} now"
+
+
+def check_dictionary(trained: Optional[Dict[str, object]], given: Dict[str, object], what: str) -> None:
+    """Raise ``DataError`` naming both dictionaries when ``given`` is not the one ``what`` was trained with."""
+    if trained is None or trained.get("dictionary_sha256") == given.get("dictionary_sha256"):
+        return
+    now = given.get("dictionary_path") or "the dictionary given now"
+    then = trained.get("dictionary_path") or "a dictionary it does not name"
+    raise DataError(
+        f"{what} was trained with another dictionary than {now} (trained with {then}; "
+        f"{dictionary_difference(trained, given)}): evaluate on data binarised with the training dictionary"
+    )
 
 
 class RecordsDataInCheckpoints:
