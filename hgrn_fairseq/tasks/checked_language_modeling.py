@@ -73,7 +73,7 @@ class CheckedLanguageModelingTask(RecordsDataInCheckpoints, LanguageModelingTask
     # ---- what a checkpoint records about its data ----------------------------------------------
     def data_fingerprint(self):
         data_dir = utils.split_paths(self.args.data)[0]
-        return data_fingerprint(data_dir, self.dictionary.symbols)
+        return data_fingerprint(data_dir, self.dictionary.symbols, self.dictionary.nspecial)
 
     def data_description(self) -> str:
         return os.path.join(utils.split_paths(self.args.data)[0], "dict.txt")
