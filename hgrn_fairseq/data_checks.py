@@ -178,23 +178,47 @@ class RecordsDataInCheckpoints:
         self.check_data_fingerprint(trained)
 
 
+REBINARISE_HINT = ("re-run fairseq-preprocess for this split (--srcdict DATA_DIR/dict.txt), or the data_prep/ "
+                   "script that wrote it")
+INDEX_HEADER_BYTES = 9 + 8 + 1 + 8  # magic, version, dtype code, number of sequences
+
+
 def _read_index(idx: str) -> Tuple[np.dtype, np.ndarray]:
-    """(token dtype, sizes) from a fairseq ``mmap`` index file."""
+    """(token dtype, sizes) from a fairseq ``mmap`` index file, after checking its whole layout: what
+    fairseq's ``MMapIndexedDataset.Index`` reads (header, int32 sizes, int64 byte offsets) and nothing
+    more, the offsets those of the sizes laid end to end."""
+    nbytes = os.path.getsize(idx)
     with open(idx, "rb") as f:
-        if f.read(9) != MMAP_MAGIC:
-            raise DataError(f"{idx} is not in fairseq's mmap format: re-binarise with fairseq-preprocess "
-                            f"--dataset-impl mmap (the default)")
-        f.read(8)  # version
-        head = f.read(1 + 8)
-        if len(head) < 9:
-            raise DataError(f"{idx} is truncated: re-binarise the split")
-        code, length = struct.unpack("<BQ", head)
-        if code not in DTYPES:
-            raise DataError(f"{idx}: token dtype code {code} is not an integer type: re-binarise the split")
-        sizes = np.frombuffer(f.read(4 * length), dtype=np.int32)
-    if sizes.size != length:
-        raise DataError(f"{idx} is truncated ({sizes.size} of {length} sizes): re-binarise the split")
-    return np.dtype(DTYPES[code]), sizes
+        head = f.read(INDEX_HEADER_BYTES)
+    if len(head) < len(MMAP_MAGIC) and MMAP_MAGIC.startswith(head):
+        raise DataError(f"{idx} is truncated ({nbytes} bytes, not even its header): {REBINARISE_HINT}")
+    if head[:9] != MMAP_MAGIC:
+        raise DataError(f"{idx} is not in fairseq's mmap format: re-binarise with fairseq-preprocess "
+                        f"--dataset-impl mmap (the default)")
+    if len(head) < INDEX_HEADER_BYTES:
+        raise DataError(f"{idx} is truncated ({nbytes} bytes, not even its header): {REBINARISE_HINT}")
+    version, code, length = struct.unpack("<QBQ", head[9:])
+    if version != 1:
+        raise DataError(f"{idx}: index version {version}, fairseq reads version 1: {REBINARISE_HINT}")
+    if code not in DTYPES:
+        raise DataError(f"{idx}: token dtype code {code} is not an integer type: {REBINARISE_HINT}")
+    expected = INDEX_HEADER_BYTES + 12 * length
+    if nbytes != expected:
+        state = "truncated" if nbytes < expected else "longer than its header says"
+        raise DataError(f"{idx} is {state} ({nbytes} bytes; {length} sequences need {expected}): {REBINARISE_HINT}")
+    dtype = np.dtype(DTYPES[code])
+    index = np.memmap(idx, mode="r", dtype=np.uint8)
+    sizes = np.frombuffer(index, dtype=np.int32, count=length, offset=INDEX_HEADER_BYTES)
+    pointers = np.frombuffer(index, dtype=np.int64, count=length, offset=INDEX_HEADER_BYTES + 4 * length)
+    if length and sizes.min() < 0:
+        raise DataError(f"{idx} is damaged (a negative sequence size): {REBINARISE_HINT}")
+    starts = np.zeros(length, dtype=np.int64)
+    starts[1:] = np.cumsum(sizes[:-1].astype(np.int64)) * dtype.itemsize
+    if not np.array_equal(pointers, starts):
+        first = int(np.flatnonzero(pointers != starts)[0])
+        raise DataError(f"{idx} is damaged (the byte offset of sequence {first} does not follow from the sizes): "
+                        f"{REBINARISE_HINT}")
+    return dtype, np.array(sizes)
 
 
 def check_split(prefix: str, dictionary_size: int) -> Tuple[int, int]:
@@ -210,9 +234,11 @@ def check_split(prefix: str, dictionary_size: int) -> Tuple[int, int]:
         raise DataError(f"split {name!r} ({bin_}) is empty: binarise a non-empty text file for it, or leave "
                         f"the split out (--valid-subset / --gen-subset)")
     expected_bytes = num_tokens * dtype.itemsize
-    if os.path.getsize(bin_) != expected_bytes:
-        raise DataError(f"{bin_} has {os.path.getsize(bin_)} bytes but its index describes {num_tokens} tokens "
-                        f"({expected_bytes} bytes): the .bin and .idx are from different runs or damaged; re-binarise")
+    actual = os.path.getsize(bin_)
+    if actual != expected_bytes:
+        state = "truncated" if actual < expected_bytes else "longer than its index says"
+        raise DataError(f"{bin_} is {state}: {actual} bytes but {idx} describes {num_tokens} tokens "
+                        f"({expected_bytes} bytes), so the two are damaged or from different runs: {REBINARISE_HINT}")
     max_id = int(np.memmap(bin_, dtype=dtype, mode="r").max())
     if max_id >= dictionary_size:
         data_dir = os.path.dirname(prefix) or "."
