@@ -28,7 +28,7 @@ that a model learns Pathfinder at all; their meta.json says ``comparable=false``
 Longer sequences are truncated to ``--max-len`` (counted, in meta.json and on stdout); unreadable
 or empty images (the release's ``sample_172.png``) are reported, counted and left out; a label
 outside the task's classes, a ListOps symbol other than the operators, digits and ``]`` (refused, not
-mapped to ``<unk>``), a split without examples, a non-UTF-8 TSV and a damaged archive stop with
+mapped to ``<unk>``), a split without examples, a non-UTF-8 TSV or IMDB review and a damaged archive stop with
 one line naming the file (and line). Everything is written through
 ``hgrn_fairseq/tasks/lra_format.py`` (temporary names, renamed; ``meta.json`` last). A rerun with
 the same inputs and options finds ``meta.json``'s fingerprint unchanged and prints "up to date".
@@ -371,11 +371,24 @@ def _imdb_docs(root: str, split: str) -> Tuple[List[str], List[int], List[str]]:
         if not files:
             raise PrepError(f"{folder}: no review files; {NEEDS['text'][1]}")
         for f in _tqdm(files, desc=f"text {split}/{sub}", unit=" files"):
-            with open(os.path.join(folder, f), encoding="utf-8") as fh:
-                docs.append(fh.read())
+            docs.append(_read_review(os.path.join(folder, f)))
             labels.append(label)
             names.append(os.path.join(folder, f))
     return docs, labels, names
+
+
+def _read_review(path: str) -> str:
+    """One IMDB review as text. The release is UTF-8 throughout: another encoding means a converted or
+    damaged copy, refused with the file, line and byte (decoding it anyway would change the characters
+    the model reads, and so the dictionary)."""
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise PrepError(f"{path} line {line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+                        f"the IMDB release is UTF-8: unpack aclImdb_v1.tar.gz again (from {IMDB_URL}) or convert the file to UTF-8") from None
 
 
 def prepare_text(root: str, dest: str, max_len: int, min_freq: int, log) -> Result:

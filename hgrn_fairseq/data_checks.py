@@ -8,9 +8,10 @@ the lm-evaluation-harness model, ``scripts/check_lm_data.py``) checks it here be
   empty, its ``.bin`` holds exactly the tokens its index describes, and no token id reaches past the
   dictionary (data binarised with a larger dictionary would crash deep in the embedding lookup, or
   train on the wrong words);
-* a checkpoint records the SHA-256 of its training dictionary (the symbols in id order, not a path)
-  and of the tokenizer recorded next to the data (``TOKENIZER_INFO.json``); evaluating it on data
-  with another dictionary is an error.
+* a checkpoint records its training dictionary (the symbols in id order and their SHA-256, and the
+  ``dict.txt`` they came from) and the tokenizer recorded next to the data (``TOKENIZER_INFO.json``);
+  evaluating it on data with another dictionary is an error that says how the two differ (size, or
+  the first differing symbol and its line).
 
 numpy only: no torch, no fairseq.
 """
@@ -85,32 +86,68 @@ def tokenizer_record(data_dir: str) -> Optional[dict]:
     return {k: info[k] for k in keep if k in info}
 
 
-def data_fingerprint(data_dir: str, symbols: Optional[Sequence[str]] = None) -> Dict[str, object]:
-    """The record a checkpoint keeps about its training data: dictionary SHA-256 and size, tokenizer."""
+def data_fingerprint(data_dir: str, symbols: Optional[Sequence[str]] = None,
+                     nspecial: int = len(FAIRSEQ_SPECIALS)) -> Dict[str, object]:
+    """The record a checkpoint keeps about its training data: the dictionary (``dictionary_record``)
+    and the tokenizer."""
+    path = os.path.abspath(os.path.join(data_dir, "dict.txt"))
     if symbols is None:
-        symbols = read_dictionary_symbols(os.path.join(data_dir, "dict.txt"))
-    return {
-        "dictionary_sha256": symbols_fingerprint(symbols),
-        "dictionary_size": len(symbols),
-        "tokenizer": tokenizer_record(data_dir),
-    }
+        symbols = read_dictionary_symbols(path)
+    record = dictionary_record(symbols, nspecial, path)
+    record["tokenizer"] = tokenizer_record(data_dir)
+    return record
 
 
 def compare_fingerprints(trained: Dict[str, object], given: Dict[str, object], data_dir: str, what: str) -> None:
     """Raise ``DataError`` when ``given`` (the data passed now) is not the data ``what`` was trained on."""
-    if trained.get("dictionary_sha256") != given.get("dictionary_sha256"):
-        raise DataError(
-            f"{what} was trained with another dictionary than {os.path.join(data_dir, 'dict.txt')} "
-            f"({trained.get('dictionary_size')} entries, sha256 {str(trained.get('dictionary_sha256'))[:12]}... "
-            f"vs {given.get('dictionary_size')} entries, {str(given.get('dictionary_sha256'))[:12]}...): "
-            f"evaluate on data binarised with the training dictionary"
-        )
+    given = dict(given)
+    given.setdefault("dictionary_path", os.path.join(data_dir, "dict.txt"))
+    check_dictionary(trained, given, what)
     a, b = trained.get("tokenizer"), given.get("tokenizer")
     if a and b and a != b:
         raise DataError(
             f"{what} was trained on data encoded with another tokenizer than {data_dir} "
             f"({TOKENIZER_MARKER}: {a} vs {b}): evaluate on data encoded with the training tokenizer"
         )
+
+
+def dictionary_record(symbols: Sequence[str], nspecial: int, path: Optional[str]) -> Dict[str, object]:
+    """What a model keeps about the dictionary it was built with (saved with its weights): the symbols in
+    id order, their SHA-256, how many leading specials fairseq added, and the ``dict.txt`` they came from."""
+    return {
+        "dictionary_sha256": symbols_fingerprint(symbols),
+        "dictionary_size": len(symbols),
+        "dictionary_symbols": list(symbols),
+        "nspecial": int(nspecial),
+        "dictionary_path": path,
+    }
+
+
+def dictionary_difference(trained: Dict[str, object], given: Dict[str, object]) -> str:
+    """How two dictionary records differ, in a phrase: a size mismatch, or (same size) the first symbol
+    that differs with its line in ``dict.txt``. Records without symbols compare by size only."""
+    a, b = trained.get("dictionary_size"), given.get("dictionary_size")
+    if a != b:
+        return f"size mismatch: {a} entries in training vs {b} now"
+    sym_a, sym_b = trained.get("dictionary_symbols"), given.get("dictionary_symbols")
+    if not sym_a or not sym_b:
+        return f"same size ({a} entries), different symbols"
+    i = next(i for i, (x, y) in enumerate(zip(sym_a, sym_b)) if x != y)
+    nspecial = int(given.get("nspecial") or len(FAIRSEQ_SPECIALS))
+    where = f"dict.txt line {i - nspecial + 1}" if i >= nspecial else f"special symbol #{i}"
+    return f"same size ({a} entries), different symbols: first at id {i} ({where}), {sym_a[i]!r} in training vs {sym_b[i]!r} now"
+
+
+def check_dictionary(trained: Optional[Dict[str, object]], given: Dict[str, object], what: str) -> None:
+    """Raise ``DataError`` naming both dictionaries when ``given`` is not the one ``what`` was trained with."""
+    if trained is None or trained.get("dictionary_sha256") == given.get("dictionary_sha256"):
+        return
+    now = given.get("dictionary_path") or "the dictionary given now"
+    then = trained.get("dictionary_path") or "a dictionary it does not name"
+    raise DataError(
+        f"{what} was trained with another dictionary than {now} (trained with {then}; "
+        f"{dictionary_difference(trained, given)}): evaluate on data binarised with the training dictionary"
+    )
 
 
 class RecordsDataInCheckpoints:
@@ -141,23 +178,47 @@ class RecordsDataInCheckpoints:
         self.check_data_fingerprint(trained)
 
 
+REBINARISE_HINT = ("re-run fairseq-preprocess for this split (--srcdict DATA_DIR/dict.txt), or the data_prep/ "
+                   "script that wrote it")
+INDEX_HEADER_BYTES = 9 + 8 + 1 + 8  # magic, version, dtype code, number of sequences
+
+
 def _read_index(idx: str) -> Tuple[np.dtype, np.ndarray]:
-    """(token dtype, sizes) from a fairseq ``mmap`` index file."""
+    """(token dtype, sizes) from a fairseq ``mmap`` index file, after checking its whole layout: what
+    fairseq's ``MMapIndexedDataset.Index`` reads (header, int32 sizes, int64 byte offsets) and nothing
+    more, the offsets those of the sizes laid end to end."""
+    nbytes = os.path.getsize(idx)
     with open(idx, "rb") as f:
-        if f.read(9) != MMAP_MAGIC:
-            raise DataError(f"{idx} is not in fairseq's mmap format: re-binarise with fairseq-preprocess "
-                            f"--dataset-impl mmap (the default)")
-        f.read(8)  # version
-        head = f.read(1 + 8)
-        if len(head) < 9:
-            raise DataError(f"{idx} is truncated: re-binarise the split")
-        code, length = struct.unpack("<BQ", head)
-        if code not in DTYPES:
-            raise DataError(f"{idx}: token dtype code {code} is not an integer type: re-binarise the split")
-        sizes = np.frombuffer(f.read(4 * length), dtype=np.int32)
-    if sizes.size != length:
-        raise DataError(f"{idx} is truncated ({sizes.size} of {length} sizes): re-binarise the split")
-    return np.dtype(DTYPES[code]), sizes
+        head = f.read(INDEX_HEADER_BYTES)
+    if len(head) < len(MMAP_MAGIC) and MMAP_MAGIC.startswith(head):
+        raise DataError(f"{idx} is truncated ({nbytes} bytes, not even its header): {REBINARISE_HINT}")
+    if head[:9] != MMAP_MAGIC:
+        raise DataError(f"{idx} is not in fairseq's mmap format: re-binarise with fairseq-preprocess "
+                        f"--dataset-impl mmap (the default)")
+    if len(head) < INDEX_HEADER_BYTES:
+        raise DataError(f"{idx} is truncated ({nbytes} bytes, not even its header): {REBINARISE_HINT}")
+    version, code, length = struct.unpack("<QBQ", head[9:])
+    if version != 1:
+        raise DataError(f"{idx}: index version {version}, fairseq reads version 1: {REBINARISE_HINT}")
+    if code not in DTYPES:
+        raise DataError(f"{idx}: token dtype code {code} is not an integer type: {REBINARISE_HINT}")
+    expected = INDEX_HEADER_BYTES + 12 * length
+    if nbytes != expected:
+        state = "truncated" if nbytes < expected else "longer than its header says"
+        raise DataError(f"{idx} is {state} ({nbytes} bytes; {length} sequences need {expected}): {REBINARISE_HINT}")
+    dtype = np.dtype(DTYPES[code])
+    index = np.memmap(idx, mode="r", dtype=np.uint8)
+    sizes = np.frombuffer(index, dtype=np.int32, count=length, offset=INDEX_HEADER_BYTES)
+    pointers = np.frombuffer(index, dtype=np.int64, count=length, offset=INDEX_HEADER_BYTES + 4 * length)
+    if length and sizes.min() < 0:
+        raise DataError(f"{idx} is damaged (a negative sequence size): {REBINARISE_HINT}")
+    starts = np.zeros(length, dtype=np.int64)
+    starts[1:] = np.cumsum(sizes[:-1].astype(np.int64)) * dtype.itemsize
+    if not np.array_equal(pointers, starts):
+        first = int(np.flatnonzero(pointers != starts)[0])
+        raise DataError(f"{idx} is damaged (the byte offset of sequence {first} does not follow from the sizes): "
+                        f"{REBINARISE_HINT}")
+    return dtype, np.array(sizes)
 
 
 def check_split(prefix: str, dictionary_size: int) -> Tuple[int, int]:
@@ -173,9 +234,11 @@ def check_split(prefix: str, dictionary_size: int) -> Tuple[int, int]:
         raise DataError(f"split {name!r} ({bin_}) is empty: binarise a non-empty text file for it, or leave "
                         f"the split out (--valid-subset / --gen-subset)")
     expected_bytes = num_tokens * dtype.itemsize
-    if os.path.getsize(bin_) != expected_bytes:
-        raise DataError(f"{bin_} has {os.path.getsize(bin_)} bytes but its index describes {num_tokens} tokens "
-                        f"({expected_bytes} bytes): the .bin and .idx are from different runs or damaged; re-binarise")
+    actual = os.path.getsize(bin_)
+    if actual != expected_bytes:
+        state = "truncated" if actual < expected_bytes else "longer than its index says"
+        raise DataError(f"{bin_} is {state}: {actual} bytes but {idx} describes {num_tokens} tokens "
+                        f"({expected_bytes} bytes), so the two are damaged or from different runs: {REBINARISE_HINT}")
     max_id = int(np.memmap(bin_, dtype=dtype, mode="r").max())
     if max_id >= dictionary_size:
         data_dir = os.path.dirname(prefix) or "."

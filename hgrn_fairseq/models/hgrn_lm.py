@@ -4,10 +4,16 @@
 
 The decoder has no positional embeddings, so it takes sequences of any length: ``max_positions()``
 is unbounded (fairseq would otherwise drop longer evaluation samples without a word).
+
+The decoder saves the dictionary it was built with next to its weights (``_extra_state``) and refuses,
+when a checkpoint is loaded, a dictionary other than that one, whatever the task (``language_modeling``
+as well as ``hgrn_language_modeling``): ids would silently mean other words.
 """
 
 import dataclasses
+import logging
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -23,6 +29,7 @@ from fairseq.models import (
 from fairseq.utils import safe_getattr
 from torch import Tensor, nn
 
+from ..data_checks import check_dictionary, dictionary_record
 from ..kernels import BACKENDS
 from ..modules import LayerLowerBounds
 from ..modules.block import TERNARY_MIXERS, TOKEN_MIXERS, HgrnBlock, build_token_mixer
@@ -33,6 +40,8 @@ from ..modules.transient import TransientAttrs
 # What max_positions() reports: large enough that no length filter in fairseq ever applies, small
 # enough for the arithmetic fairseq does with it (e.g. the generator's max_len - 1).
 UNBOUNDED_POSITIONS = 2**31 - 1
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -191,9 +200,10 @@ class HgrnDecoder(TransientAttrs, FairseqIncrementalDecoder):
 
     _TRANSIENT = ("_graphs",)  # built on first use, never pickled (modules/transient.py)
 
-    def __init__(self, cfg, dictionary):
+    def __init__(self, cfg, dictionary, dictionary_path: Optional[str] = None):
         super().__init__(dictionary)
         validate_config(cfg)
+        self.dictionary_path = dictionary_path  # the dict.txt of the task that built the model, if known
         d = cfg.decoder_embed_dim
         self.embed_dim = d
         self.padding_idx = dictionary.pad()
@@ -316,6 +326,23 @@ class HgrnDecoder(TransientAttrs, FairseqIncrementalDecoder):
     def max_positions(self) -> int:
         return UNBOUNDED_POSITIONS
 
+    # -- the dictionary the weights belong to ----------------------------------------------------
+    def get_extra_state(self):
+        return dictionary_record(self.dictionary.symbols, self.dictionary.nspecial, self.dictionary_path)
+
+    def set_extra_state(self, state):
+        if state is None:
+            logger.warning("the checkpoint records no dictionary (written before it did): cannot check that %s "
+                           "is the dictionary it was trained with", self.dictionary_path or "the dictionary given")
+            return
+        given = dictionary_record(self.dictionary.symbols, self.dictionary.nspecial, self.dictionary_path)
+        check_dictionary(state, given, "the checkpoint")
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        # checkpoints written before the decoder saved its dictionary load with a warning, not a missing key
+        state_dict.setdefault((name + "." if name else "") + "_extra_state", None)
+        return super().upgrade_state_dict_named(state_dict, name)
+
     def reorder_incremental_state(
         self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], new_order: Tensor
     ):
@@ -347,10 +374,19 @@ class HgrnLanguageModel(FairseqLanguageModel):
 
     @classmethod
     def build_model(cls, args, task):
-        return cls(HgrnDecoder(args, task.target_dictionary))
+        return cls(HgrnDecoder(args, task.target_dictionary, task_dictionary_path(task)))
 
     def max_positions(self):
         return self.decoder.max_positions()
+
+
+def task_dictionary_path(task) -> Optional[str]:
+    """The ``dict.txt`` a fairseq LM task read its dictionary from (its first data directory), if any."""
+    data = safe_getattr(getattr(task, "cfg", None), "data", None) or safe_getattr(getattr(task, "args", None),
+                                                                                  "data", None)
+    if not isinstance(data, str) or not data:
+        return None
+    return os.path.abspath(os.path.join(data.split(os.pathsep)[0], "dict.txt"))
 
 
 def _set_defaults(args, **defaults):

@@ -8,6 +8,8 @@ Same options and data format as ``language_modeling``, plus:
 * a training split with fewer tokens than ``--tokens-per-sample`` is refused;
 * samples longer than the model's ``max_positions()`` are never skipped in silence: fairseq's
   ``eval_lm`` asks tasks to *ignore* them, we raise instead, naming the fix;
+* a ``--max-tokens`` below the longest sample (a block of ``--tokens-per-sample``) is refused before
+  batching, naming both options (fairseq caps the positions at ``--max-tokens`` and fails later);
 * every split is checked before it is read (``data_checks.check_split``: not empty, ``.bin`` matches its
   index, no token id past the dictionary); ``--tokens-per-sample`` and friends must be >= 1;
 * every example of an evaluation split is scored: fairseq's batching drops a last batch smaller than
@@ -73,7 +75,7 @@ class CheckedLanguageModelingTask(RecordsDataInCheckpoints, LanguageModelingTask
     # ---- what a checkpoint records about its data ----------------------------------------------
     def data_fingerprint(self):
         data_dir = utils.split_paths(self.args.data)[0]
-        return data_fingerprint(data_dir, self.dictionary.symbols)
+        return data_fingerprint(data_dir, self.dictionary.symbols, self.dictionary.nspecial)
 
     def data_description(self) -> str:
         return os.path.join(utils.split_paths(self.args.data)[0], "dict.txt")
@@ -119,6 +121,8 @@ class CheckedLanguageModelingTask(RecordsDataInCheckpoints, LanguageModelingTask
 
     def get_batch_iterator(self, dataset, *args, **kwargs):
         split = self._split_of(dataset)
+        check_max_tokens(kwargs.get("max_tokens", args[0] if args else None), dataset, split,
+                         getattr(self.args, "tokens_per_sample", None))
         # fairseq names training splits train, train1, ... (--train-subset); anything else is evaluated
         training = split is not None and split.startswith("train")
         if not training:
@@ -147,6 +151,21 @@ class CheckedLanguageModelingTask(RecordsDataInCheckpoints, LanguageModelingTask
         bos = dictionary.bos() if getattr(self.args, "add_bos_token", False) else dictionary.eos()
         check_length_budget(generator, sample, prefix_tokens, dictionary.pad(), bos)
         return super().inference_step(generator, models, sample, prefix_tokens=prefix_tokens, constraints=constraints)
+
+
+def check_max_tokens(max_tokens, dataset, split, tokens_per_sample) -> None:
+    """Refuse a ``--max-tokens`` below the longest sample before batching: fairseq lowers the positions
+    limit to it and the refusal would blame the model's positions."""
+    sizes = getattr(dataset, "sizes", None)
+    if max_tokens is None or sizes is None or len(sizes) == 0:
+        return
+    longest = int(np.max(sizes))
+    if longest > max_tokens:
+        raise DataError(
+            f"--max-tokens={max_tokens} is smaller than one sample of split {split or '?'!r} ({longest} tokens; "
+            f"--tokens-per-sample={tokens_per_sample}): a batch must hold at least one sample; pass --max-tokens "
+            f">= {longest} or a smaller --tokens-per-sample"
+        )
 
 
 def check_length_budget(generator, sample, prefix_tokens, pad: int, bos: int) -> None:
