@@ -117,6 +117,7 @@ def test_patch_tokens_are_the_strided_convolution(in_chans, patch, hw):
         assert model.float().patch_tokens(x.float()).dtype == torch.bfloat16
 
 
+@pytest.mark.integration
 def test_fairseq_start_up_does_not_import_the_image_package():
     code = "import sys, hgrn_fairseq; print('timm' in sys.modules, 'hgrn_fairseq.image' in sys.modules)"
     # (a real interpreter: tests.pyrun's server has preloaded packages, which would hide what start-up imports)

@@ -277,6 +277,7 @@ def test_make_image_folder_is_deterministic_and_up_to_date(tmp_path, capsys):
     assert "up to date" in capsys.readouterr().out
 
 
+@pytest.mark.integration
 def test_train_imagenet_sh_picks_the_recipe(folder, tmp_path):
     env = pyrun.script_env(dict(os.environ, NUM_GPUS="0", OUTPUT_DIR=str(tmp_path / "o")))
     res = pyrun.run(["bash", os.path.join(REPO, "scripts", "train_imagenet.sh"), "hgrn2_vit_small", str(folder),

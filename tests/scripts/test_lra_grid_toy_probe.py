@@ -228,6 +228,7 @@ def test_curriculum_run_trains_small_then_validates_on_the_final_side(tmp_path):
     assert [e["train_side"] for e in evals] == [6, 6, 8, 8]
 
 
+@pytest.mark.integration
 def test_probe_imports_without_fairseq():
     """The probe runs on a GPU machine that has PyTorch but no fairseq (nothing of fairseq is imported)."""
     import subprocess
