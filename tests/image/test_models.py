@@ -297,6 +297,7 @@ def test_two_d_scan_differs_from_raster_scan():
     assert math.isfinite(float(b(x).detach().sum()))
 
 
+@pytest.mark.integration
 def test_block_compile_option_gives_the_eager_numbers(monkeypatch):
     monkeypatch.setenv("HGRN_COMPILE_BACKEND", "aot_eager")  # no C compiler needed
     torch.manual_seed(4)
@@ -325,6 +326,7 @@ def full_fp32():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["hgrn1d_vit_tiny", "hgrn1_2d_vit_tiny", "hgrn2_vit_tiny", "hgrn2_2d_vit_tiny"])
 def test_triton_path_matches_the_reference(name):
     """backend='triton': the Triton scans (TRITON_INTERPRET on a CPU, compiled on a GPU), both directions,

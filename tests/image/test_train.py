@@ -97,6 +97,7 @@ def test_dry_run_trains_nothing(folder, tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.integration
 def test_one_update_evaluation_and_resume(folder, tmp_path, capsys):
     out = tmp_path / "run"
     common = [f"data.path={folder}", f"train.output_dir={out}", "optim.epochs=3", "optim.warmup_epochs=1",

@@ -136,6 +136,7 @@ def test_matches_reference(B, T, H, K, V, reverse, h0, impl, dtype):
     )
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("path", ["blocks", "elementwise"])
 @pytest.mark.parametrize("reverse", [False, True])
 def test_intra_chunk_paths(monkeypatch, path, reverse):
@@ -148,6 +149,7 @@ def test_intra_chunk_paths(monkeypatch, path, reverse):
     check_against_reference(q, v, g, s0, reverse, "chunk", FP32_TOL, FP32_TOL)
 
 
+@pytest.mark.integration
 def test_fused_state_pass(monkeypatch):
     """STATE_IMPL = 'fused': chunk states in one sequential kernel (instead of products + scan)."""
     monkeypatch.setattr(hgrn2_triton, "STATE_IMPL", "fused")
@@ -155,6 +157,7 @@ def test_fused_state_pass(monkeypatch):
     check_against_reference(q, v, g, s0, True, "chunk", FP32_TOL, FP32_TOL)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("prefetch", [True, False])
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -771,6 +774,7 @@ def test_bk64_four_warps_only_for_heads_of_64(prune, extra):
         assert (only.kwargs["BK"], only.num_warps) == (32, 8), K
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("impl", ["chunk", "recurrent", "packed"])
 def test_batch_split_beyond_the_grid_limit(monkeypatch, impl):
     """More batch x heads than a grid dimension takes: the op runs in batch slices, with the same
