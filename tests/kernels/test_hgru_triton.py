@@ -440,6 +440,7 @@ def test_twopass_chunks_plan():
         assert K._plan(B, T, D, False, dev, False, True)["mode"] == "twopass"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("vec,dtype", [(2, torch.bfloat16), (2, torch.float32), (8, torch.bfloat16)])
 def test_chunklb_vector_access(vec, dtype):
     """tuning['vec']: the one-launch chunked forward reads and writes VEC channels per access where rows

@@ -521,6 +521,7 @@ print("1970-01-01 00:00:00 | INFO | valid | " + json.dumps(stats))
 """
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("fail,exit_code,says", [
     ((16,), 1, "mqar_sweep.py: 1 of 3 runs failed: seq32_kv4_hgrn1_d16_lr0.003 (the first ended with: "
                "RuntimeError: stub fairseq-train broke at d 16)"),
@@ -593,6 +594,7 @@ def uncut(sweep, tmp_path_factory):
     return out
 
 
+@pytest.mark.integration
 def test_tiny_cpu_sweep_records_interval_validations(uncut):
     run = tiny_run(uncut)
     assert run["status"] == "ok", run["error"]
@@ -621,6 +623,7 @@ def assert_same_end(out, uncut):
     return a
 
 
+@pytest.mark.integration
 def test_run_cut_by_updates_and_by_time_and_continued_ends_where_the_uncut_run_ends(sweep, uncut, tmp_path):
     out = tmp_path / "cut"
     sweep.main(["--out", str(out), "--slice-updates", "13"] + TINY)  # mid-epoch (15 per epoch)
@@ -657,6 +660,7 @@ def test_run_cut_by_updates_and_by_time_and_continued_ends_where_the_uncut_run_e
     assert all(uncut_curve[u] == acc for u, acc in run["valid_curve"] if u in uncut_curve)
 
 
+@pytest.mark.integration
 def test_paused_run_without_its_checkpoint_restarts_and_says_so(sweep, tmp_path):
     """A run paused on another machine whose checkpoint was too big to come back: its record and log
     travel (mqar_state.py pack/restore), the checkpoint does not; the run starts over and says so."""
