@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Install the package and what the tests need into the current Python environment, then run the
-# test suite. CPU only: Triton kernels run through TRITON_INTERPRET=1 (tests/conftest.py sets it
-# when there is no GPU). Extra arguments go to pytest, e.g. `bash scripts/test.sh -k hgru -x`.
-# The tests run in TEST_WORKERS processes (pytest-xdist; default 2, one per core of the CI machine),
-# a test file per process (module fixtures are built once), the slowest files first; TEST_WORKERS=0 runs
-# them in this process.
+# test suite in two sets: the fast set (plain `pytest`: units, modules, kernels under the Triton
+# interpreter) and the integration set (`pytest -m integration`: command-line tools end to end, several
+# processes, slow tests; pytest.ini and tests/conftest.py say which). Both run even if the first fails;
+# the last lines give each set's counts, and the exit status is non-zero if either failed.
+# CPU only: Triton kernels run through TRITON_INTERPRET=1 (tests/conftest.py sets it when there is no GPU).
+# Extra arguments go to both runs, e.g. `bash scripts/test.sh -k hgru -x`.
+# Each set runs in TEST_WORKERS processes (pytest-xdist; default 2, one per core of the CI machine), a test
+# file per process (module fixtures are built once); TEST_WORKERS=0 runs them in this process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -37,10 +40,23 @@ except Exception as e:
 print(f"== torch {torch.__version__}: CPU build, no CUDA libraries installed")
 PY
 fi
-echo "== running the tests"
 WORKERS=${TEST_WORKERS:-2}
 case "$WORKERS" in '' | *[!0-9]*) echo "test.sh: TEST_WORKERS='$WORKERS' is not a number (0: no worker processes)" >&2; exit 2 ;; esac
 PARALLEL=()
-# (files in collection order, which tests/conftest.py starts with the slowest: see SLOW_FILES_FIRST)
-if [ "$WORKERS" -gt 0 ]; then PARALLEL=(-n "$WORKERS" --dist loadfile --no-loadscope-reorder); fi
-exec $PYTHON -m pytest -q --durations=15 ${PARALLEL[@]+"${PARALLEL[@]}"} "$@"
+if [ "$WORKERS" -gt 0 ]; then PARALLEL=(-n "$WORKERS" --dist loadfile); fi
+LOGS=$(mktemp -d)
+trap 'rm -rf "$LOGS"' EXIT
+status=0
+run_set() {  # NAME MARK: run one set, keep its summary line in $LOGS/NAME
+    echo "== running the $1 tests (-m \"$2\")"
+    local rc=0
+    $PYTHON -m pytest -q --durations=15 -m "$2" ${PARALLEL[@]+"${PARALLEL[@]}"} "${@:3}" | tee "$LOGS/$1.out" || rc=$?
+    grep -E '^=*[ ]*[0-9]+ (passed|failed|skipped|deselected|error)|no tests ran' "$LOGS/$1.out" | tail -n 1 \
+        | sed 's/^=* *//; s/ *=*$//' > "$LOGS/$1" || true
+    # (exit status 5: every test of this set deselected, e.g. by -k)
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then status=1; fi
+}
+run_set fast "not integration" "$@"
+run_set integration "integration" "$@"
+echo "== fast: $(cat "$LOGS/fast") / integration: $(cat "$LOGS/integration")"
+exit $status

@@ -3,9 +3,18 @@
 Without a GPU, Triton kernels run through the interpreter on CPU tensors: set TRITON_INTERPRET=1
 before any kernel is compiled. (With ``backend='auto'`` CPU tensors take the PyTorch reference
 anyway; only tests that force ``backend='triton'`` reach the interpreter.)
-"""
-import os
 
+Two sets (pytest.ini): the default run is the fast set; a test that starts a Python interpreter, a shell
+script or torchrun (command-line tools end to end, several processes), or that takes more than about ten
+seconds on one CPU core, is marked ``integration`` and runs with ``pytest -m integration``. A test outside
+it that starts such a process fails and says to mark it.
+"""
+import contextlib
+import os
+import subprocess
+import sys
+
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -34,27 +43,44 @@ def pytest_runtest_logreport(report):
         _log_time(f"{report.duration:8.1f} {report.when}:{report.outcome} {report.nodeid}")
 
 
-# The files that take longest on 2 CPU cores run first.
-# scripts/test.sh hands files to its worker processes in collection order (--dist loadfile
-# --no-loadscope-reorder): pytest-xdist's own order, most tests first, had left the one-test sm90 file
-# (224 s) to run last on one worker while the other sat idle.
-SLOW_FILES_FIRST = (
-    "tests/kernels/test_sm90_compile.py",
-    "tests/tasks/test_mqar.py",
-    "tests/kernels/test_hgru_triton.py",
-    "tests/kernels/test_hgrn2_triton.py",
-    "tests/kernels/test_hgru_triton_lookback.py",
-    "tests/scripts/test_train_lra.py",
-    "tests/tasks/test_lra.py",
-)
+# programs whose start-up alone (torch, fairseq and triton imports for Python) costs the fast set seconds
+def _slow_program(args, executable):
+    first = executable or (args if isinstance(args, (str, bytes)) else args[0])
+    name = os.path.basename(os.fsdecode(first).split(" ")[0])
+    slow = name.startswith(("python", "torchrun")) or name in ("bash", "sh") or first == sys.executable
+    return name if slow else None
 
 
-def pytest_collection_modifyitems(session, config, items):
-    rank = {path: i for i, path in enumerate(SLOW_FILES_FIRST)}
-    root = str(config.rootpath)
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    with _no_slow_programs(item):
+        yield
 
-    def file_rank(item):
-        path = os.path.relpath(str(item.path), root).replace(os.sep, "/")
-        return rank.get(path, len(SLOW_FILES_FIRST))
 
-    items.sort(key=file_rank)  # (stable: each file's tests keep their order, the other files theirs)
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    with _no_slow_programs(item):
+        yield
+
+
+@contextlib.contextmanager
+def _no_slow_programs(item):
+    """Outside ``integration`` (its fixtures included), starting an interpreter, a shell or torchrun is an
+    error that names the marker."""
+    if item.get_closest_marker("integration") is not None:
+        yield
+        return
+    spawn = subprocess.Popen._execute_child
+
+    def refuse(self, args, executable, *rest, **kw):
+        program = _slow_program(args, executable)
+        if program is not None:
+            raise RuntimeError(f"{item.nodeid} starts `{program}`: mark it @pytest.mark.integration "
+                               "(the fast set starts no interpreter, shell or torchrun)")
+        return spawn(self, args, executable, *rest, **kw)
+
+    subprocess.Popen._execute_child = refuse
+    try:
+        yield
+    finally:
+        subprocess.Popen._execute_child = spawn

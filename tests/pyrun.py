@@ -2,7 +2,8 @@
 
 On the 2-core CPU machine a command such as ``python -m fairseq_cli.train ...`` spends 8-12 s importing
 torch, fairseq (every task and model it ships, scikit-learn among them) and triton before its first
-line runs, and the suite starts well over a hundred of them. ``run()`` starts such a command from a
+line runs, and the integration set (pytest -m integration) starts well over a hundred of them; the fast set
+starts none (tests/conftest.py). ``run()`` starts such a command from a
 fork server that has imported those third-party packages once per test process, so the command's own
 work starts within a second; ``script_env()`` does the same for the python commands of the shell scripts
 the tests run. Nothing of this repository is imported in the server: the

@@ -18,6 +18,8 @@ import hgrn_fairseq
 from tests import pyrun
 from tests.lm_corpus import binarise, write_corpus
 
+pytestmark = pytest.mark.integration
+
 PLUGIN = os.path.dirname(os.path.abspath(hgrn_fairseq.__file__))
 LAUNCHER = '''
 import os, shutil, sys, time

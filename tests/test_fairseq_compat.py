@@ -8,6 +8,8 @@ import torch
 from tests.fixtures_corpus import REPO, build_lm_data, subprocess_env
 from tests import pyrun
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):

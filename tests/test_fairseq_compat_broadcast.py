@@ -9,6 +9,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+pytestmark = pytest.mark.integration
+
 
 def _worker(rank, folder):
     import hgrn_fairseq  # noqa: F401  (the plugin's import installs the compat fixes, as --user-dir does)

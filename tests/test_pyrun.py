@@ -9,8 +9,9 @@ import pytest
 
 from tests import pyrun
 
-pytestmark = pytest.mark.skipif(not pyrun._enabled(), reason="tests/pyrun.py serves only the CPU suite "
-                                "(TRITON_INTERPRET=1, HGRN_TEST_REAL_PYTHON unset)")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not pyrun._enabled(), reason="tests/pyrun.py serves only the CPU suite "
+                                 "(TRITON_INTERPRET=1, HGRN_TEST_REAL_PYTHON unset)")]
 
 PROBE = r"""
 import json, logging, os, sys

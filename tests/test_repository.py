@@ -107,6 +107,7 @@ def test_the_patterns_can_fail():
     assert DATE.search("measured 2026-11" + "-21 on") and not DATE.search("version 2.6.0")
 
 
+@pytest.mark.integration
 def test_fairseq_start_up_prints_no_tensorboardx_notice():
     # fairseq imports every task at start-up; one of them logs a request to install tensorboardX when it
     # is missing, on every command. The package depends on it, so the notice must not appear.

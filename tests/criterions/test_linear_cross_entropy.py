@@ -179,6 +179,7 @@ def train_losses(data, save_dir, criterion):
     return [float(json.loads(record)["loss"]) for record in inner], proc.stdout
 
 
+@pytest.mark.integration
 def test_fairseq_train_end_to_end(tmp_path):
     write_corpus(str(tmp_path / "text"), sizes={"train": 300, "valid": 20, "test": 20})
     data = binarise(str(tmp_path / "text"), str(tmp_path / "bin"))

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.integration
+
 DATA_PREP = os.path.join(os.path.dirname(__file__), "..", "..", "data_prep")
 
 

@@ -155,6 +155,7 @@ def test_same_seed_same_files_any_workers(generated, tmp_path):
         assert a.read().splitlines()[1:21] != b.read().splitlines()[1:21]
 
 
+@pytest.mark.integration
 def test_cli_rerun_is_up_to_date_and_bad_options_are_one_line(tmp_path):
     cmd = [sys.executable, SCRIPT, "--dest", str(tmp_path), "--train", "5", "--valid", "2", "--test", "2",
            "--workers", "1", "--no-progress"]

@@ -209,6 +209,7 @@ def test_rerun_resume_and_changed_options(dataset, tmp_path):
     assert read_metadata(wroot) == read_metadata(root)
 
 
+@pytest.mark.integration
 def test_cli_bad_size_is_one_line(tmp_path):
     r = pyrun.run([sys.executable, SCRIPT, "--dest", str(tmp_path), "--num", "2", "--size", "48",
                    "--no-progress"], capture_output=True, text=True)

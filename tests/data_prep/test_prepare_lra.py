@@ -98,6 +98,7 @@ def test_listops_label_out_of_range_names_file_and_line(tmp_path):
         pl.prepare("listops", str(tmp_path), str(tmp_path / "out"), log=quiet)
 
 
+@pytest.mark.integration
 def test_missing_files_say_where_they_come_from(tmp_path):
     with pytest.raises(pl.PrepError, match="lra_release.gz: download from https://storage.googleapis.com/"
                                            "long-range-arena/lra_release.gz"):

@@ -8,6 +8,8 @@ from tests import fixtures_corpus
 import prepare_wikitext103 as pw
 from tests import pyrun
 
+pytestmark = pytest.mark.integration
+
 
 def _lines(path):
     with open(path, encoding="utf-8") as f:

@@ -12,6 +12,8 @@ from tests import fixtures_corpus
 from tests import pyrun
 import prepare_wikitext103 as pw
 
+pytestmark = pytest.mark.integration
+
 SCRIPT = os.path.join(fixtures_corpus.DATA_PREP, "prepare_wikitext103.py")
 
 

@@ -3,8 +3,12 @@ minutes). Bad options must fail at once, before any work, with a one-line reason
 import os
 import shlex
 
+import pytest
+
 from tests import fixtures_corpus
 from tests import pyrun
+
+pytestmark = pytest.mark.integration
 
 DEMO = os.path.join(fixtures_corpus.REPO, "scripts", "demo.sh")
 

@@ -17,6 +17,8 @@ from tests import fixtures_corpus
 from hgrn_fairseq.evaluation import extrapolation as ex
 from tests import pyrun
 
+pytestmark = pytest.mark.integration
+
 TRAIN_LEN = 32
 TRANSFORMER_ARGS = [
     "--arch", "transformer_lm", "--decoder-layers", "2", "--decoder-embed-dim", "32",

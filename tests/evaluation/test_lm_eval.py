@@ -284,6 +284,7 @@ def test_bad_input_is_one_clear_line(trained, tmp_path):
             ours.HgrnFairseqLM(path=ckpt, data=str(other), device="cpu", tokenizer="space")
 
 
+@pytest.mark.integration
 def test_command_runs_offline_on_a_local_task(trained, tmp_path):
     data, ckpts, _ = trained
     docs = [{"context": "w1 w2 w3", "choices": [" w4", " w77"], "label": 0},
@@ -408,6 +409,7 @@ def test_install_hint_without_the_harness(monkeypatch, capsys):
     assert "pip install -e '.[eval]'" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_eval_zero_shot_script_refuses_bad_arguments(trained, tmp_path):
     data, ckpts, _ = trained
     script = os.path.join(os.path.dirname(PLUGIN), "scripts", "eval_zero_shot.sh")
@@ -455,6 +457,7 @@ def test_sentencepiece_text_becomes_the_ids_data_prep_binarised(tmp_path):
 GOOD_DOC = {"context": "w1 w2", "choices": [" w3", " w9"], "label": 0}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("lines, message", [
     ([GOOD_DOC, {"context": "w4", "choices": [" w5", " w6", " w7"], "label": 3}],
      r"local_mc\.jsonl line 2: label 3 is out of range for its 3 choices"),

@@ -11,6 +11,8 @@ pytest.importorskip("timm")
 from tests.image.test_train import TINY, make_image_folder  # noqa: E402
 from tests import pyrun
 
+pytestmark = pytest.mark.integration
+
 
 def test_torchrun_two_processes(tmp_path):
     data, out = tmp_path / "data", tmp_path / "run"

@@ -117,6 +117,7 @@ def test_patch_tokens_are_the_strided_convolution(in_chans, patch, hw):
         assert model.float().patch_tokens(x.float()).dtype == torch.bfloat16
 
 
+@pytest.mark.integration
 def test_fairseq_start_up_does_not_import_the_image_package():
     code = "import sys, hgrn_fairseq; print('timm' in sys.modules, 'hgrn_fairseq.image' in sys.modules)"
     # (a real interpreter: tests.pyrun's server has preloaded packages, which would hide what start-up imports)
@@ -296,6 +297,7 @@ def test_two_d_scan_differs_from_raster_scan():
     assert math.isfinite(float(b(x).detach().sum()))
 
 
+@pytest.mark.integration
 def test_block_compile_option_gives_the_eager_numbers(monkeypatch):
     monkeypatch.setenv("HGRN_COMPILE_BACKEND", "aot_eager")  # no C compiler needed
     torch.manual_seed(4)
@@ -324,6 +326,7 @@ def full_fp32():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["hgrn1d_vit_tiny", "hgrn1_2d_vit_tiny", "hgrn2_vit_tiny", "hgrn2_2d_vit_tiny"])
 def test_triton_path_matches_the_reference(name):
     """backend='triton': the Triton scans (TRITON_INTERPRET on a CPU, compiled on a GPU), both directions,

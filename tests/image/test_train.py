@@ -97,6 +97,7 @@ def test_dry_run_trains_nothing(folder, tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.integration
 def test_one_update_evaluation_and_resume(folder, tmp_path, capsys):
     out = tmp_path / "run"
     common = [f"data.path={folder}", f"train.output_dir={out}", "optim.epochs=3", "optim.warmup_epochs=1",
@@ -277,6 +278,7 @@ def test_make_image_folder_is_deterministic_and_up_to_date(tmp_path, capsys):
     assert "up to date" in capsys.readouterr().out
 
 
+@pytest.mark.integration
 def test_train_imagenet_sh_picks_the_recipe(folder, tmp_path):
     env = pyrun.script_env(dict(os.environ, NUM_GPUS="0", OUTPUT_DIR=str(tmp_path / "o")))
     res = pyrun.run(["bash", os.path.join(REPO, "scripts", "train_imagenet.sh"), "hgrn2_vit_small", str(folder),

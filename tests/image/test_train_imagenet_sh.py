@@ -4,6 +4,10 @@ import os
 import shlex
 import subprocess
 
+import pytest
+
+pytestmark = pytest.mark.integration
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "scripts", "train_imagenet.sh")
 

@@ -19,6 +19,7 @@ from tests.kernels.float64_compare import rel  # noqa: E402
 from tests.kernels.test_hgrn2_triton import BF16_TOL, FP32_TOL, check_against_reference, make_inputs  # noqa: E402
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("K,V", [(1, 1), (2, 2), (1, 4), (4, 1)])
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("h0,dtype", [(True, torch.float32), (False, torch.bfloat16)])

@@ -136,6 +136,7 @@ def test_matches_reference(B, T, H, K, V, reverse, h0, impl, dtype):
     )
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("path", ["blocks", "elementwise"])
 @pytest.mark.parametrize("reverse", [False, True])
 def test_intra_chunk_paths(monkeypatch, path, reverse):
@@ -148,6 +149,7 @@ def test_intra_chunk_paths(monkeypatch, path, reverse):
     check_against_reference(q, v, g, s0, reverse, "chunk", FP32_TOL, FP32_TOL)
 
 
+@pytest.mark.integration
 def test_fused_state_pass(monkeypatch):
     """STATE_IMPL = 'fused': chunk states in one sequential kernel (instead of products + scan)."""
     monkeypatch.setattr(hgrn2_triton, "STATE_IMPL", "fused")
@@ -155,6 +157,7 @@ def test_fused_state_pass(monkeypatch):
     check_against_reference(q, v, g, s0, True, "chunk", FP32_TOL, FP32_TOL)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("prefetch", [True, False])
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -186,6 +189,7 @@ def test_bad_state_impl(monkeypatch):
         hgrn2_triton.hgrn2_fused(q, v, g, s0, impl="chunk")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("prefetch", [True, False])
 def test_prefetch_paths(monkeypatch, prefetch):
     """The sequential state passes and the output kernel with and without PREFETCH (the next chunk's,
@@ -425,6 +429,7 @@ def check_bidirectional(q, v, g, tol, seed=1):
     assert all(e < tol for e in errors.values()), errors
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("dtype,decay_scale", [(torch.float32, 1.0), (torch.bfloat16, 1.0), (torch.float32, 3.0)])
 def test_bidirectional_adds_inside_the_kernels(monkeypatch, dtype, decay_scale):
     """The non-causal pair through the ACCUM kernels (the reverse scan adds its o, dq, dv and dg into the
@@ -504,6 +509,7 @@ def _intra_chunk_A_reference(q, g, BT):
 _A_CONFIGS = [(16, 4)] if INTERPRET else [(16, 4), (32, 8), (64, 8)]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("bk,warps", _A_CONFIGS)
 @pytest.mark.parametrize("path,decay_scale", [("fast", 1.0), ("blocks", 1.0), ("elementwise", 1.0), ("mixed", 3.0)])
 def test_intra_chunk_A_every_config(path, decay_scale, bk, warps):
@@ -543,6 +549,7 @@ def test_intra_chunk_A_every_config(path, decay_scale, bk, warps):
     assert rel(o, o_ref) < FP32_TOL
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("split_min_head", [0, 1000])
 @pytest.mark.parametrize("reverse", [False, True])
 def test_split_and_single_launch(monkeypatch, split_min_head, reverse):
@@ -771,6 +778,7 @@ def test_bk64_four_warps_only_for_heads_of_64(prune, extra):
         assert (only.kwargs["BK"], only.num_warps) == (32, 8), K
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("impl", ["chunk", "recurrent", "packed"])
 def test_batch_split_beyond_the_grid_limit(monkeypatch, impl):
     """More batch x heads than a grid dimension takes: the op runs in batch slices, with the same

@@ -386,6 +386,7 @@ def _check_fused_real(B, T, D, h0, dtype):
            [f, inp, None, lb, h0], ["forget_logits", "inputs", "theta", "lower_bound", "initial_state"], dtype)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_block_vector_access(dtype):
     """The block forward on views of a projection: rows at a multiple of 8 channels take 8 per access
@@ -439,6 +440,7 @@ def test_twopass_chunks_plan():
         assert K._plan(B, T, D, False, dev, False, True)["mode"] == "twopass"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("vec,dtype", [(2, torch.bfloat16), (2, torch.float32), (8, torch.bfloat16)])
 def test_chunklb_vector_access(vec, dtype):
     """tuning['vec']: the one-launch chunked forward reads and writes VEC channels per access where rows

@@ -22,6 +22,8 @@ import torch
 
 from tests.kernels.test_hgru_triton import DEVICE, K, _check, _decay, _rand, reference, tuning
 
+pytestmark = pytest.mark.integration
+
 B, T, D, BT = 2, 37, 33, 4
 WINDOWS = [1, 2, 4, 64]
 

@@ -174,12 +174,14 @@ def runs(tmp_path_factory):
     return results
 
 
+@pytest.mark.integration
 def test_lru_optimiser_groups_refuse_flattened_bf16(runs):
     rc, out, _ = runs["bf16_slow_lr"]
     assert rc != 0
     assert "which fairseq's --fp16/--bf16 optimizer cannot keep" in out
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", list(TRAIN_RUNS))
 def test_fairseq_train_end_to_end(name, runs):
     rc, out, save_dir = runs[name]

@@ -274,6 +274,7 @@ def fairseq_train(tmp_path, *extra, gpus=1, updates=20):
     return log, losses
 
 
+@pytest.mark.integration
 @needs_cuda
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_fairseq_train_with_cuda_graphs(tmp_path, precision):
@@ -286,6 +287,7 @@ def test_fairseq_train_with_cuda_graphs(tmp_path, precision):
     assert abs(losses[-1] - eager[-1]) < 0.1 * eager[-1], (losses, eager)
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (DDP through torchrun)")
 def test_fairseq_train_ddp_with_cuda_graphs_matches_eager(tmp_path):
     """Two processes, DDP's gradient all-reduce hooks on the graph's parameter gradients; no dropout,

@@ -217,6 +217,7 @@ def perplexity(output):
     return float(re.search(r"Perplexity: ([\d.]+)", output).group(1))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("task", ["hgrn_language_modeling", "language_modeling"])
 def test_eval_lm_far_beyond_training_length_scores_every_token(trained, task):
     data, ckpt = trained
@@ -232,6 +233,7 @@ def test_eval_lm_far_beyond_training_length_scores_every_token(trained, task):
         assert perplexity(out) < 40
 
 
+@pytest.mark.integration
 def test_interrupted_training_resumes_with_right_update_and_lr(corpus):
     root, data = corpus
     save_dir = root / "resume"
@@ -261,6 +263,7 @@ def test_interrupted_training_resumes_with_right_update_and_lr(corpus):
     assert final["optimizer_history"][-1]["num_updates"] == 60
 
 
+@pytest.mark.integration
 def test_interactive_and_generate_produce_text(trained):
     data, ckpt = trained
     words = {line.split()[0] for line in open(os.path.join(data, "dict.txt"))}

@@ -9,6 +9,8 @@ import torch
 
 from tests.models.test_hgrn_lra_cuda_graphs import batch_norm_state, train_twins, twin_models
 
+pytestmark = pytest.mark.integration
+
 
 # both mixers, token batches (masked and unmasked) and a 2-D pixel grid; (the pair head and HGRN2 on tokens go
 # through the same blocks: tests/models/test_hgrn_lra_cuda_graphs.py has all four cases)

@@ -207,6 +207,7 @@ def test_gradients_reach_every_parameter():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("mixer", ["hgru", "hgru2"])
 def test_compiled_block_matches_eager(monkeypatch, mixer):
     """compile='train' (torch.compile around our kernels, which stay eager behind a graph break)

@@ -266,6 +266,7 @@ def _no_host_reads(model, *inputs_fn):
     return out.shape
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("mixer", ["hgru", "hgru2"])
 @pytest.mark.parametrize("norm", ["batch", "layer"])
 def test_training_step_reads_nothing_back_from_the_device(mixer, norm):
@@ -390,6 +391,7 @@ def triton_vs_reference(mixer, case, device, dim, layers, T, lengths, grid, tol,
         torch.testing.assert_close(outs["triton"][1][name], grad, rtol=5 * tol, atol=5 * tol, msg=name)
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the larger case below")
 @pytest.mark.parametrize("mixer, case", TRITON_CASES)
 def test_triton_encoder_matches_reference_interpreted(mixer, case):
@@ -403,6 +405,7 @@ def test_triton_encoder_matches_reference_on_gpu(mixer, case):
     triton_vs_reference(mixer, case, "cuda", dim=32, layers=2, T=777, lengths=[777, 500, 13], grid=(37, 29), tol=2e-3)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("case", ["2d_parallel", "2d_series"])
 def test_small_heads_2d_matches_reference(case):
     """HGRN2's LRA 2-D models use expand ratio 2 (heads of 2 x 2): rows and columns of at most 32 steps take

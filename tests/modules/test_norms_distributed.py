@@ -14,6 +14,8 @@ import torch.multiprocessing as mp
 
 from hgrn_fairseq.modules.norms import MaskedBatchNorm
 
+pytestmark = pytest.mark.integration
+
 DIM, EPS, MOMENTUM = 3, 1e-5, 0.1
 
 

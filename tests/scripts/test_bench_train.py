@@ -115,6 +115,7 @@ def test_cpu_smoke_run(bench, tmp_path):
     assert "| hgrn_lm_base (fused CE) / transformer_lm (fused CE) | 16x512 |" in markdown
 
 
+@pytest.mark.integration
 def test_workers_run_in_subprocesses_and_budget_is_kept(tmp_path):
     out = tmp_path / "out"
     proc = pyrun.run([sys.executable, BENCH, "--out", str(out), "--quick", "--device", "cpu",
@@ -147,6 +148,7 @@ def test_workers_run_in_subprocesses_and_budget_is_kept(tmp_path):
                                       "transformer_lm (fused CE)"}
 
 
+@pytest.mark.integration
 def test_profile_train_cpu_smoke(tmp_path):
     """bench/profile_train.py (which builds its models and batches through bench_train's helpers) runs
     a tiny model on CPU end to end and reports a row for it."""

@@ -8,6 +8,8 @@ import pytest
 from tests.script_module import load_script
 from tests import pyrun
 
+pytestmark = pytest.mark.integration
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytest.importorskip("sklearn")
 

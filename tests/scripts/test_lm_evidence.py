@@ -4,8 +4,12 @@ own; the full run needs a GPU and is reported in docs/wikitext103.md.)"""
 import json
 import os
 
+import pytest
+
 from tests.fixtures_corpus import REPO, subprocess_env, write_source_tree
 from tests import pyrun
+
+pytestmark = pytest.mark.integration
 
 SCRIPT = os.path.join(REPO, "scripts", "lm_evidence.sh")
 

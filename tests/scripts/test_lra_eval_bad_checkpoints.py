@@ -9,6 +9,8 @@ import torch
 from tests import fixtures_corpus, pyrun
 from tests.script_module import load_script
 
+pytestmark = pytest.mark.integration
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "scripts", "lra_eval.py")
 

@@ -113,6 +113,7 @@ def test_rowcol_labels():
         assert y == int(r1 == r2 or c1 == c2)
 
 
+@pytest.mark.integration
 def test_tiny_run_writes_its_evaluations(tmp_path):
     out = tmp_path / "probe.json"
     assert probe.main(["--task", "rowcol", "--side", "6", "--dim", "4", "--layers", "1", "--steps", "2",
@@ -143,6 +144,7 @@ def test_local_yardstick_sees_only_its_receptive_field():
     assert interaction.abs().max() > 1e-2  # (two dots within reach do interact: the net is not pixel-wise)
 
 
+@pytest.mark.integration
 def test_tiny_runs_of_the_yardstick_and_of_max_pooling(tmp_path):
     for extra in (["--model", "localcnn", "--layers", "2"], ["--pool", "max", "--gate-bias", "3"]):
         out = tmp_path / "probe.json"
@@ -220,6 +222,7 @@ def test_side_schedule():
             probe.parse_side_schedule(bad, 16)
 
 
+@pytest.mark.integration
 def test_curriculum_run_trains_small_then_validates_on_the_final_side(tmp_path):
     out = tmp_path / "probe.json"
     assert probe.main(["--side", "8", "--side-schedule", "6:2", "--dim", "4", "--layers", "1", "--steps", "4",
@@ -228,6 +231,7 @@ def test_curriculum_run_trains_small_then_validates_on_the_final_side(tmp_path):
     assert [e["train_side"] for e in evals] == [6, 6, 8, 8]
 
 
+@pytest.mark.integration
 def test_probe_imports_without_fairseq():
     """The probe runs on a GPU machine that has PyTorch but no fairseq (nothing of fairseq is imported)."""
     import subprocess

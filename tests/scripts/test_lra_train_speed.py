@@ -2,7 +2,11 @@
 its own extra options (commas between them), and the table names them. A stand-in train_lra.sh records
 its arguments and writes fairseq-like log lines (no training here)."""
 import os
+
+import pytest
 from tests import pyrun
+
+pytestmark = pytest.mark.integration
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

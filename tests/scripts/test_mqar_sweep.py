@@ -327,6 +327,7 @@ def test_report_only_reads_old_run_jsons(sweep, tmp_path):
 # Shell wrappers
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("script", ["bench/gpu_checks.sh", "scripts/run_mqar.sh", "bench/split_pytest.sh",
                                     "bench/gpu_scan_run.sh", "bench/gpu_hgrn2_run.sh", "bench/explore/gpu_block_explore.sh",
                                     "bench/gpu_fairseq.sh", "bench/gpu_session.sh", "bench/gpu_lm_eval.sh",
@@ -337,6 +338,7 @@ def test_shell_syntax(script):
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.integration
 def test_run_mqar_passes_the_budget_gpu_and_validation_variables():
     env = subprocess_env()
     env.update(PYTHON="echo", OUT="/tmp/o", SETTINGS="256:16,512:64", EPOCHS="6,3", MAX_UPDATE="9000,5000",
@@ -353,6 +355,7 @@ def test_run_mqar_passes_the_budget_gpu_and_validation_variables():
     assert "--validate-interval-updates 0" in r.stdout
 
 
+@pytest.mark.integration
 def test_run_mqar_passes_fairseq_args_that_start_with_dashes(tmp_path):
     """FAIRSEQ_ARGS='--cuda-graphs ...' reaches fairseq-train (argparse once took such a value for an
     option of its own and the sweep stopped with 'expected one argument')."""
@@ -373,6 +376,7 @@ GRID_VARIABLES = {"OUT": "results/mqar", "SETTINGS": "256:16,512:64", "MODELS": 
                   "TIME_BUDGET": "none", "FAIRSEQ_ARGS": "none", "PYTHON": "python3"}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("flag", ["--help", "-h"])
 def test_run_mqar_help_lists_its_variables_and_the_default_sweeps_size(flag):
     env = subprocess_env()
@@ -396,6 +400,7 @@ def test_run_mqar_help_lists_its_variables_and_the_default_sweeps_size(flag):
     assert "--yes" in text and "OMP_NUM_THREADS=1" in text
 
 
+@pytest.mark.integration
 def test_run_mqar_without_yes_prints_the_plan_and_starts_nothing(tmp_path):
     env = subprocess_env()
     for name in GRID_VARIABLES:
@@ -445,6 +450,7 @@ CASES = [(v, x, says, True) for v, x, says in BAD_VALUES] + [
     (v, x, says, False) for v, x, says in BAD_VALUES if (v, x) in {("SETTINGS", "16:0"), ("VOCAB_SIZE", "0"), ("DIMS", "0")}]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("variable,value,says,yes", CASES,
                          ids=[f"{v}={x}" + ("" if yes else "-plan") for v, x, _, yes in CASES])
 def test_run_mqar_refuses_nonsense_in_one_line_before_any_work(tmp_path, variable, value, says, yes):
@@ -463,6 +469,7 @@ def test_run_mqar_refuses_nonsense_in_one_line_before_any_work(tmp_path, variabl
     assert not (tmp_path / "sweep").exists()  # nothing written, nothing trained
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("option,value,says", [
     ("--settings", "64:0", "--settings '64:0' (SETTINGS in run_mqar.sh): '64:0' has 0 kv pairs"),
     ("--vocab-size", "2", "--vocab-size '2' (VOCAB_SIZE in run_mqar.sh): 64 distinct keys and values (512:64) need "
@@ -514,6 +521,7 @@ print("1970-01-01 00:00:00 | INFO | valid | " + json.dumps(stats))
 """
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("fail,exit_code,says", [
     ((16,), 1, "mqar_sweep.py: 1 of 3 runs failed: seq32_kv4_hgrn1_d16_lr0.003 (the first ended with: "
                "RuntimeError: stub fairseq-train broke at d 16)"),
@@ -540,6 +548,7 @@ def test_sweep_with_failed_runs_exits_non_zero_and_counts_them(sweep, tmp_path, 
     assert capsys.readouterr().err.strip().splitlines()[-1:] == ([last] if says else [])
 
 
+@pytest.mark.integration
 def test_run_mqar_cpu_runs_get_one_thread_unless_set(tmp_path):
     """The shell path trains CPU runs with OMP_NUM_THREADS=1 when it is not set (the run log's segment
     line records the value the fairseq-train process got), and keeps a value the user set."""
@@ -585,6 +594,7 @@ def uncut(sweep, tmp_path_factory):
     return out
 
 
+@pytest.mark.integration
 def test_tiny_cpu_sweep_records_interval_validations(uncut):
     run = tiny_run(uncut)
     assert run["status"] == "ok", run["error"]
@@ -613,6 +623,7 @@ def assert_same_end(out, uncut):
     return a
 
 
+@pytest.mark.integration
 def test_run_cut_by_updates_and_by_time_and_continued_ends_where_the_uncut_run_ends(sweep, uncut, tmp_path):
     out = tmp_path / "cut"
     sweep.main(["--out", str(out), "--slice-updates", "13"] + TINY)  # mid-epoch (15 per epoch)
@@ -649,6 +660,7 @@ def test_run_cut_by_updates_and_by_time_and_continued_ends_where_the_uncut_run_e
     assert all(uncut_curve[u] == acc for u, acc in run["valid_curve"] if u in uncut_curve)
 
 
+@pytest.mark.integration
 def test_paused_run_without_its_checkpoint_restarts_and_says_so(sweep, tmp_path):
     """A run paused on another machine whose checkpoint was too big to come back: its record and log
     travel (mqar_state.py pack/restore), the checkpoint does not; the run starts over and says so."""
@@ -732,6 +744,7 @@ def test_default_grid_has_44_runs_per_setting_with_expand_ratios_that_d_allows(s
     assert value("--max-epoch") == "3"  # ceil(900 / ceil(100000 / 256))
 
 
+@pytest.mark.integration
 def test_run_mqar_passes_the_slice_checkpoint_layout_and_seed_variables():
     env = subprocess_env()
     env.update(PYTHON="echo", OUT="/tmp/o", SLICE_S="480", CKPT_EVERY="500", REVEAL_ANSWERS="1", EXPAND="128",
@@ -755,6 +768,7 @@ def test_run_mqar_passes_the_slice_checkpoint_layout_and_seed_variables():
 MQAR_RESULTS = os.path.join(REPO, "bench", "results", "mqar")
 
 
+@pytest.mark.integration
 def test_committed_gpu_report_comes_back_from_its_run_records(tmp_path):
     with open(os.path.join(MQAR_RESULTS, "mqar.json")) as f:
         committed = json.load(f)

@@ -21,6 +21,8 @@ SCRIPT = os.path.join(REPO, "scripts", "train_lra.sh")
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import lra_recipes as recipes  # noqa: E402  (a dataclass module: imported by name, not by path)
 
+pytestmark = pytest.mark.integration
+
 # the papers' LRA tables, written out again: lr, weight decay, warm-up, total, epochs, total batch, clip, paper accuracy
 PAPERS = {
     ("listops", "hgrn1"): (5e-4, 0.01, 5000, 50000, 50, 128, 0.0, 59.95),

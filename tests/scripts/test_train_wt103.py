@@ -25,6 +25,8 @@ BASELINES = ("lru_lm_base", "lru_mml_lm_base", "mlgru_lm_base", "mlgru_mml_lm_ba
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import fairseq_train  # noqa: E402  (scripts/fairseq_train.py)
 
+pytestmark = pytest.mark.integration
+
 
 def run_script(*args, env=None, timeout=600):
     full_env = pyrun.script_env()  # (PYTHON: the warm interpreter of tests/pyrun.py)

@@ -11,6 +11,8 @@ from hgrn_fairseq.tasks.checked_language_modeling import CheckedLanguageModeling
 from tests.lm_corpus import binarise, write_corpus
 from tests import pyrun
 
+pytestmark = pytest.mark.integration
+
 PLUGIN = os.path.dirname(os.path.abspath(hgrn_fairseq.__file__))
 
 

@@ -484,6 +484,7 @@ def valid_stats(body):
 BAD = ("too_long", "too_long_eos", "bad_labels", "missing_file", "wrong_task", "cut_validation")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", [n for n in RUNS if n not in BAD])
 def test_fairseq_train_end_to_end(name, runs):
     rc, out, save_dir = runs[name]
@@ -496,6 +497,7 @@ def test_fairseq_train_end_to_end(name, runs):
     assert f"'_name': '{RUNS[name][1]}'" in out
 
 
+@pytest.mark.integration
 def test_listops_like_data_is_learned_above_chance(runs):
     rc, out, _ = runs["listops_hgrn1_learns"]
     assert rc == 0, out[-3000:]
@@ -504,6 +506,7 @@ def test_listops_like_data_is_learned_above_chance(runs):
     assert max(accs) > 40, accs  # chance is 10% (the label is the first of ~15 symbols' digit)
 
 
+@pytest.mark.integration
 def test_append_eos_reaches_the_checkpoint(runs):
     """A run with --append-eos keeps the option in its checkpoint (config and data record), so that
     evaluation (scripts/lra_eval.py loads the task from it) appends the same token."""
@@ -532,6 +535,7 @@ def test_append_eos_reaches_the_checkpoint(runs):
         assert r["append_eos"] is eos and r["examples"] == SPLITS["listops"][2]
 
 
+@pytest.mark.integration
 def test_pad_to_length_reaches_the_checkpoint_and_the_evaluation(runs, capsys):
     """A run with --pad-to-length keeps N in its checkpoint's config; scripts/lra_eval.py pads as the run did,
     or to the N it is given (also for a checkpoint from before the option); the JSON names N, the results
@@ -599,6 +603,7 @@ def test_pad_to_length_reaches_the_checkpoint_and_the_evaluation(runs, capsys):
     assert "--scan-padding lets the scans see the padding" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_scratch_positions_reach_the_checkpoint_and_the_evaluation(runs):
     """A run with --scratch-positions keeps K in its checkpoint (config and data record); scripts/lra_eval.py
     rebuilds the task from it, so the test examples end with </s> and K x <s>, the model leaves them out of
@@ -626,6 +631,7 @@ def test_scratch_positions_reach_the_checkpoint_and_the_evaluation(runs):
     assert "3 scratch positions" in lra_results.other_runs([r])
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["lines_hgrn1_learns", "lines_hgrn2_learns"])
 def test_pixels_need_and_get_the_2d_structure(name, runs):
     """Whether a row's or column's worth of bright pixels forms a line is learned far above chance (50%)
@@ -638,6 +644,7 @@ def test_pixels_need_and_get_the_2d_structure(name, runs):
     assert max(accs) > 85, accs
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name, message", [
     ("too_long", "sequences of up to 24 positions but --max-positions is 10: use the arch made for this task"),
     ("too_long_eos", "sequences of up to 25 positions (with the tokens --append-eos / --scratch-positions add) but --max-positions is 24"),
@@ -682,6 +689,7 @@ def test_a_checkpoint_knows_its_data(tmp_path):
         pix.load_state_dict(state)
 
 
+@pytest.mark.integration
 def test_resuming_with_other_settings_is_refused_in_one_line(runs):
     """scripts/fairseq_train.py (what train_lra.sh runs): a command that would resume --save-dir's
     checkpoint_last.pt with other run settings (the norm, padding, <eos>, the arch, the learning-rate schedule)

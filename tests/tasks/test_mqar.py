@@ -381,6 +381,7 @@ def valid_accuracies(training_runs, arch):
     return accs
 
 
+@pytest.mark.integration
 def test_fairseq_train_learns_mqar_with_hgrn1(training_runs):
     accs = valid_accuracies(training_runs, "hgrn1_mqar")
     assert len(accs) == 12
@@ -392,6 +393,7 @@ def test_fairseq_train_learns_mqar_with_hgrn1(training_runs):
     assert accs[-1] > 20, accs
 
 
+@pytest.mark.integration
 def test_fairseq_train_learns_mqar_with_hgrn2(training_runs):
     # hgrn2_mqar as the sweep runs it (one 64 x 64 head, no lower bound) solves the task: >= 99.6% after
     # 756 updates for each of seeds 1..6, past 90% by epoch 10 at the latest (with the leaking layout,
