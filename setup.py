@@ -26,7 +26,7 @@ setup(
     ],
     entry_points={"console_scripts": ["hgrn-export = hgrn_fairseq.export:main"]},
     extras_require={
-        # (pytest-xdist 3.8: --no-loadscope-reorder, which scripts/test.sh passes)
+        # (pytest-xdist >= 3.8: scripts/test.sh runs each set with --dist loadfile)
         "test": ["pytest", "pytest-xdist>=3.8", "numpy"],
         # zero-shot evaluation (hgrn_fairseq.evaluation.lm_eval); the test command installs it
         "eval": ["lm_eval==0.4.13"],

@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 : "${OUT:?set OUT}"
 STAGES=${BL_STAGES:-tests,bench,evidence}
 if [[ ",$STAGES," == *",tests,"* ]]; then
-  OMP_NUM_THREADS=1 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/modules/test_baseline_mixers.py \
+  OMP_NUM_THREADS=1 timeout 240 python3 -m pytest -q -p no:cacheprovider -m "" tests/modules/test_baseline_mixers.py \
     tests/models/test_baseline_archs.py -k "not fairseq_train and not flattened_bf16" > "$OUT/gpu_tests.log" 2>&1
   echo "tests rc=$?"; tail -3 "$OUT/gpu_tests.log"
 fi

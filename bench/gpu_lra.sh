@@ -313,7 +313,7 @@ fi
 
 if [[ ",$PARTS," == *",tests,"* ]]; then
     echo "== GPU tests at $(el)s"
-    timeout 300 python3 -m pytest -q -p no:cacheprovider tests/modules/test_lra_encoder.py -k "gpu or triton" \
+    timeout 300 python3 -m pytest -q -p no:cacheprovider -m "" tests/modules/test_lra_encoder.py -k "gpu or triton" \
         > "$OUT/gpu_tests.log" 2>&1
     echo "   tests rc=$? at $(el)s"; tail -3 "$OUT/gpu_tests.log"
 fi
@@ -322,10 +322,10 @@ if [[ ",$PARTS," == *",small_heads,"* ]]; then
     echo "== HGRN2 kernel tests on the GPU at $(el)s"
     # the packed kernels' cases only (the whole file pins every autotune config in turn: too long for one
     # call); -k would deselect the encoder's test too, hence two runs
-    timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_hgrn2_triton.py -k "packed or auto_choice" \
+    timeout 240 python3 -m pytest -q -p no:cacheprovider -m "" tests/kernels/test_hgrn2_triton.py -k "packed or auto_choice" \
         > "$OUT/gpu_tests_hgrn2.log" 2>&1
     echo "   kernel tests rc=$? at $(el)s"; tail -3 "$OUT/gpu_tests_hgrn2.log"
-    timeout 120 python3 -m pytest -q -p no:cacheprovider \
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -m "" \
         "tests/modules/test_lra_encoder.py::test_small_heads_2d_matches_reference" >> "$OUT/gpu_tests_hgrn2.log" 2>&1
     echo "   encoder test rc=$? at $(el)s"; tail -3 "$OUT/gpu_tests_hgrn2.log"
     echo "== bench_hgrn2_small_heads at $(el)s"

@@ -16,7 +16,7 @@ split_pytest() {
   local name=$1 procs=$2 limit=$3 log=$4 f
   shift 4
   : > "$log.times"
-  PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest -q --collect-only -p no:cacheprovider "$@" 2>/dev/null \
+  PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest -q --collect-only -p no:cacheprovider -m "" "$@" 2>/dev/null \
     | grep '::' > "/tmp/$name"
   rm -f "/tmp/$name".?? "/tmp/$name".??.log
   split -n r/"$procs" "/tmp/$name" "/tmp/$name."
@@ -24,7 +24,7 @@ split_pytest() {
   for f in "/tmp/$name".??; do
     # fewer tests than processes: an empty share would make xargs run pytest with no selection (every test)
     [ -s "$f" ] || { rm -f "$f"; continue; }
-    (OMP_NUM_THREADS=1 HGRN_TEST_TIMES="$log.times" PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout "$limit" xargs -a "$f" python3 -m pytest -q -p no:cacheprovider -rfEs \
+    (OMP_NUM_THREADS=1 HGRN_TEST_TIMES="$log.times" PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout "$limit" xargs -a "$f" python3 -m pytest -q -p no:cacheprovider -m "" -rfEs \
        > "$f.log" 2>&1; echo "== $f rc=$?" >> "$f.log") &
     pids+=($!)
   done

@@ -13,6 +13,8 @@ import pytest
 
 from tests import pyrun
 
+pytestmark = pytest.mark.integration  # starts commands
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
 

@@ -87,6 +87,7 @@ def damaged_copy(data, tmp_path, file, keep):
 
 # 26 header bytes (magic, version, dtype code, count), then 4 bytes of size and 8 of offset per line:
 # cut in the magic, in the header, in the sizes, in the offsets, one byte short
+@pytest.mark.integration  # the module fixture binarises with fairseq-preprocess
 @pytest.mark.parametrize("keep", [0, 5, 20, 40, -9, -1])
 def test_a_truncated_index_names_the_file_and_the_fix(data, tmp_path, keep):
     out = damaged_copy(data, tmp_path, "valid.idx", keep)
@@ -96,6 +97,7 @@ def test_a_truncated_index_names_the_file_and_the_fix(data, tmp_path, keep):
     assert msg.startswith(f"{out}/valid.idx is truncated (") and "re-run fairseq-preprocess" in msg, msg
 
 
+@pytest.mark.integration  # the module fixture binarises with fairseq-preprocess
 def test_an_index_with_offsets_that_do_not_follow_the_sizes_is_damaged(data, tmp_path):
     out = damaged_copy(data, tmp_path, "valid.idx", None)
     blob = bytearray((out / "valid.idx").read_bytes())
@@ -105,6 +107,7 @@ def test_an_index_with_offsets_that_do_not_follow_the_sizes_is_damaged(data, tmp
         check_split(str(out / "valid"), 10_000)
 
 
+@pytest.mark.integration  # the module fixture binarises with fairseq-preprocess
 @pytest.mark.parametrize("keep,state", [(-2, "truncated"), (1, "truncated")])
 def test_a_truncated_bin_names_the_file_and_the_fix(data, tmp_path, keep, state):
     out = damaged_copy(data, tmp_path, "valid.bin", keep)
@@ -112,11 +115,13 @@ def test_a_truncated_bin_names_the_file_and_the_fix(data, tmp_path, keep, state)
         check_split(str(out / "valid"), 10_000)
 
 
+@pytest.mark.integration  # the module fixture binarises with fairseq-preprocess
 def test_the_intact_split_passes(data):
     tokens, max_id = check_split(os.path.join(data, "valid"), 10_000)
     assert tokens == os.path.getsize(os.path.join(data, "valid.bin")) // 2 and 4 <= max_id < 10_000
 
 
+@pytest.mark.integration  # the module fixture binarises with fairseq-preprocess
 def test_check_lm_data_reports_a_truncated_index_in_one_line(data, tmp_path):
     out = damaged_copy(data, tmp_path, "train.idx", 40)
     proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "check_lm_data.py"), str(out)],

@@ -14,6 +14,8 @@ import hgrn_fairseq  # noqa: F401  (registers the plugin)
 from hgrn_fairseq import export as ex
 from tests import pyrun
 
+pytestmark = pytest.mark.integration  # starts commands
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

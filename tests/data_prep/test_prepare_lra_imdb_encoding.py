@@ -2,7 +2,11 @@
 import os
 import sys
 
+import pytest
+
 from tests import pyrun
+
+pytestmark = pytest.mark.integration  # runs prepare_lra.py
 
 DATA_PREP = os.path.join(os.path.dirname(__file__), "..", "..", "data_prep")
 

@@ -15,6 +15,8 @@ from hgrn_fairseq.models.hgrn_lm import HgrnLanguageModel, hgrn_lm_tiny
 from tests import pyrun
 from tests.lm_corpus import binarise, write_corpus
 
+pytestmark = pytest.mark.integration  # starts commands
+
 PLUGIN = os.path.dirname(os.path.abspath(hgrn_fairseq.__file__))
 
 

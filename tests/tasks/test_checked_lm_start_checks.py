@@ -9,6 +9,8 @@ import hgrn_fairseq
 from tests import pyrun
 from tests.lm_corpus import binarise, write_corpus
 
+pytestmark = pytest.mark.integration  # starts commands
+
 PLUGIN = os.path.dirname(os.path.abspath(hgrn_fairseq.__file__))
 
 
