@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench import provenance
-from forget_gate_bias import add_forget_gate_bias  # noqa: E402  (no fairseq: the probe needs PyTorch only)
+from bench.explore.forget_gate_bias import add_forget_gate_bias  # no fairseq: the probe needs PyTorch only
 from hgrn_fairseq.kernels.dispatch import BACKENDS
 from hgrn_fairseq.modules.lra_encoder import LraClassifier, LraEncoder
 from hgrn_fairseq.modules.norms import MaskedBatchNorm

@@ -51,7 +51,7 @@ from torch import nn
 from bench import provenance
 from bench.explore.lra_pathfinder_cnn_control import (PathfinderCNN, augment, check_dir, load_split, lr_factor,
                                         normalise, write_json)
-from forget_gate_bias import add_forget_gate_bias  # noqa: E402  (bench/explore/forget_gate_bias.py)
+from bench.explore.forget_gate_bias import add_forget_gate_bias
 from hgrn_fairseq.kernels.dispatch import BACKENDS
 from hgrn_fairseq.modules.lra_encoder import LraEncoder
 

@@ -51,11 +51,7 @@ def test_listops_reachable_but_too_rare_ends_with_the_draw_budget(tmp_path):
 
 def test_listops_duplicate_budget_ends_a_search_the_count_did_not_cover(tmp_path, monkeypatch):
     # with the exact count switched off, only the duplicate budget stops a search for 22 of 10 digits
-    sys.path.insert(0, DATA_PREP)
-    try:
-        import lra_listops
-    finally:
-        sys.path.remove(DATA_PREP)
+    from data_prep import lra_listops
     monkeypatch.setattr(lra_listops, "COUNT_CAP", 1)
     with pytest.raises(lra_listops.SamplingError, match="10 distinct of 22 at --max-depth 1"):
         lra_listops.generate(str(tmp_path), train=20, valid=1, test=1, workers=1, max_depth=1, min_length=0,

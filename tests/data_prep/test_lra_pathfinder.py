@@ -6,9 +6,7 @@ from collections import deque
 
 import numpy as np
 import pytest
-
-from tests import fixtures_corpus  # noqa: F401  (puts data_prep/ on sys.path)
-import lra_pathfinder as pf
+from hgrn_fairseq.preprocessing import lra_pathfinder as pf
 from tests import pyrun
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "data_prep", "lra_pathfinder.py")
