@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Sequence
 from tests import pyrun
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA_PREP = os.path.join(REPO, "data_prep")  # the entry points that the tests run
 
 WORDS = (
     "the of and in to a was is for on as by with from at his that an it were are which this be or "

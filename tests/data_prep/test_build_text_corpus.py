@@ -3,6 +3,7 @@ import shutil
 
 import pytest
 from data_prep import build_text_corpus as btc
+from tests import fixtures_corpus
 
 SPLITS = ("train", "valid", "test")
 

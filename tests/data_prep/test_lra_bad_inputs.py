@@ -7,12 +7,14 @@ import sys
 import pytest
 
 DATA_PREP = os.path.join(os.path.dirname(__file__), "..", "..", "data_prep")
+# the package of this checkout for the entry points (as `pip install -e .` gives it)
+PACKAGE_ENV = dict(os.environ, PYTHONPATH=os.path.abspath(os.path.join(DATA_PREP, "..")))
 
 
 def run(script, *args, timeout=60):
     # a real interpreter with a timeout: a hang is a failure, not a stuck suite
     return subprocess.run([sys.executable, os.path.join(DATA_PREP, script), *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=PACKAGE_ENV)
 
 
 def assert_one_line(proc, *needles):
@@ -63,7 +65,7 @@ def prepare(*args):
     from tests import pyrun  # a fresh `python data_prep/prepare_lra.py`, started from a warm interpreter
 
     return pyrun.run([sys.executable, os.path.join(DATA_PREP, "prepare_lra.py"), *map(str, args)],
-                     capture_output=True, text=True)
+                     capture_output=True, text=True, env=PACKAGE_ENV)
 
 
 ROWS = ["( ( ( [MAX 2 ) 9 ) ] )\t9", "( ( ( [SM 4 ) 7 ) ] )\t1", "3\t3", "( ( ( [MED 1 ) 5 ) ] )\t3"]

@@ -209,6 +209,7 @@ def test_rerun_resume_and_changed_options(dataset, tmp_path):
 
 def test_cli_bad_size_is_one_line(tmp_path):
     r = pyrun.run([sys.executable, SCRIPT, "--dest", str(tmp_path), "--num", "2", "--size", "48",
-                   "--no-progress"], capture_output=True, text=True)
+                   "--no-progress"], capture_output=True, text=True,
+                  env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(SCRIPT))))  # this checkout's package
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "--size 48" in r.stderr
