@@ -29,15 +29,13 @@ import time
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import graph_timing  # noqa: E402
+from bench import graph_timing
 
 import triton  # noqa: E402
 
-from hgrn_fairseq.kernels import hgrn2_triton  # noqa: E402
-from hgrn_fairseq.kernels import hgrn2_scan_reference  # noqa: E402
-from hgrn_fairseq.kernels.hgrn2_triton import hgrn2_fused, hgrn2_step  # noqa: E402
+from hgrn_fairseq.kernels import hgrn2_triton
+from hgrn_fairseq.kernels import hgrn2_scan_reference
+from hgrn_fairseq.kernels.hgrn2_triton import hgrn2_fused, hgrn2_step
 
 SHAPES = [(8, 2048, 8, 128), (8, 4096, 8, 128), (16, 1024, 8, 128), (2, 16384, 8, 128)]
 DTYPE = torch.bfloat16

@@ -28,7 +28,6 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 # (name, B, T, H, K, V): B counts the sequences the scan sees (images x rows for the 2-D tasks)
 SHAPES = [

@@ -34,9 +34,7 @@ import torch
 import torch.nn.functional as F
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "bench"))
-sys.path.insert(0, REPO)
-import provenance  # noqa: E402  (bench/provenance.py)
+from bench import provenance
 
 SIZES = {"tiny": ["hgrn1d_vit_tiny", "hgrn2_vit_tiny", "deit_tiny_patch16_224"],
          "small": ["hgrn1d_vit_small", "hgrn2_vit_small", "deit_small_patch16_224"]}

@@ -32,12 +32,7 @@ import sys
 import time
 import traceback
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
-import provenance  # noqa: E402  (bench/provenance.py)
+from bench import provenance
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
 LENGTH = {"listops": 2000, "text": 4096, "retrieval": 4000, "image": 1024, "pathfinder": 1024, "pathx": 16384}
@@ -210,7 +205,7 @@ def main(argv=None):
     import torch
 
     import hgrn_fairseq  # noqa: F401
-    from lra_recipes import recipe
+    from hgrn_fairseq.recipes.lra import recipe
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     env = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,

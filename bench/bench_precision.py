@@ -24,8 +24,7 @@ import sys
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import provenance  # noqa: E402  (bench/provenance.py)
+from bench import provenance
 
 GPT2_DICT_SIZE = 50264  # with fairseq's 4 specials
 TOKENS_PER_UPDATE = 128 * 512

@@ -24,16 +24,13 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import sys
 import time
 import traceback
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import graph_timing  # noqa: E402
-import provenance  # noqa: E402
+from bench import graph_timing
+from bench import provenance
 
 SHAPES = [(8, 2048, 1024), (8, 4096, 1024), (1, 8192, 2048), (32, 512, 1536), (2, 16384, 1024)]
 DTYPE = torch.bfloat16

@@ -48,7 +48,7 @@ fi
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton, timm; print('torch', torch.__version__, 'triton', triton.__version__, 'timm', timm.__version__)"
   # HGRN_GIT_COMMIT wins over the copy's git metadata, which can be stale (bench/provenance.py)
-  python3 -c "import sys; sys.path.insert(0, 'bench'); from provenance import git_version; print('commit', git_version())"; } \
+  python3 -c "from bench.provenance import git_version; print('commit', git_version())"; } \
   > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 

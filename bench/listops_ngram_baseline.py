@@ -17,7 +17,6 @@ import csv
 import os
 import sys
 
-DATA_PREP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data_prep")
 
 
 def load(folder: str, split: str):
@@ -25,8 +24,7 @@ def load(folder: str, split: str):
     if not os.path.isfile(path):
         sys.exit(f"listops_ngram_baseline.py: {path} is missing: pass the folder data_prep/lra_listops.py "
                  "wrote (--dest) or LRA's lra_release/lra_release")
-    sys.path.insert(0, DATA_PREP)
-    from prepare_lra import listops_tokens  # the tokens the models are trained on (imports fairseq: after the check)
+    from data_prep.prepare_lra import listops_tokens  # the tokens the models are trained on (imports fairseq: after the check)
 
     with open(path, newline="") as f:
         rows = list(csv.reader(f, delimiter="\t"))[1:]

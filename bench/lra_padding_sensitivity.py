@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-from lra_eval import load  # noqa: E402  (the checkpoint as scripts/lra_eval.py scores it)
+from scripts.lra_eval import load  # the checkpoint as scripts/lra_eval.py scores it
 
 
 def measure(checkpoint: str, data: str | None, split: str, n: int, pad_to: int | None, cpu: bool,

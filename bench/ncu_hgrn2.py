@@ -9,13 +9,11 @@ call's kernels:
 """
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_hgrn2 import inputs, ours  # noqa: E402  (the bench's inputs and its fwd+bwd of ours)
+from bench.bench_hgrn2 import inputs, ours  # the bench's inputs and its fwd+bwd of ours
 
 
 def main():

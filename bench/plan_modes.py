@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 

@@ -17,15 +17,11 @@ import collections
 import json
 import os
 import re
-import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
-import bench_image  # noqa: E402  (same models and modes as the speed bench)
-from profile_train import short_kernel_name  # noqa: E402
+from bench import bench_image  # same models and modes as the speed bench
+from bench.profile_train import short_kernel_name
 
 KINDS = (  # first match wins
     ("matmul", r"gemm|cutlass|sm90_xmma|nvjet|cublas|Kernel2|splitK"),

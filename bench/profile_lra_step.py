@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 
 def build(task_name, model_name, data, workers):
@@ -33,8 +31,8 @@ def build(task_name, model_name, data, workers):
     from fairseq import options, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
-    from fairseq_train import _bf16_without_tpu  # scripts/fairseq_train.py: --bf16 on a GPU, not a TPU
-    from lra_recipes import fairseq_args
+    from hgrn_fairseq.cli.fairseq_train import _bf16_without_tpu  # --bf16 on a GPU, not a TPU
+    from hgrn_fairseq.recipes.lra import fairseq_args
 
     argv = [data] + fairseq_args(task_name, model_name) + [
         "--user-dir", os.path.join(REPO, "hgrn_fairseq"), "--num-workers", str(workers),

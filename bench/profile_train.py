@@ -26,9 +26,7 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import bench_train  # noqa: E402  (same models and loss as the throughput bench)
+from bench import bench_train  # same models and loss as the throughput bench
 
 
 def short_kernel_name(name, width=70):

@@ -51,13 +51,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for _path in (REPO, os.path.join(REPO, "data_prep")):  # the package, and lra_pathfinder.py beside this file
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
-from hgrn_fairseq.tasks import lra_format as fmt  # noqa: E402
-from lra_pathfinder import DIFFICULTY_FOLDER  # noqa: E402  (the generator's names of the release's folders)
+from hgrn_fairseq.preprocessing.lra_pathfinder import DIFFICULTY_FOLDER  # the generator's names of the release's folders
+from hgrn_fairseq.tasks import lra_format as fmt
 
 LRA_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"
 IMDB_URL = "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz"

@@ -48,9 +48,7 @@ import zipfile
 import zlib
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fairseq_binarize  # noqa: E402
-import sentencepiece_bpe  # noqa: E402
+from hgrn_fairseq.preprocessing import fairseq_binarize, sentencepiece_bpe
 
 WIKITEXT_URL = "https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-raw-v1.zip"
 WIKITEXT_MIRROR = "https://huggingface.co/datasets/Salesforce/wikitext (config wikitext-103-raw-v1)"

@@ -10,23 +10,9 @@ parses; each split has ``.bin``/``.idx`` in fairseq's ``mmap`` format, is not em
 matches its index, and no token id reaches past the dictionary.
 """
 import argparse
-import importlib.util
-import os
 import sys
 
-
-def _data_checks():
-    """``hgrn_fairseq/data_checks.py`` loaded from its file (numpy only: importing the package would
-    import fairseq and torch, seconds for a check that takes milliseconds)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "hgrn_fairseq", "data_checks.py")
-    if not os.path.isfile(path):
-        from hgrn_fairseq import data_checks
-
-        return data_checks
-    spec = importlib.util.spec_from_file_location("_hgrn_data_checks", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from hgrn_fairseq import data_checks as checks
 
 
 def main(argv=None) -> int:
@@ -34,7 +20,6 @@ def main(argv=None) -> int:
     parser.add_argument("data_dir")
     parser.add_argument("--splits", default="train,valid", help="comma-separated split names")
     args = parser.parse_args(argv)
-    checks = _data_checks()
     try:
         size, stats = checks.check_data_dir(args.data_dir, [s for s in args.splits.split(",") if s])
     except checks.DataError as e:

@@ -88,7 +88,7 @@ def run_schedule(cfg, r) -> str:
     """How the run's schedule relates to its recipe ``r``: "full", "compressed" (a shortened run, warm-up and
     cosine scaled to it: train_lra.sh's MAX_UPDATE) or "truncated" (a shortened run on the paper's schedule:
     SCHEDULE=truncate, told by its --lr-period-updates)."""
-    from lra_recipes import schedule_kind
+    from hgrn_fairseq.recipes.lra import schedule_kind
 
     period = float(cfg.lr_scheduler.get("lr_period_updates", -1) or -1)
     return schedule_kind(r, int(cfg.optimization.max_update), truncate=period > 0)
@@ -101,7 +101,7 @@ def recipe_overrides(cfg, r) -> dict:
     schedule, learning rate, weight decay, warm-up, cosine period, clipping, total batch (per step x
     accumulation x processes) and precision; the epoch cap and the update count are recorded apart
     (planned_updates)."""
-    from lra_recipes import LR_SCHEDULER, OPTIMIZER, lr_period, schedule
+    from hgrn_fairseq.recipes.lra import LR_SCHEDULER, OPTIMIZER, lr_period, schedule
 
     from hgrn_fairseq.models.hgrn_lra import same_option
 
@@ -183,8 +183,7 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
     model_name, _, task_name = arch.partition("_lra_")
     paper = recipe_norm = run_recipe = None
     try:
-        sys.path.insert(0, os.path.join(REPO, "scripts"))
-        from lra_recipes import recipe
+        from hgrn_fairseq.recipes.lra import recipe
 
         run_recipe = recipe(task_name, model_name)
         paper = run_recipe.paper_accuracy

@@ -31,7 +31,6 @@ from PIL import Image, ImageDraw
 
 SOURCES = ("shapes", "digits", "pathfinder")
 SHAPES = ("circle", "square", "triangle", "cross", "ring", "diamond")
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def draw_shape(kind: str, size: int, rng: np.random.Generator) -> Image.Image:
@@ -84,11 +83,8 @@ def digits_images(size: int) -> Tuple[List[str], List[Tuple[Image.Image, int]]]:
 
 
 def pathfinder_images(count: int, size: int, seed: int) -> Tuple[List[str], List[Tuple[Image.Image, int]]]:
-    sys.path.insert(0, os.path.join(REPO, "data_prep"))
-    try:
-        import lra_pathfinder
-    except ImportError as e:
-        raise SystemExit(f"error: --source pathfinder needs data_prep/lra_pathfinder.py ({e})") from None
+    from hgrn_fairseq.preprocessing import lra_pathfinder
+
     if size not in lra_pathfinder.PRESETS:
         raise SystemExit(f"error: --size {size}: Pathfinder presets are {sorted(lra_pathfinder.PRESETS)}")
     settings = lra_pathfinder.PRESETS[size]

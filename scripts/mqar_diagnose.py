@@ -29,14 +29,11 @@ Example::
 import argparse
 import json
 import os
-import sys
 from typing import Dict, List, Optional
 
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
 
 DISTANCE_BINS = (0, 8, 16, 32, 64, 128, 256, 512, 1024, 1 << 30)
 ANSWER_KINDS = ("right", "unshown_value", "shown_value", "foreign_value", "not_a_value")

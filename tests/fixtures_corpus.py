@@ -17,9 +17,7 @@ from typing import Dict, List, Optional, Sequence
 from tests import pyrun
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA_PREP = os.path.join(REPO, "data_prep")
-if DATA_PREP not in sys.path:
-    sys.path.insert(0, DATA_PREP)
+DATA_PREP = os.path.join(REPO, "data_prep")  # the entry points that the tests run
 
 WORDS = (
     "the of and in to a was is for on as by with from at his that an it were are which this be or "
@@ -132,8 +130,8 @@ def write_plain_splits(directory: str, lines: Dict[str, int], seed: int = 0) -> 
 def build_lm_data(root: str, vocab_size: int = 120, lines: Optional[Dict[str, int]] = None,
                   seed: int = 0) -> str:
     """Plain text -> sentencepiece BPE -> fairseq-preprocess; returns the data-bin directory."""
-    import fairseq_binarize
-    import sentencepiece_bpe
+    from hgrn_fairseq.preprocessing import fairseq_binarize
+    from hgrn_fairseq.preprocessing import sentencepiece_bpe
 
     lines = lines or {"train": 1200, "valid": 60, "test": 80}
     texts = write_plain_splits(os.path.join(root, "text"), lines, seed)

@@ -18,8 +18,6 @@ import json
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
 N_ROWS = 25088
 
 
@@ -29,12 +27,10 @@ def main(argv=None):
     p.add_argument("--rows", default="8,16,32,64,128")
     p.add_argument("--widths", default="192,384")
     args = p.parse_args(argv)
-    sys.path.insert(0, REPO)
-    sys.path.insert(0, os.path.join(REPO, "bench"))
     import torch
     import torch.nn.functional as F
 
-    from graph_timing import timeit
+    from bench.graph_timing import timeit
     from hgrn_fairseq.kernels import block_ops
 
     if not torch.cuda.is_available():

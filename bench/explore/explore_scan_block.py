@@ -27,16 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 import torch
 import triton
 
-_BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # bench/ (this file is in bench/explore/)
-sys.path.insert(0, os.path.dirname(_BENCH))
-sys.path.insert(0, _BENCH)
 
-from hgrn_fairseq.kernels import hgru_triton as K  # noqa: E402
+from hgrn_fairseq.kernels import hgru_triton as K
 
 
 def launch_block(x, a, cfg, h=None, ht=None):
@@ -81,8 +77,8 @@ def main():
                     help="JSON list of hgru_triton.tuning dicts: time real_scan and hgru_fused forwards (no grad) "
                          "under each instead of the block kernel above")
     args = ap.parse_args()
-    import graph_timing
-    from bench_scan import floor_op
+    from bench import graph_timing
+    from bench.bench_scan import floor_op
 
     os.makedirs(args.out, exist_ok=True)
     configs = json.loads(args.configs) if args.configs else DEFAULT_CONFIGS

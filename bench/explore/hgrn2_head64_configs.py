@@ -23,7 +23,6 @@ import sys
 
 CHILD = r'''
 import json, sys, torch
-sys.path.insert(0, ".")
 from hgrn_fairseq.kernels import hgrn2_triton as ht
 from hgrn_fairseq.kernels.reference import hgrn2_scan_reference
 import torch.nn.functional as F

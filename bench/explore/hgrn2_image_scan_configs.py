@@ -54,12 +54,11 @@ TUNERS = {"dqdg": "_bwd_dqdg", "output": "_fwd_output", "dv": "_bwd_dv"}
 
 CHILD = r'''
 import json, sys
-sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/bench")
 import torch, triton
 import torch.nn.functional as F
 from hgrn_fairseq.kernels import hgrn2_triton as ht
 from hgrn_fairseq.kernels.reference import hgrn2_scan_reference
-from graph_timing import timeit
+from bench.graph_timing import timeit
 tuners, name, spec = json.loads(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])  # tuners: TUNERS' names
 shapes, nref, overrides = json.loads(sys.argv[5]), int(sys.argv[6]), json.loads(sys.argv[7])
 for attr, value in (overrides or {}).items():  # e.g. SPLIT_MIN_HEAD (launch scheme), CHUNK (steps a chunk)
@@ -108,7 +107,6 @@ def candidates(kernel, extras_only=False, overrides=None, no_extras=False):
     (``overrides``: hgrn2_triton attributes set in the child, e.g. ``{"SPLIT_MIN_HEAD": 64}``, the two-launch
     scheme at head 64, or ``{"CHUNK": 32}``; their own autotuner first) its space (unless extras_only), then
     the extras (unless no_extras)."""
-    sys.path.insert(0, REPO)
     import triton
 
     from hgrn_fairseq.kernels import hgrn2_triton as ht
@@ -196,7 +194,7 @@ def main(argv=None):
                 r = subprocess.run([sys.executable, "-c", CHILD, REPO, json.dumps(list(TUNERS.values())),
                                     TUNERS[kernel], json.dumps(spec),
                                     json.dumps([SHAPES[s] for s in shapes]), str(REF_SEQS), json.dumps(over)],
-                                   capture_output=True, text=True, timeout=args.timeout, env=env)
+                                   capture_output=True, text=True, timeout=args.timeout, env=env, cwd=REPO)  # (-c imports from the working directory)
                 outs = [json.loads(x) for x in r.stdout.strip().splitlines() if x.startswith("{")]
                 error = None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1][:200]
             except subprocess.TimeoutExpired as e:

@@ -52,13 +52,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path[:0] = [REPO, os.path.join(REPO, "bench"), os.path.dirname(os.path.abspath(__file__))]
-import provenance  # noqa: E402  (bench/provenance.py)
-from forget_gate_bias import add_forget_gate_bias  # noqa: E402  (no fairseq: the probe needs PyTorch only)
-from hgrn_fairseq.kernels.dispatch import BACKENDS  # noqa: E402
-from hgrn_fairseq.modules.lra_encoder import LraClassifier, LraEncoder  # noqa: E402
-from hgrn_fairseq.modules.norms import MaskedBatchNorm  # noqa: E402
+from bench import provenance
+from bench.explore.forget_gate_bias import add_forget_gate_bias  # no fairseq: the probe needs PyTorch only
+from hgrn_fairseq.kernels.dispatch import BACKENDS
+from hgrn_fairseq.modules.lra_encoder import LraClassifier, LraEncoder
+from hgrn_fairseq.modules.norms import MaskedBatchNorm
 
 BACKGROUND, INK, DOT = -1.0, 0.0, 1.0
 MAX_TRIES = 1000

@@ -48,15 +48,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path[:0] = [REPO, os.path.join(REPO, "bench"), HERE]
-import provenance  # noqa: E402  (bench/provenance.py)
-from lra_pathfinder_cnn_control import (PathfinderCNN, augment, check_dir, load_split, lr_factor,  # noqa: E402
+from bench import provenance
+from bench.explore.lra_pathfinder_cnn_control import (PathfinderCNN, augment, check_dir, load_split, lr_factor,
                                         normalise, write_json)
-from forget_gate_bias import add_forget_gate_bias  # noqa: E402  (bench/explore/forget_gate_bias.py)
-from hgrn_fairseq.kernels.dispatch import BACKENDS  # noqa: E402
-from hgrn_fairseq.modules.lra_encoder import LraEncoder  # noqa: E402
+from bench.explore.forget_gate_bias import add_forget_gate_bias
+from hgrn_fairseq.kernels.dispatch import BACKENDS
+from hgrn_fairseq.modules.lra_encoder import LraEncoder
 
 DEFAULTS = dict(model="hgrn", mixer="hgru2", dim=128, layers=6, expand=2, norm="batch", pos="none", pool="mean",
                 lb=1, scan="parallel", lr=2e-3, wd=0.0, warmup=0.1, batch=128, subset=0, augment=0,

@@ -47,10 +47,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path[:0] = [REPO, os.path.join(REPO, "bench")]
-import provenance  # noqa: E402  (bench/provenance.py)
-from hgrn_fairseq.tasks import lra_format as fmt  # noqa: E402
+from bench import provenance
+from hgrn_fairseq.tasks import lra_format as fmt
 
 SPLITS = fmt.SPLITS
 EXTRA_BLOCKS = 4  # 3x3 blocks at 8x8 after the last pool; see receptive_field()

@@ -38,18 +38,13 @@ import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-for _path in (HERE, os.path.join(REPO, "scripts"), os.path.join(REPO, "data_prep"), REPO):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
 
-from sentencepiece_bpe import sha256_file as sha256  # noqa: E402  (data_prep/: a file's SHA-256, read in blocks)
+from hgrn_fairseq.preprocessing.sentencepiece_bpe import sha256_file as sha256  # a file's SHA-256, read in blocks
 
 
 def train_batches(task, batch_size: int, count: int, seed: int, use_cuda: bool, bf16: bool):
     """``count`` batches of the training split in a seeded shuffle (the task's own batching), ready for the model."""
-    from lra_eval import prepare_sample
+    from scripts.lra_eval import prepare_sample
 
     task.load_dataset("train")
     itr = task.get_batch_iterator(task.dataset("train"), max_sentences=batch_size, required_batch_size_multiple=1,
@@ -138,7 +133,7 @@ def score_with_batch_stats(model, task, split: str, batch_size: int, seed: int, 
     import numpy as np
     import torch
 
-    from lra_eval import prepare_sample
+    from scripts.lra_eval import prepare_sample
 
     from hgrn_fairseq.modules.norms import MaskedBatchNorm
 
@@ -205,7 +200,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from lra_eval import git_commit, load, score
+    from scripts.lra_eval import git_commit, load, score
 
     from hgrn_fairseq.modules.norms import set_running_stats
 

@@ -40,6 +40,7 @@ from ..modules.lra_encoder import (
 )
 from ..modules.norms import NORMS, syncs_across_processes
 from ..modules.transient import TransientAttrs
+from ..recipes.lra import TASKS as LRA_TASKS, arch_settings  # the per-task model settings: the one recipe source
 
 
 @dataclass
@@ -269,44 +270,6 @@ def _set_defaults(args, **defaults):
 
 def hgrn_lra_default(args):
     _set_defaults(args, **{f.name: f.default for f in dataclasses.fields(HgrnLraConfig) if not f.name.startswith("_")})
-
-
-# Per-task model settings (the papers' tables). Recipes (lr, warm-up, steps, batch, precision): scripts/lra_recipes.py.
-#            layers, d, norm, dropout, glu multiple, positions, 2-D scan, max positions (token tasks: the
-#            official harness's lengths, its appended <eos> included: ListOps 2,000 tokens + <eos> fit 2,048;
-#            Text and Retrieval are prepared to 4,095 / 3,999 so that + <eos> they fill 4,096 / 4,000)
-_HGRN1 = {
-    "listops": (6, 32, "syncbatch", 0.0, 1, "sin", "none", 2048),
-    "text": (4, 128, "syncbatch", 0.1, 1, "sin", "none", 4096),
-    "retrieval": (2, 64, "batch", 0.0, 2, "sin", "none", 4000),
-    "image": (6, 512, "batch", 0.0, 1, "sin", "parallel", 1024),
-    "pathfinder": (6, 128, "batch", 0.0, 1, "none", "parallel", 1024),
-    "pathx": (6, 64, "syncbatch", 0.0, 1, "none", "parallel", 16384),
-}
-#            ... as above, plus the expand ratio
-_HGRN2 = {
-    "listops": (5, 64, "syncbatch", 0.0, 1, "sin", "none", 2048, 4),
-    "text": (4, 128, "layer", 0.1, 1, "none", "none", 4096, 8),
-    "retrieval": (2, 256, "syncbatch", 0.0, 2, "sin", "none", 4000, 2),
-    "image": (6, 512, "syncbatch", 0.0, 1, "sin", "parallel", 1024, 2),
-    "pathfinder": (6, 128, "batch", 0.0, 1, "none", "parallel", 1024, 2),
-    "pathx": (6, 32, "batch", 0.0, 1, "sin", "series", 16384, 1),
-}
-LRA_TASKS = tuple(_HGRN1)
-
-
-def arch_settings(model: str, task: str) -> dict:
-    """The model options the arch ``{model}_lra_{task}`` sets (model: hgrn1 or hgrn2)."""
-    if model == "hgrn1":
-        L, d, norm, drop, mult, pos, scan, max_pos = _HGRN1[task]
-        extra = {"token_mixer": "hgru"}
-    elif model == "hgrn2":
-        L, d, norm, drop, mult, pos, scan, max_pos, expand = _HGRN2[task]
-        extra = {"token_mixer": "hgru2", "expand_ratio": expand}
-    else:
-        raise ValueError(f"model {model!r} is not hgrn1 or hgrn2")
-    return dict(extra, encoder_layers=L, encoder_embed_dim=d, norm=norm, dropout=drop, glu_multiple=float(mult),
-                positions=pos, scan_2d=scan, max_positions=max_pos)
 
 
 def _register(model: str, task: str):

@@ -2,9 +2,8 @@ import os
 import shutil
 
 import pytest
-
-from tests import fixtures_corpus  # noqa: F401  (puts data_prep/ on sys.path)
-import build_text_corpus as btc
+from data_prep import build_text_corpus as btc
+from tests import fixtures_corpus
 
 SPLITS = ("train", "valid", "test")
 

@@ -9,12 +9,14 @@ import pytest
 pytestmark = pytest.mark.integration
 
 DATA_PREP = os.path.join(os.path.dirname(__file__), "..", "..", "data_prep")
+# the package of this checkout for the entry points (as `pip install -e .` gives it)
+PACKAGE_ENV = dict(os.environ, PYTHONPATH=os.path.abspath(os.path.join(DATA_PREP, "..")))
 
 
 def run(script, *args, timeout=60):
     # a real interpreter with a timeout: a hang is a failure, not a stuck suite
     return subprocess.run([sys.executable, os.path.join(DATA_PREP, script), *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=PACKAGE_ENV)
 
 
 def assert_one_line(proc, *needles):
@@ -53,11 +55,7 @@ def test_listops_reachable_but_too_rare_ends_with_the_draw_budget(tmp_path):
 
 def test_listops_duplicate_budget_ends_a_search_the_count_did_not_cover(tmp_path, monkeypatch):
     # with the exact count switched off, only the duplicate budget stops a search for 22 of 10 digits
-    sys.path.insert(0, DATA_PREP)
-    try:
-        import lra_listops
-    finally:
-        sys.path.remove(DATA_PREP)
+    from data_prep import lra_listops
     monkeypatch.setattr(lra_listops, "COUNT_CAP", 1)
     with pytest.raises(lra_listops.SamplingError, match="10 distinct of 22 at --max-depth 1"):
         lra_listops.generate(str(tmp_path), train=20, valid=1, test=1, workers=1, max_depth=1, min_length=0,
@@ -69,7 +67,7 @@ def prepare(*args):
     from tests import pyrun  # a fresh `python data_prep/prepare_lra.py`, started from a warm interpreter
 
     return pyrun.run([sys.executable, os.path.join(DATA_PREP, "prepare_lra.py"), *map(str, args)],
-                     capture_output=True, text=True)
+                     capture_output=True, text=True, env=PACKAGE_ENV)
 
 
 ROWS = ["( ( ( [MAX 2 ) 9 ) ] )\t9", "( ( ( [SM 4 ) 7 ) ] )\t1", "3\t3", "( ( ( [MED 1 ) 5 ) ] )\t3"]

@@ -7,9 +7,7 @@ import sys
 
 import pytest
 
-from tests import fixtures_corpus  # noqa: F401  (puts data_prep/ on sys.path)
-
-import lra_listops as lo
+from data_prep import lra_listops as lo
 from tests import pyrun
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "data_prep", "lra_listops.py")

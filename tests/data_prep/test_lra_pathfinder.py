@@ -6,9 +6,7 @@ from collections import deque
 
 import numpy as np
 import pytest
-
-from tests import fixtures_corpus  # noqa: F401  (puts data_prep/ on sys.path)
-import lra_pathfinder as pf
+from hgrn_fairseq.preprocessing import lra_pathfinder as pf
 from tests import pyrun
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "data_prep", "lra_pathfinder.py")
@@ -212,6 +210,7 @@ def test_rerun_resume_and_changed_options(dataset, tmp_path):
 @pytest.mark.integration
 def test_cli_bad_size_is_one_line(tmp_path):
     r = pyrun.run([sys.executable, SCRIPT, "--dest", str(tmp_path), "--num", "2", "--size", "48",
-                   "--no-progress"], capture_output=True, text=True)
+                   "--no-progress"], capture_output=True, text=True,
+                  env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(SCRIPT))))  # this checkout's package
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "--size 48" in r.stderr

@@ -8,10 +8,8 @@ import tarfile
 
 import numpy as np
 import pytest
-
-from tests import fixtures_corpus  # noqa: F401  (puts data_prep/ on sys.path)
-import lra_listops
-import prepare_lra as pl
+from data_prep import lra_listops
+from data_prep import prepare_lra as pl
 from tests import pyrun
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "data_prep", "prepare_lra.py")
@@ -286,7 +284,7 @@ def test_pathx_and_bad_label_in_metadata(tmp_path):
 
 
 def test_generated_pathfinder_through_prepare(tmp_path):
-    import lra_pathfinder
+    from hgrn_fairseq.preprocessing import lra_pathfinder
 
     lra_pathfinder.generate(str(tmp_path / "gen"), num=20, size=32, seed=0, workers=1, per_folder=10,
                             progress=False, log=quiet)

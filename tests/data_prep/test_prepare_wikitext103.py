@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from tests import fixtures_corpus
-import prepare_wikitext103 as pw
+from data_prep import prepare_wikitext103 as pw
 from tests import pyrun
 
 pytestmark = pytest.mark.integration

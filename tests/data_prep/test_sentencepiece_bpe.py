@@ -4,7 +4,7 @@ import os
 import pytest
 
 from tests import fixtures_corpus
-import sentencepiece_bpe as sbpe
+from hgrn_fairseq.preprocessing import sentencepiece_bpe as sbpe
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 
 from tests import fixtures_corpus
 from tests import pyrun
-import prepare_wikitext103 as pw
+from data_prep import prepare_wikitext103 as pw
 
 pytestmark = pytest.mark.integration
 

@@ -425,7 +425,7 @@ def test_eval_zero_shot_script_refuses_bad_arguments(trained, tmp_path):
 def test_sentencepiece_text_becomes_the_ids_data_prep_binarised(tmp_path):
     """Our text -> ids equals data_prep's text -> pieces (spm.model) -> fairseq ids, line by line; a
     sentencepiece model other than the marker's is refused."""
-    import sentencepiece_bpe  # data_prep/ (tests.fixtures_corpus puts it on the path)
+    from hgrn_fairseq.preprocessing import sentencepiece_bpe
     from fairseq.data import Dictionary
     from tests.fixtures_corpus import write_plain_splits
 

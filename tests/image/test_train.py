@@ -1,6 +1,7 @@
 """python -m hgrn_fairseq.image.train, hgrn_fairseq.image.data, scripts/make_image_folder.py and
 scripts/train_imagenet.sh on a tiny generated ImageFolder (CPU): the presets hold the papers' recipes,
 one training update and one evaluation, resume, the run lock, the data errors, unreadable images."""
+import importlib
 import json
 import math
 import os
@@ -12,11 +13,10 @@ import torch
 pytest.importorskip("timm")
 from hgrn_fairseq.image import data as image_data  # noqa: E402
 from hgrn_fairseq.image import train  # noqa: E402
-from tests.script_module import load_script  # noqa: E402
 from tests import pyrun
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-make_image_folder = load_script(os.path.join(REPO, "scripts", "make_image_folder.py"))
+make_image_folder = importlib.import_module("scripts.make_image_folder")
 
 # a model of a few thousand parameters on 16 x 16 images: every code path, seconds on a CPU
 TINY = ["model.img_size=16", "+model.kwargs.patch_size=4", "+model.kwargs.embed_dim=8", "+model.kwargs.depth=1",

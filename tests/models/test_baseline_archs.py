@@ -1,5 +1,6 @@
 """The baselines' archs of hgrn_lm: parameter counts by hand, incremental decoding equals the
 full forward, bad switches, and fairseq-train end to end on a tiny corpus for each mixer."""
+import importlib
 import argparse
 import json
 import os
@@ -198,9 +199,8 @@ def test_fairseq_train_end_to_end(name, runs):
 
 
 def test_bench_train_measures_the_baselines_with_cuda_graphs():
-    from tests.script_module import load_script
 
-    bench = load_script(os.path.join(os.path.dirname(PLUGIN), "bench", "bench_train.py"))
+    bench = importlib.import_module("bench.bench_train")
     assert {f"{m}+graphs" for m in ("lru_lm_base", "lru_mml_lm_base", "mlgru_lm_base", "mlgru_mml_lm_base")} <= set(bench.VARIANTS)
     flags = bench.fairseq_model_flags("lru_mml_lm_base+graphs", tiny=True, kernel_backend="auto")
     assert flags[:2] == ["--arch", "lru_lm_tiny"] and "--cuda-graphs" in flags and "--ternary" in flags

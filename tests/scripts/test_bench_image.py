@@ -1,17 +1,16 @@
 """bench/bench_image.py's report, from rows written here (the numbers themselves come from the GPU run):
 the A/B lines put each switched row beside its base row of the same resolution and mode."""
+import importlib
 import os
 
 import pytest
-
-from tests.script_module import load_script
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
 def bench():
-    return load_script(os.path.join(REPO, "bench", "bench_image.py"))
+    return importlib.import_module("bench.bench_image")
 
 
 def row(model, res, train, infer, mode="graphs"):

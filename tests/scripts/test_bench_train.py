@@ -9,8 +9,6 @@ import shlex
 import sys
 
 import pytest
-
-from tests.script_module import load_script
 from tests import pyrun
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -19,7 +17,7 @@ BENCH = os.path.join(REPO, "bench", "bench_train.py")
 
 @pytest.fixture(scope="module")
 def bench():
-    return load_script(BENCH)
+    return importlib.import_module("bench.bench_train")
 
 
 def test_full_run_plan(bench):

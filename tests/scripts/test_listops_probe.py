@@ -1,11 +1,10 @@
 """bench/listops_ngram_baseline.py (the token-statistics level of a ListOps curve) on a hand-written TSV,
 and the probe script's syntax and part names."""
+import importlib
 import os
 import sys
 
 import pytest
-
-from tests.script_module import load_script
 from tests import pyrun
 
 pytestmark = pytest.mark.integration
@@ -23,7 +22,7 @@ def write_split(folder, split, rows):
 
 
 def test_ngram_baseline_reads_the_models_tokens_and_scores_the_test_split(tmp_path, capsys):
-    baseline = load_script(os.path.join(REPO, "bench", "listops_ngram_baseline.py"))
+    baseline = importlib.import_module("bench.listops_ngram_baseline")
     # a label given away by one token: the unigram regression must find it; the majority is 3 of 4
     train = [("( ( [MAX 1 ) 7 ) ]", 7), ("( ( [MIN 1 ) 7 ) ]", 1)] * 20
     write_split(tmp_path, "train", train)

@@ -1,12 +1,11 @@
 """bench/lra_curves.py: validation curves of runs trained in slices, compared at the same update counts."""
+import importlib
 import os
 
 import pytest
 
-from tests.script_module import load_script
-
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-curves = load_script(os.path.join(REPO, "bench", "lra_curves.py"))
+curves = importlib.import_module("bench.lra_curves")
 
 
 def valid_line(acc, upd):

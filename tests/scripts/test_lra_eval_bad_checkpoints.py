@@ -1,4 +1,5 @@
 """scripts/lra_eval.py refuses a damaged checkpoint or one of another kind in one line naming the file."""
+import importlib
 import os
 import re
 import sys
@@ -7,7 +8,6 @@ import pytest
 import torch
 
 from tests import fixtures_corpus, pyrun
-from tests.script_module import load_script
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +60,7 @@ def test_bad_checkpoint_is_one_line_naming_the_file(lm_checkpoint, tmp_path, kin
 
 def test_an_lra_checkpoint_passes_the_check(tmp_path):
     """A minimal fairseq state of the lra_text task (no trained model: the check reads only the state)."""
-    ev = load_script(SCRIPT)
+    ev = importlib.import_module("scripts.lra_eval")
     path = str(tmp_path / "checkpoint_best.pt")
     torch.save({"model": {"w": torch.zeros(2)}, "cfg": {"task": {"_name": "lra_text"}},
                 "optimizer_history": [{"num_updates": 3, "lr_scheduler_state": {}, "optimizer_name": "adam"}], "extra_state": {}}, path)

@@ -1,14 +1,13 @@
 """bench/explore/lra_grid_toy_probe.py: the flood fill, the generated labels, and one tiny training run."""
+import importlib
 import json
 import os
 
 import numpy as np
 import pytest
 
-from tests.script_module import load_script
-
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-probe = load_script(os.path.join(REPO, "bench", "explore", "lra_grid_toy_probe.py"))
+probe = importlib.import_module("bench.explore.lra_grid_toy_probe")
 
 
 def grid(rows):

@@ -1,15 +1,14 @@
 """bench/explore/lra_pathfinder_ablate.py: variant parsing, the pooling choices, and a run stopped by time
 that resumes from its --state to the same training losses as a run that was never stopped."""
+import importlib
 import json
 import os
 
 import pytest
 import torch
 
-from tests.script_module import load_script
-
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ablate = load_script(os.path.join(REPO, "bench", "explore", "lra_pathfinder_ablate.py"))
+ablate = importlib.import_module("bench.explore.lra_pathfinder_ablate")
 
 
 def test_variants_parse_over_the_defaults_and_refuse_bad_keys():
@@ -53,9 +52,8 @@ def test_single_position_pools_read_that_position(pool, pos):
 
 
 def test_stopped_run_resumes_to_the_same_losses(tmp_path):
-    from tests import fixtures_corpus  # noqa: F401  (puts data_prep/ on sys.path)
-    import lra_pathfinder
-    import prepare_lra
+    from hgrn_fairseq.preprocessing import lra_pathfinder
+    from data_prep import prepare_lra
 
     lra_pathfinder.generate(str(tmp_path / "gen"), num=20, seed=3, workers=1, progress=False, log=lambda m: None,
                             contour_length=6)

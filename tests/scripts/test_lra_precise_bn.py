@@ -5,18 +5,17 @@ batches, computed here apart (the inputs caught by forward hooks in a forward wr
 training mode, everything else in eval mode; float64, two-pass variance), for a prefix (k = 1) and for all the
 batches; a momentum-0.1 running average over the same batches is far from them (the check can tell); and the
 CLI end to end on a saved checkpoint."""
+import importlib
 import json
 import os
 
 import numpy as np
 import pytest
 import torch
-
-from tests.script_module import load_script
 from tests.tasks.test_lra_format import write_tiny
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-script = load_script(os.path.join(REPO, "bench", "explore", "lra_precise_bn.py"))
+script = importlib.import_module("bench.explore.lra_precise_bn")
 BATCH, SEED, UPDATES = 8, 3, 7
 
 
@@ -57,7 +56,7 @@ def tiny(tmp_path_factory):
 
 
 def load(tiny):
-    from lra_eval import load as lra_load
+    from scripts.lra_eval import load as lra_load
 
     path, data = tiny
     return lra_load(path, data, cpu=True)
@@ -139,7 +138,7 @@ def test_batch_statistics_leave_the_running_statistics_alone(tiny):
 
 
 def test_cli_end_to_end(tiny, tmp_path, capsys):
-    from lra_eval import score
+    from scripts.lra_eval import score
 
     path, data = tiny
     recorded = tmp_path / "test_result.json"
@@ -208,7 +207,7 @@ def test_cli_end_to_end(tiny, tmp_path, capsys):
 
 def test_kernel_backend_override_reaches_the_model_config(tiny):
     """``--kernel-backend`` (lra_eval.load's ``kernel_backend``) replaces the checkpoint's, with and without --data."""
-    from lra_eval import load as lra_load
+    from scripts.lra_eval import load as lra_load
 
     path, data = tiny
     _, cfg, _, _, _ = lra_load(path, cpu=True)

@@ -2,6 +2,7 @@
 budgets), its log parsing and its reports for runs cut by the timeout, run_mqar.sh's pass-through, and
 one tiny sweep on CPU through fairseq-train with interval validations. (The report basics are in
 tests/tasks/test_mqar.py; the sweep's numbers come from the GPU machine.)"""
+import importlib
 import argparse
 import csv
 import json
@@ -13,7 +14,6 @@ import threading
 import pytest
 
 from tests.fixtures_corpus import REPO, subprocess_env
-from tests.script_module import load_script
 from tests import pyrun
 
 SWEEP = os.path.join(REPO, "scripts", "mqar_sweep.py")
@@ -21,7 +21,7 @@ SWEEP = os.path.join(REPO, "scripts", "mqar_sweep.py")
 
 @pytest.fixture(scope="module")
 def sweep():
-    return load_script(SWEEP)
+    return importlib.import_module("scripts.mqar_sweep")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -632,7 +632,7 @@ def test_run_cut_by_updates_and_by_time_and_continued_ends_where_the_uncut_run_e
     assert (out / "checkpoints" / TINY_RUN / "checkpoint_last.pt").exists()
     assert "paused at 13/30 upd" in (out / "table.md").read_text()
     # to another machine and back: packed into small files (tiny parts here), restored elsewhere
-    state = load_script(os.path.join(REPO, "scripts", "mqar_state.py"))
+    state = importlib.import_module("hgrn_fairseq.cli.mqar_state")
     note = state.pack(str(out), str(tmp_path / "returned"), ckpt_mb=100, part_mb=0.02)
     assert note.startswith("1 of 1 paused runs' checkpoints packed")
     parts = sorted(p.name for p in (tmp_path / "returned").iterdir() if ".part" in p.name)
@@ -673,7 +673,7 @@ def test_paused_run_without_its_checkpoint_restarts_and_says_so(sweep, tmp_path)
                   updates=6, max_update=30, segments=1, valid_curve=[[6, 3.0]], best_acc=3.0)
     (out / "runs" / f"{TINY_RUN}.json").write_text(json.dumps(record))
     (out / "logs" / f"{TINY_RUN}.log").write_text("# segment 1: the first 6 updates\n")
-    state = load_script(os.path.join(REPO, "scripts", "mqar_state.py"))
+    state = importlib.import_module("hgrn_fairseq.cli.mqar_state")
     note = state.pack(str(out), str(tmp_path / "returned"), ckpt_mb=0.01)  # too small for the checkpoint
     assert note.startswith("0 of 1 paused runs' checkpoints packed") and TINY_RUN in note
     out = tmp_path / "elsewhere"

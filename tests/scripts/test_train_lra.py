@@ -1,6 +1,7 @@
 """scripts/train_lra.sh and its helpers: the recipes against the papers' tables, --dry-run commands, argument errors,
 configs/lra in sync with the recipes, the results table, a CPU run end to end (train, resume, test JSON,
 table) and a smoke run of bench/bench_lra.py."""
+import importlib
 import csv
 import json
 import os
@@ -11,15 +12,13 @@ import time
 import pytest
 
 import hgrn_fairseq  # noqa: F401
-from tests.script_module import load_script
 
 from ..tasks.test_lra_format import write_tiny
 from tests import pyrun
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "scripts", "train_lra.sh")
-sys.path.insert(0, os.path.join(REPO, "scripts"))
-import lra_recipes as recipes  # noqa: E402  (a dataclass module: imported by name, not by path)
+from hgrn_fairseq.recipes import lra as recipes
 
 pytestmark = pytest.mark.integration
 
@@ -138,11 +137,8 @@ def test_truncated_learning_rate_is_the_papers(tmp_path):
         def get_lr(self):
             return self.lr
 
-    sys.path.insert(0, os.path.join(REPO, "scripts"))
-    import lra_recipes
-
-    r = lra_recipes.recipe("pathfinder", "hgrn2")
-    flags = lra_recipes.fairseq_args("pathfinder", "hgrn2", max_update=20000, truncate=True)
+    r = recipes.recipe("pathfinder", "hgrn2")
+    flags = recipes.fairseq_args("pathfinder", "hgrn2", max_update=20000, truncate=True)
     get = lambda name: float(flags[flags.index(name) + 1])  # noqa: E731
     cfg = CosineLRScheduleConfig(warmup_updates=int(get("--warmup-updates")), warmup_init_lr=0.0, lr=[r.lr],
                                  min_lr=0.0, lr_period_updates=get("--lr-period-updates"),
@@ -232,7 +228,7 @@ def test_configs_match_the_recipes(tmp_path):
     for path in written:
         committed = os.path.join(REPO, "configs", "lra", os.path.basename(path))
         with open(path) as a, open(committed) as b:
-            assert a.read() == b.read(), f"{committed} is stale: run python scripts/lra_recipes.py write-configs"
+            assert a.read() == b.read(), f"{committed} is stale: run python scripts/recipes.py write-configs"
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.load(os.path.join(REPO, "configs", "lra", "retrieval_hgrn2.yaml"))
@@ -245,7 +241,7 @@ def test_configs_match_the_recipes(tmp_path):
 
 
 def test_results_table_keeps_the_recipe_seed_and_lists_other_seeds(tmp_path):
-    results = load_script(os.path.join(REPO, "scripts", "lra_results.py"))
+    results = importlib.import_module("hgrn_fairseq.recipes.lra_results")
     # run folders sort so that the other seed comes last: it must not replace the recipe's run in the table
     for folder, seed, acc in (("listops_hgrn1", 2222, 41.5), ("listops_hgrn1_s2", 2, 47.25), ("old", None, 12.0),
                               ("listops_hgrn1_s2222_unmasked", 2222, 44.0), ("listops_hgrn1_s2222_eos", 2222, 52.5),
@@ -429,9 +425,8 @@ def test_gpu_lra_easier_pathfinder_names_and_cnn_control(tmp_path):
     r = pyrun.run(["bash", "-c", f'{funcs}\nfor t in pathfinder pathfinder6 pathfinder9; do contour_of $t; done'],
                   capture_output=True, text=True, timeout=30)
     assert r.stdout.split() == ["14", "6", "9"], r.stderr
-    from tests import fixtures_corpus  # noqa: F401  (puts data_prep/ on sys.path)
-    import lra_pathfinder
-    import prepare_lra
+    from hgrn_fairseq.preprocessing import lra_pathfinder
+    from data_prep import prepare_lra
 
     lra_pathfinder.generate(str(tmp_path / "gen"), num=20, seed=3, workers=1, progress=False, log=lambda m: None,
                             contour_length=6)
@@ -461,7 +456,7 @@ def test_gpu_lra_slices_end_before_the_call_does():
 
 
 def test_results_table(tmp_path):
-    results = load_script(os.path.join(REPO, "scripts", "lra_results.py"))
+    results = importlib.import_module("hgrn_fairseq.recipes.lra_results")
     for task, model, acc in (("listops", "hgrn1", 58.45), ("pathfinder", "hgrn2", 70.0)):
         os.makedirs(tmp_path / f"{task}_{model}")
         with open(tmp_path / f"{task}_{model}" / "test_result.json", "w") as f:
@@ -545,7 +540,7 @@ def test_cpu_run_end_to_end_and_resume(tmp_path):
     assert "Stopping training due to num_updates: 14 >= max_update: 14" in log
     # bench/lra_padding_sensitivity.py on the masked model: padding an example to the task's longest
     # changes no prediction and no logit beyond rounding (the unmasked ablation's do: docs/lra.md)
-    sens = load_script(os.path.join(REPO, "bench", "lra_padding_sensitivity.py"))
+    sens = importlib.import_module("bench.lra_padding_sensitivity")
     r = sens.measure(str(tmp_path / "runs" / "listops_hgrn1" / "checkpoint_last.pt"), data, "test", 6, None, True,
                      pad_by=(1,))
     assert r["examples"] == 6 and r["unmasked_padding"] is False and r["append_eos"] is True
@@ -595,7 +590,7 @@ def test_two_gpu_run_end_to_end_and_resume(tmp_path):
 
 
 def test_bench_lra_smoke(tmp_path):
-    bench = load_script(os.path.join(REPO, "bench", "bench_lra.py"))
+    bench = importlib.import_module("bench.bench_lra")
     assert bench.main(["--out", str(tmp_path), "--quick", "--device", "cpu", "--steps", "1", "--tasks",
                        "retrieval,pathx", "--models", "hgrn2,transformer@hgrn2"]) == 0
     rows = json.load(open(tmp_path / "bench_lra.json"))["rows"]
@@ -650,11 +645,8 @@ def test_eval_tells_the_schedules_apart_and_flags_a_wrong_period():
     """lra_eval records a shortened run's schedule (compressed / truncated) and lists a setting that is neither's."""
     from omegaconf import OmegaConf
 
-    sys.path.insert(0, os.path.join(REPO, "scripts"))
-    import lra_recipes
-
-    ev = load_script(os.path.join(REPO, "scripts", "lra_eval.py"))
-    r = lra_recipes.recipe("pathfinder", "hgrn2")
+    ev = importlib.import_module("scripts.lra_eval")
+    r = recipes.recipe("pathfinder", "hgrn2")
 
     def cfg(max_update, warmup, period=-1.0):
         return OmegaConf.create({

@@ -22,8 +22,7 @@ SCRIPT = os.path.join(REPO, "scripts", "train_wt103.sh")
 CONFIGS = os.path.join(REPO, "configs", "wt103")
 RECIPES = ("hgrn_lm_base", "hgrn2_lm_base", "transformer_lm_wt103_small")
 BASELINES = ("lru_lm_base", "lru_mml_lm_base", "mlgru_lm_base", "mlgru_mml_lm_base")  # HGRN1's recipe
-sys.path.insert(0, os.path.join(REPO, "scripts"))
-import fairseq_train  # noqa: E402  (scripts/fairseq_train.py)
+from hgrn_fairseq.cli import fairseq_train
 
 pytestmark = pytest.mark.integration
 

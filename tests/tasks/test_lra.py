@@ -1,6 +1,7 @@
 """The ``lra_text`` / ``lra_image`` tasks: batching (padding, pairs, pixels, augmentation), every example
 scored, and ``fairseq-train`` end to end on tiny generated data of every LRA task (ListOps-like data
 learned well above chance), plus the bad-input errors a user meets first."""
+import importlib
 import json
 import os
 import pickle
@@ -520,9 +521,8 @@ def test_append_eos_reaches_the_checkpoint(runs):
     assert plain["cfg"]["task"]["append_eos"] is False and "append_eos" not in plain["task_state"]["hgrn_lra_data"]
     # scripts/lra_eval.py scores both the way they trained: with the token, and (a checkpoint from before
     # the option existed, its config without the key) without it
-    from tests.script_module import load_script
 
-    lra_eval = load_script(os.path.join(os.path.dirname(PLUGIN), "scripts", "lra_eval.py"))
+    lra_eval = importlib.import_module("scripts.lra_eval")
     del plain["cfg"]["task"]["append_eos"]
     old = os.path.join(os.path.dirname(save_dir), "old_checkpoint_best.pt")
     torch.save(plain, old)
@@ -545,10 +545,9 @@ def test_pad_to_length_reaches_the_checkpoint_and_the_evaluation(runs, capsys):
     path = os.path.join(save_dir, "checkpoint_best.pt")
     state = torch.load(path, map_location="cpu", weights_only=False)
     assert state["cfg"]["task"]["pad_to_length"] == 30 and state["cfg"]["model"]["unmasked_padding"] is True
-    from tests.script_module import load_script
 
     scripts = os.path.join(os.path.dirname(PLUGIN), "scripts")
-    lra_eval = load_script(os.path.join(scripts, "lra_eval.py"))
+    lra_eval = importlib.import_module("scripts.lra_eval")
     _, _, task, _, _ = lra_eval.load(path, cpu=True)
     task.load_dataset("test")
     d = task.dataset("test")
@@ -557,7 +556,7 @@ def test_pad_to_length_reaches_the_checkpoint_and_the_evaluation(runs, capsys):
     assert r["pad_to_length"] == 30 and r["unmasked_padding"] is True and r["examples"] == SPLITS["listops"][2]
     per_batch = lra_eval.evaluate(path, cpu=True, pad_to_length=0)
     assert per_batch["pad_to_length"] == 0 and per_batch["examples"] == r["examples"]
-    lra_results = load_script(os.path.join(scripts, "lra_results.py"))
+    lra_results = importlib.import_module("hgrn_fairseq.recipes.lra_results")
     assert "unmasked padding, every batch padded to 30" in lra_results.other_runs([r])
     # a checkpoint from before the option (no pad_to_length in its task config): padded to N when asked
     _, _, eos_dir = runs["listops_hgrn1_eos"]
@@ -614,10 +613,9 @@ def test_scratch_positions_reach_the_checkpoint_and_the_evaluation(runs):
     state = torch.load(path, map_location="cpu", weights_only=False)
     assert state["cfg"]["task"]["scratch_positions"] == 3
     assert state["task_state"]["hgrn_lra_data"]["scratch_positions"] == 3
-    from tests.script_module import load_script
 
     scripts = os.path.join(os.path.dirname(PLUGIN), "scripts")
-    lra_eval = load_script(os.path.join(scripts, "lra_eval.py"))
+    lra_eval = importlib.import_module("scripts.lra_eval")
     model, cfg, task, _, _ = lra_eval.load(path, cpu=True)
     task.load_dataset("test")
     d = task.source_dictionary
@@ -625,7 +623,7 @@ def test_scratch_positions_reach_the_checkpoint_and_the_evaluation(runs):
     assert model.scratch_idx == d.bos()
     r = lra_eval.evaluate(path, cpu=True)
     assert r["scratch_positions"] == 3 and r["append_eos"] is True and r["examples"] == SPLITS["listops"][2]
-    lra_results = load_script(os.path.join(scripts, "lra_results.py"))
+    lra_results = importlib.import_module("hgrn_fairseq.recipes.lra_results")
     assert not lra_results.is_recipe_run(r, "listops") and lra_results.is_recipe_run(
         dict(r, scratch_positions=0, seed=lra_results.SEED, arch_overrides={}, recipe_overrides={}), "listops")
     assert "3 scratch positions" in lra_results.other_runs([r])
@@ -697,9 +695,7 @@ def test_resuming_with_other_settings_is_refused_in_one_line(runs):
     a reset flag or a new --save-dir go on."""
     from fairseq import options
 
-    from tests.script_module import load_script
-
-    fairseq_train = load_script(os.path.join(os.path.dirname(PLUGIN), "scripts", "fairseq_train.py"))
+    fairseq_train = importlib.import_module("hgrn_fairseq.cli.fairseq_train")
     rc, out, save_dir = runs["listops_hgrn1_eos"]
     assert rc == 0, out[-3000:]
     data = os.path.join(os.path.dirname(os.path.dirname(save_dir)), "listops")

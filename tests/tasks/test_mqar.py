@@ -1,5 +1,6 @@
 """The ``mqar`` task: generator, fairseq dataset and criterion, the MQAR archs, the sweep's reports,
 and ``fairseq-train --task mqar`` learning the task on CPU at a tiny size."""
+import importlib
 import argparse
 import json
 import os
@@ -28,7 +29,6 @@ from hgrn_fairseq.tasks.mqar import (
     key_range,
     value_range,
 )
-from tests.script_module import load_script
 
 PLUGIN = os.path.dirname(os.path.abspath(hgrn_fairseq.__file__))
 REPO = os.path.dirname(PLUGIN)
@@ -273,7 +273,7 @@ def test_criterion_scores_queries_only_and_matches_full_logits():
 
 
 def load_sweep():
-    return load_script(os.path.join(REPO, "scripts", "mqar_sweep.py"))
+    return importlib.import_module("scripts.mqar_sweep")
 
 
 def test_sweep_reports_pick_the_best_lr_per_model_and_width(tmp_path):
@@ -409,7 +409,7 @@ def test_fairseq_train_learns_mqar_with_hgrn2(training_runs):
 
 
 def load_diagnose():
-    return load_script(os.path.join(REPO, "scripts", "mqar_diagnose.py"))
+    return importlib.import_module("scripts.mqar_diagnose")
 
 
 @pytest.mark.parametrize("pairs, seq_len", [(4, 64), (8, 128), (16, 256)])

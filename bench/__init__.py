@@ -1,0 +1,1 @@
+"""GPU benchmarks, run from the repository root as ``python -m bench.NAME``."""

@@ -1,0 +1,1 @@
+"""Entry points users run; the code they share lives in the package (hgrn_fairseq.cli, hgrn_fairseq.recipes)."""
