@@ -14,8 +14,8 @@ eager``: medians of ``triton.testing.do_bench``); fwd runs under no_grad, fwd+bw
 q, v and the log-decay. Every kernel is run once before timing (Triton autotuning).
 Results go to ``<out>/bench_hgrn2.json`` and ``<out>/bench_hgrn2.md`` (printed as they come).
 
-    python bench/bench_hgrn2.py --out results/            # everything
-    python bench/bench_hgrn2.py --warm-peers-only         # only run fla once per shape (autotune)
+    python -m bench.bench_hgrn2 --out results/            # everything
+    python -m bench.bench_hgrn2 --warm-peers-only         # only run fla once per shape (autotune)
 """
 from __future__ import annotations
 

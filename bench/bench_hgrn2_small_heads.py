@@ -15,7 +15,7 @@ each implementation's output checked against ``chunk`` on the same inputs first 
 Ratios are against ``recurrent`` for T <= 32 and against ``chunk`` for longer sequences (what ``auto``
 took before). Results: ``<out>/bench_hgrn2_small_heads.{json,md}``.
 
-    python bench/bench_hgrn2_small_heads.py --out results/ [--quick] [--set image] [--impls recurrent,chunk]
+    python -m bench.bench_hgrn2_small_heads --out results/ [--quick] [--set image] [--impls recurrent,chunk]
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ OUT/bench_image.json and OUT/bench_image.md (GPU, versions, commit, date with th
 ``--modes eager,compile,graphs`` picks rows where both sides run eagerly, through torch.compile (the
 HGRN blocks' option against the whole DeiT compiled), or as CUDA graphs (training step and inference call).
 
-    python bench/bench_image.py --out results/bench_image
+    python -m bench.bench_image --out results/bench_image
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 """Training throughput (sequences/s) of the LRA models, and of a Transformer encoder of the same width
 and depth, in one harness.
 
-    python3 bench/bench_lra.py --out results/bench_lra                 # the GPU run (a few minutes)
-    python3 bench/bench_lra.py --out /tmp/bl --quick --device cpu      # CPU smoke test, tiny shapes
+    python3 -m bench.bench_lra --out results/bench_lra                 # the GPU run (a few minutes)
+    python3 -m bench.bench_lra --out /tmp/bl --quick --device cpu      # CPU smoke test, tiny shapes
 
 Per task (listops, text, retrieval, image, pathfinder, pathx) the rows are:
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Training speed of the WikiText-103 recipes at each precision, through the real entry point.
 
-    python3 bench/bench_precision.py --out results/precision            # GPU, about 4 minutes
-    python3 bench/bench_precision.py --out /tmp/p --quick --cpu         # smoke test (tiny, CPU)
+    python3 -m bench.bench_precision --out results/precision            # GPU, about 4 minutes
+    python3 -m bench.bench_precision --out /tmp/p --quick --cpu         # smoke test (tiny, CPU)
 
 For each recipe and each of ``PRECISION=fp32|tf32|bf16``, ``scripts/train_wt103.sh RECIPE`` (the
 paper's recipe: 128 x 512 tokens per update, fused loss, CUDA graphs for HGRN) trains ``--updates``

@@ -10,8 +10,8 @@ GPU time per call from CUDA-graph replays with the L2 flushed before each call (
 ``--timing eager``: ``triton.testing.do_bench`` medians). The table ends with the ratios the kernels
 are held to (``TARGETS``).
 
-    python3 bench/bench_scan.py --out DIR            # the table (bench_scan.json + .md in DIR)
-    python3 bench/bench_scan.py --sweep --out DIR    # launch-parameter sweep of our kernels
+    python3 -m bench.bench_scan --out DIR            # the table (bench_scan.json + .md in DIR)
+    python3 -m bench.bench_scan --sweep --out DIR    # launch-parameter sweep of our kernels
 
 Compilation (ours, and fla's autotuning candidates) is first done in parallel worker processes that
 share Triton's on-disk cache, so the timing process starts warm.

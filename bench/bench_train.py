@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Training throughput and memory of the WikiText-103-sized language models, ours and peers, in one run.
 
-    python3 bench/bench_train.py --out $OUT                          # the GPU run (about 5 minutes)
-    python3 bench/bench_train.py --out /tmp/bt --quick               # smoke test: tiny shapes
-    python3 bench/bench_train.py --out /tmp/bt --quick --device cpu  # CPU smoke test, tiny models
+    python3 -m bench.bench_train --out $OUT                          # the GPU run (about 5 minutes)
+    python3 -m bench.bench_train --out /tmp/bt --quick               # smoke test: tiny shapes
+    python3 -m bench.bench_train --out /tmp/bt --quick --device cpu  # CPU smoke test, tiny models
 
 Models (6 layers, d 512, vocab 50264, tied embeddings):
 

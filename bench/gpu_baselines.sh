@@ -20,7 +20,7 @@ if [[ ",$STAGES," == *",tests,"* ]]; then
   echo "tests rc=$?"; tail -3 "$OUT/gpu_tests.log"
 fi
 if [[ ",$STAGES," == *",bench,"* ]]; then
-  timeout $(( ${BL_BENCH_S:-210} + 30 )) python3 bench/bench_train.py --out "$OUT/bench_train" --loss fused \
+  timeout $(( ${BL_BENCH_S:-210} + 30 )) python3 -m bench.bench_train --out "$OUT/bench_train" --loss fused \
     --models hgrn_lm_base,lru_lm_base,lru_mml_lm_base,mlgru_lm_base,mlgru_mml_lm_base,hgrn_lm_base+graphs,lru_lm_base+graphs,lru_mml_lm_base+graphs,mlgru_lm_base+graphs,mlgru_mml_lm_base+graphs --shapes 16x512,1x8192 \
     --budget-s "${BL_BENCH_S:-210}" > "$OUT/bench_train.log" 2>&1
   echo "bench_train rc=$?"; grep -A16 "^| model" "$OUT/bench_train/bench_train.md" | head -20

@@ -62,7 +62,7 @@ fi
 
 # fla's model needs no fairseq: it starts at once (its cold autotuning is the long pole)
 if [[ " $STAGES " == *" flawarm "* ]]; then
-  (timeout "${FLAWARM_S:-450}" python3 bench/bench_train.py --out "$OUT/flawarm" --models fla_hgrn2 \
+  (timeout "${FLAWARM_S:-450}" python3 -m bench.bench_train --out "$OUT/flawarm" --models fla_hgrn2 \
       --budget-s $(( ${FLAWARM_S:-450} - 10 )) > /tmp/flawarm.log 2>&1; echo "flawarm rc=$? at $(el)s" >> /tmp/flawarm.log
    save_autotune) &
   FLAWARM_PID=$!
@@ -95,13 +95,13 @@ fi
 
 
 if [[ " $STAGES " == *" profile "* ]]; then
-  timeout "${PROFILE_S:-300}" python3 bench/profile_train.py --out "$OUT/profile" ${PROFILE_ARGS:-} 2>&1 \
+  timeout "${PROFILE_S:-300}" python3 -m bench.profile_train --out "$OUT/profile" ${PROFILE_ARGS:-} 2>&1 \
     | tee "$OUT/profile.log" | tail -80
   echo "profile done at $(el)s"
 fi
 
 if [[ " $STAGES " == *" train "* ]]; then
-  timeout "${TRAIN_S:-330}" python3 bench/bench_train.py --out "$OUT" --budget-s $(( ${TRAIN_S:-330} - 20 )) \
+  timeout "${TRAIN_S:-330}" python3 -m bench.bench_train --out "$OUT" --budget-s $(( ${TRAIN_S:-330} - 20 )) \
     ${BENCH_TRAIN_ARGS:-} 2>&1 | tee "$OUT/bench_train.log" | tail -40
   rm -f "$OUT"/records_*.jsonl  # all of it is in bench_train.json (and $OUT brings back 8 files at most)
   echo "bench_train done at $(el)s"

@@ -25,14 +25,14 @@ SEL=()
 [ "${HGRN2_TESTS:-all}" = core ] && SEL=(-k "$CORE")
 L=$OUT/log
 : > "$L"
-(python3 bench/bench_hgrn2.py --warm-peers-only > "$OUT/warm.log" 2>&1; echo "warm rc=$? at $(el)s" >> "$OUT/warm.log") &
+(python3 -m bench.bench_hgrn2 --warm-peers-only > "$OUT/warm.log" 2>&1; echo "warm rc=$? at $(el)s" >> "$OUT/warm.log") &
 C=$(HGRN2_AUTOTUNE=0 split_pytest h2ids "${TEST_PROCS:-14}" "${TESTS_S:-250}" "$OUT/gpu_tests.log" \
   tests/kernels/test_hgrn2_triton.py tests/modules/test_hgru2.py "${SEL[@]}")
 echo "tests done at $(el)s: $C" >> "$L"
 grep -h "passed\|failed\|FAILED\|== " "$OUT/gpu_tests.log" | tail -40 >> "$L"
 wait
 tail -1 "$OUT/warm.log" >> "$L"
-timeout $(( ${LIMIT:-580} - $(el) )) python3 bench/bench_hgrn2.py --out "$OUT" "$@" > "$OUT/bench.log" 2>&1
+timeout $(( ${LIMIT:-580} - $(el) )) python3 -m bench.bench_hgrn2 --out "$OUT" "$@" > "$OUT/bench.log" 2>&1
 echo "bench_hgrn2 rc=$? at $(el)s" >> "$L"
 (cd /tmp/tc && find . -name '*.autotune.json' | tar czf "$OUT/hgrn2_autotune.tgz" -T -) 2>/dev/null
 echo "all done at $(el)s" >> "$L"

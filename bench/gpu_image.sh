@@ -117,7 +117,7 @@ EOF
 fi
 
 if [[ ",$STAGES," == *",bench,"* ]]; then
-  timeout "${IMG_BENCH_S:-300}" python3 bench/bench_image.py --out "$OUT/bench" ${IMG_BENCH_ARGS:---modes eager,graphs} \
+  timeout "${IMG_BENCH_S:-300}" python3 -m bench.bench_image --out "$OUT/bench" ${IMG_BENCH_ARGS:---modes eager,graphs} \
     > "$OUT/bench.log" 2>&1
   echo "bench rc=$? at $(el)s"; tail -14 "$OUT/bench.log"
 fi

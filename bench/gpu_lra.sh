@@ -277,7 +277,7 @@ if [[ ",$PARTS," == *",pf_cnn,"* ]]; then
     else
         echo "== pf_cnn: the CNN control on ${dirs[*]}, in the background (at $(el)s)"
         # shellcheck disable=SC2086
-        python3 bench/explore/lra_pathfinder_cnn_control.py "${dirs[@]}" --out "$OUT/pf_cnn_control.json" \
+        python3 -m bench.explore.lra_pathfinder_cnn_control "${dirs[@]}" --out "$OUT/pf_cnn_control.json" \
             ${LRA_PF_CNN_ARGS:-} > "$OUT/pf_cnn_control.log" 2>&1 &
         PF_CNN=$!
     fi
@@ -305,7 +305,7 @@ if [[ ",$PARTS," == *",profile,"* ]]; then  # where a training step of the entry
     for model in ${LRA_MODELS:-hgrn1 hgrn2}; do
         model=${model%%:*}
         echo "== profile listops $model at $(el)s"
-        timeout 300 python3 bench/profile_lra_step.py listops "$model" "$WORK/data-bin/listops" --out "$OUT" \
+        timeout 300 python3 -m bench.profile_lra_step listops "$model" "$WORK/data-bin/listops" --out "$OUT" \
             > "$OUT/profile_listops_$model.log" 2>&1
         echo "   profile rc=$? at $(el)s"; grep "^- " "$OUT/profile_listops_$model.log"
     done
@@ -329,13 +329,13 @@ if [[ ",$PARTS," == *",small_heads,"* ]]; then
         "tests/modules/test_lra_encoder.py::test_small_heads_2d_matches_reference" >> "$OUT/gpu_tests_hgrn2.log" 2>&1
     echo "   encoder test rc=$? at $(el)s"; tail -3 "$OUT/gpu_tests_hgrn2.log"
     echo "== bench_hgrn2_small_heads at $(el)s"
-    timeout 300 python3 bench/bench_hgrn2_small_heads.py --out "$OUT/bench" > "$OUT/bench_hgrn2_small_heads.log" 2>&1
+    timeout 300 python3 -m bench.bench_hgrn2_small_heads --out "$OUT/bench" > "$OUT/bench_hgrn2_small_heads.log" 2>&1
     echo "   bench rc=$? at $(el)s"; cat "$OUT/bench/bench_hgrn2_small_heads.md" 2>/dev/null || tail -5 "$OUT/bench_hgrn2_small_heads.log"
 fi
 
 if [[ ",$PARTS," == *",bench,"* ]]; then
     echo "== bench_lra at $(el)s"
-    timeout $(( ${LRA_BENCH_S:-300} + 120 )) python3 bench/bench_lra.py --out "$OUT/bench" --budget-s "${LRA_BENCH_S:-300}" ${LRA_BENCH_ARGS:-} \
+    timeout $(( ${LRA_BENCH_S:-300} + 120 )) python3 -m bench.bench_lra --out "$OUT/bench" --budget-s "${LRA_BENCH_S:-300}" ${LRA_BENCH_ARGS:-} \
         > "$OUT/bench_lra.log" 2>&1
     echo "   bench rc=$? at $(el)s"; cat "$OUT/bench/bench_lra.md" 2>/dev/null
 fi

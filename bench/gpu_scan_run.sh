@@ -11,7 +11,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
 DONE=/tmp/scan_tests_done
 rm -f "$DONE"
-(timeout "${BENCH_S:-420}" python3 bench/bench_scan.py --out "$OUT" --wait-for "$DONE" "$@" > "$OUT/bench_run.log" 2>&1
+(timeout "${BENCH_S:-420}" python3 -m bench.bench_scan --out "$OUT" --wait-for "$DONE" "$@" > "$OUT/bench_run.log" 2>&1
  echo "bench rc=$? at $(el)s" >> "$OUT/bench_run.log") &
 BENCH=$!
 COLLECTED=$(split_pytest scan_ids "${TEST_PROCS:-8}" "${TESTS_S:-200}" "$OUT/gpu_tests.log" \

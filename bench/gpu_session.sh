@@ -44,15 +44,15 @@ run_stage() {  # STAGE[:SECONDS]: the stage under its time limit, its output in 
   local spec=$1 stage=${1%%:*} limit=300 cmd
   [ "$spec" != "$stage" ] && limit=${spec#*:}
   case $stage in
-    precision) cmd=(python3 bench/bench_precision.py --out "$OUT/precision") ;;
+    precision) cmd=(python3 -m bench.bench_precision --out "$OUT/precision") ;;
     # the LRA slices end so that their test evaluations and the state packing fit the stage's limit
     lra) cmd=(env LRA_CALL_S="${LRA_CALL_S:-$(( limit - 5 ))}" bash bench/gpu_lra.sh) ;;
     image) cmd=(bash bench/gpu_image.sh) ;;
-    lm_speed) cmd=(python3 bench/bench_train.py --out "$OUT/lm_speed" ${LM_SPEED_ARGS:-}) ;;
-    profile_image) cmd=(python3 bench/profile_image.py --out "$OUT/profile_image" ${PROFILE_IMAGE_ARGS:-}) ;;
-    scan_configs) cmd=(python3 bench/explore/hgrn2_image_scan_configs.py --out "$OUT/scan_configs" ${SCAN_CONFIGS_ARGS:-}) ;;
-    ln_rows) cmd=(python3 bench/explore/block_ops_ln_rows.py --out "$OUT/ln_rows" ${LN_ROWS_ARGS:-}) ;;
-    dqdg_sanitize) cmd=(python3 bench/explore/hgrn2_head64_configs.py --sanitize ${DQDG_SANITIZE_ARGS:---batch 16}) ;;
+    lm_speed) cmd=(python3 -m bench.bench_train --out "$OUT/lm_speed" ${LM_SPEED_ARGS:-}) ;;
+    profile_image) cmd=(python3 -m bench.profile_image --out "$OUT/profile_image" ${PROFILE_IMAGE_ARGS:-}) ;;
+    scan_configs) cmd=(python3 -m bench.explore.hgrn2_image_scan_configs --out "$OUT/scan_configs" ${SCAN_CONFIGS_ARGS:-}) ;;
+    ln_rows) cmd=(python3 -m bench.explore.block_ops_ln_rows --out "$OUT/ln_rows" ${LN_ROWS_ARGS:-}) ;;
+    dqdg_sanitize) cmd=(python3 -m bench.explore.hgrn2_head64_configs --sanitize ${DQDG_SANITIZE_ARGS:---batch 16}) ;;
     baselines) cmd=(bash bench/gpu_baselines.sh) ;;
     lm_eval) cmd=(bash bench/gpu_lm_eval.sh) ;;
     # the sweep's slice ends so that it has packed before the stage's limit

@@ -2,7 +2,7 @@
 """How far ListOps can be answered without evaluating the tree: the majority class and a logistic
 regression on bags of token n-grams (scikit-learn), trained on the train TSV, scored on the test TSV.
 
-    python bench/listops_ngram_baseline.py GENERATED_DIR [--ngrams 1,2]
+    python -m bench.listops_ngram_baseline GENERATED_DIR [--ngrams 1,2]
 
 GENERATED_DIR holds ``listops-1000/basic_{train,test}.tsv`` (``data_prep/lra_listops.py`` or LRA's
 release). The tokens are those the models see (``prepare_lra.listops_tokens``).

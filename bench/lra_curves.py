@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Validation curves of LRA runs trained in slices, side by side at the same update counts.
 
-    python bench/lra_curves.py DIR NAME=GLOB [NAME=GLOB ...] [--every 2500] [--upto N]
+    python -m bench.lra_curves DIR NAME=GLOB [NAME=GLOB ...] [--every 2500] [--upto N]
 
 Each GLOB (relative to DIR) picks one run's fairseq-train logs, e.g. the slices
 ``hgrn1_s2222_eos_train_slice*.log``. The validation lines (``valid on 'valid' subset | ... accuracy A |

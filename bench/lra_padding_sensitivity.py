@@ -6,7 +6,7 @@ norms, so an example's prediction can change with the other examples of its batc
 N examples of a split twice: each alone (no padding) and each padded to --pad-to tokens (the task's
 longest by default), and reports both accuracies and how many predictions differ.
 
-    python bench/lra_padding_sensitivity.py CHECKPOINT [--data DIR] [--split test] [--n 200] [--cpu]
+    python -m bench.lra_padding_sensitivity CHECKPOINT [--data DIR] [--split test] [--n 200] [--cpu]
         [--padded-only] [--pad-by 1,16,128] [--json OUT.json]
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ Runs ``hgrn2_fused`` fwd+bwd a few times (compilation and autotuning), then once
 call's kernels:
 
     ncu --clock-control none --profile-from-start off --section WarpStateStats --section Occupancy \
-        --section LaunchStats --section SpeedOfLight python3 bench/ncu_hgrn2.py 8 2048 8 128
+        --section LaunchStats --section SpeedOfLight python3 -m bench.ncu_hgrn2 8 2048 8 128
 """
 from __future__ import annotations
 

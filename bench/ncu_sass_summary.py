@@ -1,7 +1,7 @@
 """Summarise an Nsight Compute per-instruction export: where a kernel's warps stall.
 
     ncu -i report.ncu-rep --page source --csv --print-source sass -k regex:NAME > NAME.csv
-    python bench/ncu_sass_summary.py NAME.csv [TOP]
+    python -m bench.ncu_sass_summary NAME.csv [TOP]
 
 Prints the share of stall samples per reason and per opcode, then the TOP (25) instructions with the
 most samples and their two main stall reasons.

@@ -9,7 +9,7 @@ counts and prints, per kernel, each mode it picked with the first shape that pic
 of ``_MODES`` that no kernel picked anywhere. Rerun it after changing the planner's tables, before
 deciding that a mode is dead code:
 
-    python3 bench/plan_modes.py [--sms 132,114,108,4]
+    python3 -m bench.plan_modes [--sms 132,114,108,4]
 """
 from __future__ import annotations
 

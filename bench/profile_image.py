@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Where does a training step of the image models spend its GPU time?
 
-    python3 bench/profile_image.py --out $OUT [--models hgrn1d_vit_tiny,deit_tiny_patch16_224] [--res 224,448]
-    python3 bench/profile_image.py --out $OUT --phase infer --batch 256   # bench_image.py's inference call
+    python3 -m bench.profile_image --out $OUT [--models hgrn1d_vit_tiny,deit_tiny_patch16_224] [--res 224,448]
+    python3 -m bench.profile_image --out $OUT --phase infer --batch 256   # bench_image.py's inference call
 
 The training step of ``bench/bench_image.py`` (same models, batch 128 at 224 px scaled by the pixel
 count, bf16 autocast, AdamW) is traced with ``torch.profiler`` for 5 steps after warm-up. Per model and

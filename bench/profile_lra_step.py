@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where an LRA training step of the real entry point spends its time (GPU machine, fairseq installed).
 
-    python bench/profile_lra_step.py TASK MODEL DATA_DIR [--steps 60] [--out DIR]
+    python -m bench.profile_lra_step TASK MODEL DATA_DIR [--steps 60] [--out DIR]
 
 Builds what ``scripts/train_lra.sh TASK MODEL DATA_DIR`` trains (the recipe's fairseq arguments,
 fairseq's Trainer, the task's data) and times, one after the other:

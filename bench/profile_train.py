@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where does a training step of the WikiText-103-sized LMs spend its time? (GPU machine)
 
-    python3 bench/profile_train.py --out $OUT [--models hgrn_lm_base,transformer_lm] [--shapes 16x512,1x8192]
+    python3 -m bench.profile_train --out $OUT [--models hgrn_lm_base,transformer_lm] [--shapes 16x512,1x8192]
 
 For each model and shape, the training step of ``bench/bench_train.py`` (same models, same loss, autocast
 bf16, fused Adam) is run and measured three ways:

@@ -1,6 +1,6 @@
 """How many rows should one program of block_ops' LayerNorm backward take?
 
-    python bench/explore/block_ops_ln_rows.py --out DIR [--rows 8,16,32,64,128] [--widths 192,384]
+    python -m bench.explore.block_ops_ln_rows --out DIR [--rows 8,16,32,64,128] [--widths 192,384]
 
 The LayerNorm backward of the image models (`kernels/block_ops.py`) writes one row of partial weight and
 bias gradients per program (`_ROWS_PER_PROGRAM` = 16 rows each) and sums them with PyTorch's column sum.

@@ -20,7 +20,7 @@ result is checked against ``real_scan`` before it is timed. ``--library`` times 
 of the kernel that could also shift the segment states by a masked sum instead of ``tl.gather``: its
 rows name that ``shift`` option.)
 
-    python3 bench/explore/explore_scan_block.py --out DIR [--shapes 8x2048x1024,...] [--configs JSON | --library JSON]
+    python3 -m bench.explore.explore_scan_block --out DIR [--shapes 8x2048x1024,...] [--configs JSON | --library JSON]
 """
 from __future__ import annotations
 

@@ -12,11 +12,11 @@ split_pytest block_ids "${TEST_PROCS:-8}" "${TESTS_S:-200}" "$OUT/gpu_tests.log"
 grep -h "passed\|failed\|FAILED\|== " "$OUT/gpu_tests.log" | tail -20
 echo "tests done at $(el)s"
 # (launches _plan refuses: a segment's steps spread over lanes or warps, which gave wrong outputs)
-timeout 120 python3 bench/explore/explore_scan_block.py --out "$OUT/diag" --shapes 8x2048x1024 --configs \
+timeout 120 python3 -m bench.explore.explore_scan_block --out "$OUT/diag" --shapes 8x2048x1024 --configs \
   '[{"R":8,"NW":8,"BD":64,"warps":4,"vec":8},{"R":4,"NW":4,"BD":32,"warps":4,"vec":8},
     {"R":8,"NW":16,"BD":64,"warps":4,"vec":8}]' 2>&1 | grep "^|"
 echo "diag done at $(el)s"
-timeout "${LIB_S:-300}" python3 bench/explore/explore_scan_block.py --out "$OUT/lib" \
+timeout "${LIB_S:-300}" python3 -m bench.explore.explore_scan_block --out "$OUT/lib" \
   --shapes "${SHAPES:-8x2048x1024,8x4096x1024,32x512x1536,1x8192x2048,2x16384x1024,4x2048x1024,16x2048x1024}" \
   --library '[{}, {"mode":"block"}, {"mode":"block","stages":4},
               {"mode":"block","block_d":32,"segments":16,"segment_steps":8,"num_warps":2},

@@ -48,7 +48,7 @@ for v in "$@"; do
     st=()
     [ -n "${PF_STATE_DIR:-}" ] && mkdir -p "$PF_STATE_DIR" && st=(--state "$PF_STATE_DIR/v$i.pt")
     gpu_next; echo "v$i GPU $GPU $v" >> "$W/gpus.txt"
-    CUDA_VISIBLE_DEVICES=$GPU timeout -s INT "$CAP" python3 bench/explore/lra_pathfinder_ablate.py "$DATA" --out "$W/v$i.json" --variant "$v" "${st[@]}" \
+    CUDA_VISIBLE_DEVICES=$GPU timeout -s INT "$CAP" python3 -m bench.explore.lra_pathfinder_ablate "$DATA" --out "$W/v$i.json" --variant "$v" "${st[@]}" \
         --steps "${PF_STEPS:-1500}" --minutes "${PF_MINUTES:-6.5}" --eval-every "${PF_EVAL:-500}" \
         > "$W/v$i.log" 2>&1 &
 done
@@ -62,7 +62,7 @@ for a in "${probes[@]}"; do
     j=$((j + 1))
     # shellcheck disable=SC2086  # (the argument list is meant to split on spaces)
     gpu_next; echo "p$j GPU $GPU $a" >> "$W/gpus.txt"
-    CUDA_VISIBLE_DEVICES=$GPU timeout -s INT "$CAP" python3 bench/explore/lra_grid_toy_probe.py --device "${PF_PROBE_DEVICE:-cuda}" --threads 1 $a \
+    CUDA_VISIBLE_DEVICES=$GPU timeout -s INT "$CAP" python3 -m bench.explore.lra_grid_toy_probe --device "${PF_PROBE_DEVICE:-cuda}" --threads 1 $a \
         --out "$W/p$j.json" > "$W/p$j.log" 2>&1 &
 done
 wait

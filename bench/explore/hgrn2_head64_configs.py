@@ -1,7 +1,7 @@
 """Which dq/dg backward config of the HGRN2 chunk kernels faults at head 64 (hgrn2_vit_tiny's shape)?
 
-    python bench/explore/hgrn2_head64_configs.py            # every config x batch, one process each
-    python bench/explore/hgrn2_head64_configs.py --sanitize --batch 16   # each under compute-sanitizer
+    python -m bench.explore.hgrn2_head64_configs            # every config x batch, one process each
+    python -m bench.explore.hgrn2_head64_configs --sanitize --batch 16   # each under compute-sanitizer
 
 ``--sanitize`` runs each case under ``compute-sanitizer --tool memcheck`` (on PATH or in
 /usr/local/cuda/bin) and keeps its first report lines: whether a faulting config reads shared memory out of

@@ -1,6 +1,6 @@
 """Which chunk-kernel configs are fastest at the HGRN2 image models' scans (head 64, 196 or 784 steps)?
 
-    python bench/explore/hgrn2_image_scan_configs.py --out DIR [--shapes tiny224,small224,tiny448]
+    python -m bench.explore.hgrn2_image_scan_configs --out DIR [--shapes tiny224,small224,tiny448]
                                                              [--kernels dqdg,output,dv]
 
 For each kernel and each candidate config (the autotune space plus the extras below), in its own process

@@ -36,7 +36,7 @@ ways: with the batch norms in training mode (batch statistics), in eval mode (ru
 mode after re-estimating the running statistics with the final weights (30 batches, a cumulative average) --
 the last two differ when the running statistics lag the weights.
 
-    python bench/explore/lra_grid_toy_probe.py --task path --turns 3 --steps 300 --out probe.json
+    python -m bench.explore.lra_grid_toy_probe --task path --turns 3 --steps 300 --out probe.json
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ one setting changed per variant, in one plain loop, so that many short runs fit 
 
 How to run (B: a prepared pathfinder dir, ``data_prep/prepare_lra.py pathfinder --contour-length 6``)::
 
-    python bench/explore/lra_pathfinder_ablate.py B --out ablate.json --steps 1500 \
+    python -m bench.explore.lra_pathfinder_ablate B --out ablate.json --steps 1500 \
         --variant base --variant pool=last --variant norm=layer --variant mixer=hgru,expand=1 ...
 
 A variant is ``key=value,key=value`` over the defaults below (HGRN2's Pathfinder arch and recipe, the

@@ -11,7 +11,7 @@ How to run (G: generated images, B: prepared data)::
 
     python data_prep/lra_pathfinder.py --dest G --num 40000 --workers 16
     python data_prep/prepare_lra.py pathfinder --source G --dest B
-    python bench/explore/lra_pathfinder_cnn_control.py B [B2 ...] --out cnn_control.json \
+    python -m bench.explore.lra_pathfinder_cnn_control B [B2 ...] --out cnn_control.json \
         [--epochs 30] [--batch 128] [--lr 1e-3] [--minutes 3] [--seed 0] [--width 32] [--device auto]
 
 Each data directory is trained independently (fresh model, same seed and settings, its own

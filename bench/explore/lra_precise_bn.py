@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Does an LRA checkpoint score more with its batch norms' statistics re-estimated on its final weights (precise BN)?
 
-    python bench/explore/lra_precise_bn.py CHECKPOINT [--data DATA_DIR] [--batches 50 200] [--seeds 1 2]
+    python -m bench.explore.lra_precise_bn CHECKPOINT [--data DATA_DIR] [--batches 50 200] [--seeds 1 2]
         [--batch-size 128] [--eval-batch-size 64] [--splits valid test] [--batch-stats] [--recorded TEST.json]
         [--stored-only] [--fp32] [--cpu] [--kernel-backend reference] [--out RESULT.json]
 
