@@ -209,7 +209,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     import torch
 
-    import hgrn_fairseq  # noqa: F401
+    import hgrn_fairseq
+    hgrn_fairseq.register()
     from lra_recipes import recipe
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
