@@ -24,7 +24,7 @@ is registered (``hgrn_fairseq.register()``, run by ``--user-dir hgrn_fairseq``);
    ``checkpoint_last.pt``), shares a save directory between runs and ignores a missing ``--restore-file``:
    ``checkpoint_safety.py``.
 8. ``install_one_line_checkpoint_errors``: fairseq's commands print a traceback for a refused or damaged
-   checkpoint; they print the one-line ``CheckpointError`` message and exit with status 1.
+   checkpoint; their ``main`` prints the one-line ``CheckpointError`` message and exits with status 1.
 """
 import argparse
 import functools
@@ -88,13 +88,18 @@ def _bf16_means_bf16(convert):
     return wrapped
 
 
-def install_bf16_fix() -> None:
-    """Fix 3: ``--bf16`` without ``--tpu`` stays off the TPU, in every fairseq command module already imported."""
-    modules = [sys.modules.get(name) for name in _CLI_MODULES]
-    main = sys.modules.get("__main__")  # ``python -m fairseq_cli.train`` runs the module as __main__
+def _cli_modules():
+    """The fairseq command modules already imported (``python -m fairseq_cli.train`` runs one as __main__)."""
+    modules = [sys.modules[name] for name in _CLI_MODULES if name in sys.modules]
+    main = sys.modules.get("__main__")
     if getattr(getattr(main, "__spec__", None), "name", None) in _CLI_MODULES:
         modules.append(main)
-    for module in modules:
+    return modules
+
+
+def install_bf16_fix() -> None:
+    """Fix 3: ``--bf16`` without ``--tpu`` stays off the TPU, in every fairseq command module already imported."""
+    for module in _cli_modules():
         convert = getattr(module, "convert_namespace_to_omegaconf", None)
         if convert is not None and not getattr(convert, "_hgrn_bf16_fix", False):
             module.convert_namespace_to_omegaconf = _bf16_means_bf16(convert)
@@ -288,22 +293,26 @@ def install_checkpoint_safety() -> None:
 
 
 # -- 8. one line for a refused or damaged checkpoint ---------------------------------------------------------
-def _one_line_for_checkpoint_errors(hook):
+def _one_line_for_checkpoint_errors(main):
     from .checkpoint_io import CheckpointError
 
-    @functools.wraps(hook)
-    def wrapped(kind, value, traceback):
-        if isinstance(value, CheckpointError):
-            print(f"error: {value}", file=sys.stderr)
-            return
-        hook(kind, value, traceback)
+    @functools.wraps(main)
+    def wrapped(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except CheckpointError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(1)
 
     wrapped._hgrn_one_line = True
     return wrapped
 
 
 def install_one_line_checkpoint_errors() -> None:
-    """Fix 8: an uncaught ``CheckpointError`` (a refused or damaged checkpoint) in a fairseq command is one line
-    on stderr and exit status 1, not a traceback."""
-    if not getattr(sys.excepthook, "_hgrn_one_line", False):
-        sys.excepthook = _one_line_for_checkpoint_errors(sys.excepthook)
+    """Fix 8: a ``CheckpointError`` (a refused or damaged checkpoint) in a fairseq command is one line on stderr
+    and exit status 1, not a traceback: the ``main`` of every fairseq command module already imported (its
+    ``cli_main`` looks it up when it runs it, after ``--user-dir`` imported the plugin) reports it so."""
+    for module in _cli_modules():
+        main = getattr(module, "main", None)
+        if main is not None and not getattr(main, "_hgrn_one_line", False):
+            module.main = _one_line_for_checkpoint_errors(main)

@@ -414,12 +414,12 @@ def test_transformer_baseline_size():
 
 # ---- a real run: 5 updates, resume, sample; the hydra config trains the same way ----------------
 def num_updates(checkpoint):
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     return state["optimizer_history"][-1]["num_updates"]
 
 
 def criterion_of(checkpoint):
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     return state["cfg"]["criterion"]["_name"], state["optimizer_history"][-1]["criterion_name"]
 
 
