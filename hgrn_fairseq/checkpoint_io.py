@@ -201,10 +201,14 @@ class TorchWithSafeLoad:
 
 
 def read_fairseq_checkpoint(checkpoint: str) -> dict:
-    """fairseq's ``load_checkpoint_to_cpu`` of ``checkpoint`` (through ``load_checkpoint`` once the plugin is
-    registered), with a damaged file (empty, truncated, not a torch file), a refused one, or a checkpoint of
-    another kind (no ``model`` weights, no fairseq training state) raised as ``CheckpointError`` naming it."""
+    """fairseq's ``load_checkpoint_to_cpu`` of ``checkpoint`` (through ``load_checkpoint``), with a damaged file
+    (empty, truncated, not a torch file), a refused one, or a checkpoint of another kind (no ``model`` weights,
+    no fairseq training state) raised as ``CheckpointError`` naming it."""
     from fairseq import checkpoint_utils
+
+    from . import register
+
+    register()  # fairseq reads through load_checkpoint (fairseq_compat.load_checkpoints_safely)
 
     if os.path.getsize(checkpoint) == 0:
         raise CheckpointError(f"checkpoint {checkpoint} is empty (0 bytes): {FIX}")

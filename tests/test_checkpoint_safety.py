@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import hgrn_fairseq
+hgrn_fairseq.register()  # the plugin's models, tasks and criterions, as --user-dir does
 from tests import pyrun
 from tests.lm_corpus import binarise, write_corpus
 

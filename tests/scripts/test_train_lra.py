@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-import hgrn_fairseq  # noqa: F401
+import hgrn_fairseq
+hgrn_fairseq.register()  # the plugin's models, tasks and criterions, as --user-dir does
 from tests.script_module import load_script
 
 from ..tasks.test_lra_format import write_tiny

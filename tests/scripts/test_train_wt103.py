@@ -13,7 +13,8 @@ import warnings
 import pytest
 import torch
 
-import hgrn_fairseq  # noqa: F401  (registers the plugin)
+import hgrn_fairseq
+hgrn_fairseq.register()  # the plugin's models, tasks and criterions, as --user-dir does
 from tests.lm_corpus import write_corpus
 from tests import pyrun
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-import hgrn_fairseq  # noqa: F401  (registers the plugin)
+import hgrn_fairseq
+hgrn_fairseq.register()  # the plugin's models, tasks and criterions, as --user-dir does
 from hgrn_fairseq.tasks import lra_format as lf
 from hgrn_fairseq.tasks.lra import (
     NORMALISATION,
