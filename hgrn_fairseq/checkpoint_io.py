@@ -141,14 +141,17 @@ def load_checkpoint(source, map_location: Any = "cpu", trust: Optional[bool] = N
                     name: Optional[str] = None) -> Any:
     """``torch.load`` of ``source`` (a path, or a binary file object) with ``weights_only=True`` under the
     allowlist ``allowed_types()``. ``trust`` (default: within ``trusted_checkpoints()``, or
-    ``HGRN_TRUST_CHECKPOINTS`` set) unpickles fully, with a warning. ``mmap`` maps a zip-format file's tensors instead of reading them (when it can).
-    Raises ``UnsafeCheckpointError`` for a type outside the allowlist, ``CheckpointError`` for a damaged file;
+    ``HGRN_TRUST_CHECKPOINTS`` set) unpickles fully, with a warning. ``mmap`` maps a zip-format file's tensors
+    instead of reading them (when it can). Raises ``UnsafeCheckpointError`` for a type outside the allowlist, ``CheckpointError`` for a damaged file;
     ``name`` names the file in the messages (default: the path)."""
     import torch
 
     name = name or _describe(source)
-    if isinstance(source, (str, os.PathLike)) and os.path.isfile(source) and os.path.getsize(source) == 0:
-        raise CheckpointError(f"checkpoint {name} is empty (0 bytes): {FIX}")
+    if isinstance(source, (str, os.PathLike)):
+        if not os.path.isfile(source):
+            raise CheckpointError(f"checkpoint {name} does not exist: give the path of a checkpoint file")
+        if os.path.getsize(source) == 0:
+            raise CheckpointError(f"checkpoint {name} is empty (0 bytes): {FIX}")
     if trust is None:
         trust = _TRUSTED.get() or trusted_by_environment()
     if trust:
