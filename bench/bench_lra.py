@@ -204,7 +204,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     import torch
 
-    import hgrn_fairseq  # noqa: F401
+    import hgrn_fairseq
+    hgrn_fairseq.register()
     from hgrn_fairseq.recipes.lra import recipe
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

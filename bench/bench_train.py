@@ -182,7 +182,8 @@ def build_fairseq(name, tiny, kernel_backend, vocab, device, torch, loss="fairse
     ``"fairseq"`` (``--criterion cross_entropy``) or ``"fused"`` (``--criterion linear_cross_entropy``)."""
     import types
 
-    import hgrn_fairseq  # noqa: F401  (registers hgrn_lm and its archs)
+    import hgrn_fairseq
+    hgrn_fairseq.register()  # hgrn_lm and its archs
     from fairseq import options
     from fairseq.criterions.cross_entropy import CrossEntropyCriterion
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf

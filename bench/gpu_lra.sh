@@ -63,7 +63,7 @@ trained_minutes() {  # the training time (minutes) a run's checkpoint_last.pt ho
 import os, sys, torch
 p = sys.argv[1]
 print(0 if not os.path.exists(p) else
-      torch.load(p, map_location="cpu", weights_only=False)["extra_state"].get("previous_training_time", 0) / 60)
+      torch.load(p, map_location="cpu", weights_only=True)["extra_state"].get("previous_training_time", 0) / 60)
 PY
 }
 

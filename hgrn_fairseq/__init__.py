@@ -1,21 +1,31 @@
 """hgrn-fairseq: HGRN / HGRN2 gated linear RNNs as a fairseq plugin.
 
-``fairseq-train --user-dir hgrn_fairseq`` (or ``--user-dir`` pointing at this folder) imports this
-package, which registers the models and tasks. ``hgrn_fairseq.kernels`` and ``hgrn_fairseq.modules``
-do not depend on fairseq and work from plain PyTorch; the package imports fairseq only to register
-with it, and only when fairseq is installed.
+``fairseq-train --user-dir hgrn_fairseq`` imports this package after fairseq, and the import registers the
+models, tasks, criterions and optimizer groups and applies the fairseq fixes (``fairseq_compat.py``).
+Programs that import fairseq themselves call ``hgrn_fairseq.register()``. ``hgrn_fairseq.kernels``,
+``hgrn_fairseq.modules`` and ``hgrn_fairseq.image`` import no fairseq and change nothing: importing the
+package registers only when fairseq is already imported.
 """
+import sys
+
 __version__ = "0.1.0"
 
+_registered = False
 
-def _register_with_fairseq() -> None:
-    try:
-        import fairseq  # noqa: F401
-    except ImportError:  # plain-PyTorch use of kernels/modules
+
+def register() -> None:
+    """Import fairseq, apply the fixes of ``fairseq_compat`` and register this package's models, tasks,
+    criterions and optimizer groups with fairseq. Idempotent."""
+    global _registered
+    if _registered:
         return
+    import fairseq  # noqa: F401
+
     from . import criterions, fairseq_compat, models, optim, tasks  # noqa: F401
 
     fairseq_compat.install()
+    _registered = True
 
 
-_register_with_fairseq()
+if "fairseq" in sys.modules:  # imported by fairseq (--user-dir) or after it: register as fairseq expects
+    register()

@@ -29,15 +29,11 @@ import shutil
 import zipfile
 from typing import Dict, Optional
 
-from .data_checks import DataError
+from .checkpoint_io import CheckpointError, load_checkpoint
 
 logger = logging.getLogger(__name__)
 LOCK_NAME = ".hgrn_train.lock"
 _HELD_LOCKS: Dict[str, object] = {}  # save_dir -> open lock file, kept for the life of the process
-
-
-class CheckpointError(DataError):
-    """A checkpoint or save directory that cannot be used as asked."""
 
 
 def _atomic_copy(src: str, dst: str) -> None:
@@ -83,12 +79,7 @@ def has_optimizer_state(path: str) -> bool:
     """True when the checkpoint at ``path`` holds the optimizer state a run resumes with. A checkpoint
     saved without it (``--no-save-optimizer-state``, or a best stripped for evaluation) loads, but fairseq then restarts at update 0: the learning-rate schedule
     and the optimizer's moments from scratch. Read memory-mapped: the tensors' bytes are not loaded."""
-    import torch
-
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except (RuntimeError, OSError, ValueError):  # an old (non-zip) format cannot be memory-mapped
-        state = torch.load(path, map_location="cpu", weights_only=False)
+    state = load_checkpoint(path, mmap=True)  # (a refused file is an error: nothing is resumed from it)
     return isinstance(state, dict) and state.get("last_optimizer_state") is not None
 
 

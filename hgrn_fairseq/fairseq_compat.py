@@ -1,89 +1,78 @@
-"""Make fairseq 0.12 (fairseq-fixed) work on the current stack: torch >= 2.6 and numpy >= 2.
+"""The fixes that make fairseq 0.12 (fairseq-fixed) work for this package on the current stack (torch >= 2.6,
+numpy >= 2), each a named function, narrow and idempotent. ``install()`` applies them all when the fairseq side
+is registered (``hgrn_fairseq.register()``, run by ``--user-dir hgrn_fairseq``); nothing else applies them.
 
-The fixes are narrow and idempotent; ``install()`` runs when the plugin is imported.
-
-1. torch 2.6 changed ``torch.load``'s default to ``weights_only=True``, which refuses the Python
-   objects fairseq stores next to the weights (configs, optimizer history, meters). fairseq calls
-   ``torch.load`` without the argument, so ``fairseq-train`` resume, ``fairseq-eval-lm`` and
-   ``fairseq-generate`` fail. We give fairseq's checkpoint module a ``torch`` whose ``load``
-   defaults to ``weights_only=False``, the behaviour fairseq was written for, and the same to
-   ``fairseq.distributed.utils``: on several GPUs only rank 0 reads the checkpoint and sends it to
-   the others as a pickle (``broadcast_object``), which they unpickled with the new default and
-   refused (every multi-GPU resume failed with "Unsupported global: omegaconf.dictconfig.DictConfig").
-   Nothing outside those two modules is affected. As with any
-   fairseq checkpoint, load only files you trust: a checkpoint is a pickle.
-2. numpy 2 removed ``numpy.compat``; fairseq's ``TokenBlockDataset`` still reads
-   ``np.compat.long`` (the inference datasets of ``fairseq-interactive`` / ``-generate`` for LMs).
-   We restore that one alias (``int``, its value in numpy 1.x) when it is missing.
-3. fairseq's argparse entry points turn ``--bf16`` into ``--tpu`` (``options.parse_args_and_arch``:
-   "if args.bf16: args.tpu = True"), so ``fairseq-train --bf16`` on a GPU (or CPU) asks torch_xla
-   for a TPU and fails. ``--user-dir`` imports this plugin *during* that parse, after the command
-   line modules (``fairseq_cli.train`` & co.) are loaded, so we wrap the
-   ``convert_namespace_to_omegaconf`` those modules call right after parsing: it resets ``tpu`` to
-   False when ``--bf16`` was given without ``--tpu`` (whose meaning is unchanged). bf16 then trains
-   in bfloat16 on the device fairseq would otherwise use, as ``fairseq-hydra-train`` already does
-   with ``common.bf16: true``. ``scripts/fairseq_train.py`` does the same at parse time for runs that
-   do not load the plugin first.
-4. fairseq adds a model's, task's and criterion's options to the parser only after a first parse, and
-   that first parse handles ``--help``: ``fairseq-train --arch hgrn_lm --help`` printed no model option.
-   We wrap ``fairseq.options.parse_args_and_arch`` (looked up at call time by every fairseq command,
-   after ``--user-dir`` imported this plugin): with ``-h``/``--help`` it builds the whole parser first,
-   then prints the help with each option's default as the chosen arch sets it, and exits.
-5. Checkpoints of ``hgrn_lm`` written before its boolean options were renamed (no option may default to
-   True: see ``models/hgrn_lm.py``) are translated when fairseq loads them, so they build the same model.
-6. Per-parameter optimiser groups (the LRU paper's slow parameters): a parameter that carries an
-   ``optim_group`` dict (``modules/lru.py``) gets a group of its own with those settings when fairseq builds
-   the optimizer, and ``FairseqOptimizer.set_lr`` gives each group ``lr * group["lr_scale"]`` (1 when
-   absent; fairseq sets one rate for all). fairseq's ``--fp16`` / ``--bf16`` optimizers train flattened
-   copies of the parameters, which lose the marks: the trainer refuses that combination instead of
-   dropping the groups in silence.
-7. Checkpoints survive a kill, one run per save directory, a missing ``--restore-file`` is an error:
+1. ``load_checkpoints_safely``: fairseq reads checkpoints, and the state rank 0 broadcasts on several GPUs, with
+   a bare ``torch.load``: on torch < 2.6 that unpickles anything (a checkpoint could run code), on torch >= 2.6 it
+   refuses fairseq's own omegaconf/argparse state (every multi-GPU resume failed). They read through
+   ``checkpoint_io.load_checkpoint``: ``weights_only=True`` with the types fairseq's state holds allowed.
+2. ``restore_numpy_compat_long``: numpy 2 removed ``numpy.compat``, which fairseq's ``TokenBlockDataset`` still
+   reads (``np.compat.long``, in the LM datasets of ``fairseq-interactive`` / ``-generate``).
+3. ``install_bf16_fix``: fairseq's argparse entry points turn ``--bf16`` into ``--tpu``
+   (``options.parse_args_and_arch``), so ``fairseq-train --bf16`` asks torch_xla for a TPU and fails. The
+   ``convert_namespace_to_omegaconf`` the command modules call after parsing resets ``tpu`` to False when
+   ``--bf16`` came without ``--tpu``. ``scripts/fairseq_train.py`` does the same for runs without the plugin.
+4. ``install_help_fix``: fairseq adds a model's, task's and criterion's options only after a first parse, which
+   handles ``--help``: ``fairseq-train --arch hgrn_lm --help`` printed no model option. With ``-h``/``--help``
+   ``options.parse_args_and_arch`` builds the whole parser first and shows each default as the arch sets it.
+5. ``install_legacy_config_upgrade``: fairseq loads ``hgrn_lm`` checkpoints from before the boolean renames (no
+   option may default to True: ``models/hgrn_lm.py``) with the new meanings; they are translated on load.
+6. ``install_optimizer_groups``: fairseq gives all parameters one optimizer group and one learning rate; a
+   parameter with an ``optim_group`` mark (``modules/lru.py``) gets its own group and ``lr * lr_scale``, and the
+   ``--fp16`` / ``--bf16`` optimizers (which train flattened copies and would drop the marks) refuse it.
+7. ``install_checkpoint_safety``: fairseq-train copies checkpoints in place (a kill leaves a truncated
+   ``checkpoint_last.pt``), shares a save directory between runs and ignores a missing ``--restore-file``:
    ``checkpoint_safety.py``.
+8. ``install_one_line_checkpoint_errors``: fairseq's commands print a traceback for a refused or damaged
+   checkpoint; their ``main`` prints the one-line ``CheckpointError`` message and exits with status 1.
 """
 import argparse
 import functools
 import logging
 import sys
-import types
 
 import numpy as np
-import torch
 
 from .modules.lru import OPTIM_GROUP_ATTR  # the optimiser-group mark (6), defined where it is set
 
 logger = logging.getLogger(__name__)
 
 
-class _TorchForFairseqCheckpoints:
-    """Forwards every attribute to ``torch``; ``load`` unpickles whole fairseq checkpoints."""
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-    @staticmethod
-    def load(*args, **kwargs):
-        kwargs.setdefault("weights_only", False)
-        return torch.load(*args, **kwargs)
-
-
 def install() -> None:
-    from fairseq import checkpoint_utils
-    from fairseq.distributed import utils as distributed_utils
-
-    for module in (checkpoint_utils, distributed_utils):
-        if not isinstance(module.torch, _TorchForFairseqCheckpoints):
-            module.torch = _TorchForFairseqCheckpoints()
-    if not hasattr(np, "compat"):
-        np.compat = types.SimpleNamespace(long=int)
+    """Apply every fix of this module (idempotent)."""
+    load_checkpoints_safely()
+    restore_numpy_compat_long()
     install_bf16_fix()
     install_help_fix()
     install_legacy_config_upgrade()
     install_optimizer_groups()
-    from . import checkpoint_safety
+    install_checkpoint_safety()
+    install_one_line_checkpoint_errors()
 
-    checkpoint_safety.install()
+
+# -- 1. checkpoints and broadcast state read with weights_only=True ---------------------------------------
+def load_checkpoints_safely() -> None:
+    """Fix 1: fairseq's checkpoint and broadcast reads go through ``checkpoint_io.load_checkpoint``."""
+    from fairseq import checkpoint_utils
+    from fairseq.distributed import utils as distributed_utils
+
+    from .checkpoint_io import TorchWithSafeLoad
+
+    for module in (checkpoint_utils, distributed_utils):
+        if not isinstance(module.torch, TorchWithSafeLoad):
+            module.torch = TorchWithSafeLoad()
 
 
+# -- 2. numpy.compat.long ---------------------------------------------------------------------------------
+def restore_numpy_compat_long() -> None:
+    """Fix 2: ``np.compat.long`` (``int``, its numpy 1.x value) for fairseq's ``TokenBlockDataset`` on numpy 2."""
+    import types
+
+    if not hasattr(np, "compat"):
+        np.compat = types.SimpleNamespace(long=int)
+
+
+# -- 3. --bf16 trains in bfloat16, not on a TPU -------------------------------------------------------------
 _CLI_MODULES = ("fairseq_cli.train", "fairseq_cli.eval_lm", "fairseq_cli.generate", "fairseq_cli.interactive",
                 "fairseq_cli.validate")
 
@@ -99,13 +88,18 @@ def _bf16_means_bf16(convert):
     return wrapped
 
 
-def install_bf16_fix() -> None:
-    """Fix 3 for every fairseq command-line module already imported (see the module docstring)."""
-    modules = [sys.modules.get(name) for name in _CLI_MODULES]
-    main = sys.modules.get("__main__")  # ``python -m fairseq_cli.train`` runs the module as __main__
+def _cli_modules():
+    """The fairseq command modules already imported (``python -m fairseq_cli.train`` runs one as __main__)."""
+    modules = [sys.modules[name] for name in _CLI_MODULES if name in sys.modules]
+    main = sys.modules.get("__main__")
     if getattr(getattr(main, "__spec__", None), "name", None) in _CLI_MODULES:
         modules.append(main)
-    for module in modules:
+    return modules
+
+
+def install_bf16_fix() -> None:
+    """Fix 3: ``--bf16`` without ``--tpu`` stays off the TPU, in every fairseq command module already imported."""
+    for module in _cli_modules():
         convert = getattr(module, "convert_namespace_to_omegaconf", None)
         if convert is not None and not getattr(convert, "_hgrn_bf16_fix", False):
             module.convert_namespace_to_omegaconf = _bf16_means_bf16(convert)
@@ -164,6 +158,7 @@ def show_defaults(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 
 
 def install_help_fix() -> None:
+    """Fix 4: ``--help`` lists the options of the chosen arch, task and criterion with the arch's defaults."""
     from fairseq import options
 
     if not getattr(options.parse_args_and_arch, "_hgrn_help_fix", False):
@@ -216,6 +211,7 @@ def _upgrade_then_translate(upgrade):
 
 
 def install_legacy_config_upgrade() -> None:
+    """Fix 5: ``hgrn_lm`` checkpoints from before the boolean option renames load as the model they trained."""
     from fairseq import checkpoint_utils
 
     if not getattr(checkpoint_utils._upgrade_state_dict, "_hgrn_legacy_upgrade", False):
@@ -274,6 +270,7 @@ def _refuse_flattened(build_optimizer):
 
 
 def install_optimizer_groups() -> None:
+    """Fix 6: parameters marked with ``optim_group`` get their own optimizer group and scaled learning rate."""
     from fairseq import optim, trainer
     from fairseq.optim.fairseq_optimizer import FairseqOptimizer
 
@@ -284,3 +281,38 @@ def install_optimizer_groups() -> None:
         FairseqOptimizer.set_lr = _scaled_set_lr
     if not getattr(trainer.Trainer._build_optimizer, "_hgrn_groups", False):
         trainer.Trainer._build_optimizer = _refuse_flattened(trainer.Trainer._build_optimizer)
+
+
+# -- 7. checkpoints that survive a kill, one run per save directory ---------------------------------------
+def install_checkpoint_safety() -> None:
+    """Fix 7: atomic checkpoint copies, resume from the newest intact one, a save-directory lock, a missing
+    ``--restore-file`` is an error (``checkpoint_safety.py``)."""
+    from . import checkpoint_safety
+
+    checkpoint_safety.install()
+
+
+# -- 8. one line for a refused or damaged checkpoint ---------------------------------------------------------
+def _one_line_for_checkpoint_errors(main):
+    from .checkpoint_io import CheckpointError
+
+    @functools.wraps(main)
+    def wrapped(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except CheckpointError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(1)
+
+    wrapped._hgrn_one_line = True
+    return wrapped
+
+
+def install_one_line_checkpoint_errors() -> None:
+    """Fix 8: a ``CheckpointError`` (a refused or damaged checkpoint) in a fairseq command is one line on stderr
+    and exit status 1, not a traceback: the ``main`` of every fairseq command module already imported (its
+    ``cli_main`` looks it up when it runs it, after ``--user-dir`` imported the plugin) reports it so."""
+    for module in _cli_modules():
+        main = getattr(module, "main", None)
+        if main is not None and not getattr(main, "_hgrn_one_line", False):
+            module.main = _one_line_for_checkpoint_errors(main)

@@ -2,7 +2,7 @@
 """Test accuracy of an LRA checkpoint, printed and written as JSON.
 
     python scripts/lra_eval.py CHECKPOINT [--data DATA_DIR] [--split test] [--json OUT.json]
-                               [--batch-size 64] [--cpu] [--pad-to-length N]
+                               [--batch-size 64] [--cpu] [--pad-to-length N] [--trust-checkpoint]
 
 Loads the checkpoint with fairseq (model, task and their options from the checkpoint; ``--data``
 replaces the data directory it was trained on; ``--pad-to-length N`` pads every batch to N positions
@@ -63,7 +63,9 @@ def load(checkpoint: str, data: str | None = None, cpu: bool = False, pad_to_len
     import torch
     from fairseq import checkpoint_utils
 
-    import hgrn_fairseq  # noqa: F401  (registers the plugin)
+    import hgrn_fairseq
+
+    hgrn_fairseq.register()  # the plugin, and fairseq's checkpoint loading through checkpoint_io
 
     if not os.path.isfile(checkpoint):
         raise FileNotFoundError(f"checkpoint {checkpoint} not found: train first (bash scripts/train_lra.sh TASK MODEL)")
@@ -242,6 +244,8 @@ def evaluate(checkpoint: str, data: str | None = None, split: str = "test", batc
 
 
 def main(argv=None) -> int:
+    from hgrn_fairseq.checkpoint_io import TRUST_FLAG, TRUST_HELP, trusted_checkpoints
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("checkpoint")
     p.add_argument("--data", default=None, help="data directory (default: the one the checkpoint trained on)")
@@ -251,9 +255,11 @@ def main(argv=None) -> int:
     p.add_argument("--cpu", action="store_true")
     p.add_argument("--pad-to-length", type=int, default=None,
                    help="pad every batch to N positions (default: as the run did; 0 each batch to its longest)")
+    p.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     args = p.parse_args(argv)
     try:
-        result = evaluate(args.checkpoint, args.data, args.split, args.batch_size, args.cpu, args.pad_to_length)
+        with trusted_checkpoints(args.trust_checkpoint):
+            result = evaluate(args.checkpoint, args.data, args.split, args.batch_size, args.cpu, args.pad_to_length)
     except (FileNotFoundError, RuntimeError, ValueError) as e:
         print(f"lra_eval.py: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2

@@ -169,7 +169,8 @@ def predict(model, examples, offset: int, batch_size: int = 64, device: str = "c
 
 def load_checkpoint(path: str, device: str = "cpu"):
     """(model, task config) of a fairseq ``--task mqar`` checkpoint."""
-    import hgrn_fairseq  # noqa: F401  (registers the task, model and criterion)
+    import hgrn_fairseq
+    hgrn_fairseq.register()  # the task, model and criterion
     from fairseq import checkpoint_utils
 
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(

@@ -370,9 +370,9 @@ def checkpoint_progress(save_dir: str) -> Optional[Dict]:
     path = os.path.join(save_dir, "checkpoint_last.pt")
     if not os.path.isfile(path):
         return None
-    import torch
+    from hgrn_fairseq.checkpoint_io import load_checkpoint
 
-    state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    state = load_checkpoint(path, mmap=True)
     extra = state.get("extra_state") or {}
     updates = int((state.get("optimizer_history") or [{}])[-1].get("num_updates", 0))
     return {"updates": updates, "train_s": float(extra.get("previous_training_time", 0.0))}
@@ -815,7 +815,7 @@ def write_reports(results, settings, models, dims, args) -> None:
 
 PREFLIGHT = r"""
 import argparse, sys, types, torch
-import hgrn_fairseq
+import hgrn_fairseq; hgrn_fairseq.register()
 from fairseq.models import ARCH_CONFIG_REGISTRY
 from hgrn_fairseq.models.hgrn_lm import HgrnLanguageModel
 from hgrn_fairseq.tasks.mqar import build_mqar_dictionary

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import hgrn_fairseq
+hgrn_fairseq.register()  # the plugin's models, tasks and criterions, as --user-dir does
 from tests import pyrun
 from tests.lm_corpus import binarise, write_corpus
 
@@ -91,7 +92,7 @@ def wait_for(predicate, proc, timeout=240):
 
 
 def num_updates(path):
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = torch.load(path, map_location="cpu", weights_only=True)
     return state["optimizer_history"][-1]["num_updates"]
 
 
@@ -148,7 +149,7 @@ def test_a_best_without_optimizer_state_newer_than_last_is_not_resumed_from(data
     # evaluation only) after checkpoint_last.pt, so the newer file; resuming from it restarted at update 0
     save, env = trained_to_4(launcher, data, tmp_path)
     best = save / "checkpoint_best.pt"
-    state = torch.load(best, map_location="cpu", weights_only=False)
+    state = torch.load(best, map_location="cpu", weights_only=True)
     del state["last_optimizer_state"]
     torch.save(state, best)
     os.utime(best, (time.time() + 5, time.time() + 5))

@@ -35,7 +35,7 @@ def _train(data, save_dir, entry, extra=()):
 def test_bf16_trains_without_tpu(data, tmp_path, entry):
     r = _train(data, str(tmp_path), entry, ["--bf16"])
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    state = torch.load(os.path.join(tmp_path, "checkpoint_last.pt"), map_location="cpu", weights_only=False)
+    state = torch.load(os.path.join(tmp_path, "checkpoint_last.pt"), map_location="cpu", weights_only=True)
     common = state["cfg"]["common"]
     assert common["bf16"] is True and common["tpu"] is False
     # (the weights in the file are fp32 whatever the training dtype: fairseq's move_to_cpu upcasts)

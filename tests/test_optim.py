@@ -8,7 +8,8 @@ import torch
 from fairseq import optim as fairseq_optim
 from omegaconf import OmegaConf
 
-import hgrn_fairseq  # noqa: F401  (registers the plugin)
+import hgrn_fairseq
+hgrn_fairseq.register()  # the plugin's models, tasks and criterions, as --user-dir does
 from hgrn_fairseq.optim import TorchAdamW, TorchAdamWConfig, total_grad_norm
 
 

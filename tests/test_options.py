@@ -15,7 +15,8 @@ import os
 import pytest
 import torch
 
-import hgrn_fairseq  # noqa: F401  (registers the plugin)
+import hgrn_fairseq
+hgrn_fairseq.register()  # the plugin's models, tasks and criterions, as --user-dir does
 from fairseq import checkpoint_utils, options
 from fairseq.criterions import CRITERION_DATACLASS_REGISTRY
 from fairseq.data import Dictionary

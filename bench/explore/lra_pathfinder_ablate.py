@@ -160,7 +160,9 @@ def run_variant(spec: str, data, meta, args, device, entry: dict, save) -> None:
     print(f"[{spec}] {params:,} parameters, {len(xtr)} training images, {args.steps} steps", flush=True)
     t0, perm, pos, start, spent = time.time(), None, len(xtr), 1, 0.0
     if args.state and os.path.exists(args.state):
-        st = torch.load(args.state, map_location=device, weights_only=False)
+        from hgrn_fairseq.checkpoint_io import load_checkpoint
+
+        st = load_checkpoint(args.state, map_location=device)
         if st["spec"] != spec or st["steps"] != args.steps or st["data"] != meta.get("inputs_fingerprint"):
             raise SystemExit(f"--state {args.state} holds {st['spec']!r} with {st['steps']} steps, not {spec!r} "
                              f"with {args.steps} on these data: give another --state path")

@@ -210,7 +210,9 @@ def main(argv=None) -> int:
         model, bf16 = model.float(), False
     batch_size = args.batch_size or int(cfg.dataset.batch_size)
     stored = {k: v.clone() for k, v in model.state_dict().items()}
-    state = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
+    from hgrn_fairseq.checkpoint_io import load_checkpoint
+
+    state = load_checkpoint(args.checkpoint)
     recorded = recorded_numbers(state, args.recorded)
     result = {
         "checkpoint": os.path.abspath(args.checkpoint),

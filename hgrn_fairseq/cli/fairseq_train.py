@@ -64,7 +64,14 @@ def check_lra_resume(args) -> None:
 
     from hgrn_fairseq.models.hgrn_lra import resume_changes
 
-    cfg = checkpoint_utils.load_checkpoint_to_cpu(path).get("cfg")
+    from hgrn_fairseq.checkpoint_io import CheckpointError, UnsafeCheckpointError
+
+    try:
+        cfg = checkpoint_utils.load_checkpoint_to_cpu(path).get("cfg")
+    except UnsafeCheckpointError as e:
+        sys.exit(f"fairseq_train.py: error: {e}")
+    except CheckpointError:  # damaged: fairseq-train resumes from the newest intact one (checkpoint_safety)
+        return
     if cfg is None:
         return
     changes = resume_changes(cfg, args)

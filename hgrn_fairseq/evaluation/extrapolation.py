@@ -50,6 +50,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
+from ..checkpoint_io import TRUST_FLAG, TRUST_HELP, trusted_checkpoints
 from ..data_checks import DataError
 
 DEFAULT_LENGTHS: Tuple[int, ...] = tuple(range(512, 14336 + 1, 256))
@@ -139,8 +140,10 @@ def check_lengths(lengths: Sequence[int]) -> None:
 # loading
 # --------------------------------------------------------------------------------------------
 def _register_plugins(user_dirs: Sequence[str]) -> None:
-    import hgrn_fairseq  # noqa: F401  (registers hgrn_lm, the tasks, and the torch.load fix)
+    import hgrn_fairseq
     from fairseq import utils
+
+    hgrn_fairseq.register()  # hgrn_lm, the tasks, and the safe checkpoint loading
 
     for user_dir in user_dirs:
         utils.import_user_module(argparse.Namespace(user_dir=user_dir))
@@ -253,11 +256,15 @@ def load_checkpoint_for_eval(
     device: Optional[str] = None,
     dtype: str = "fp32",
     user_dirs: Sequence[str] = (),
+    trust_checkpoint: bool = False,
 ) -> LoadedModel:
     """Load ``checkpoint`` (any fairseq LM: ``hgrn_lm*``, ``transformer_lm``...) for evaluation on
     ``data`` (default: the data directory recorded in the checkpoint). ``split=None``: only the
-    dictionary is needed (text from elsewhere, e.g. the lm-evaluation-harness model)."""
+    dictionary is needed (text from elsewhere, e.g. the lm-evaluation-harness model). ``trust_checkpoint``:
+    unpickle the checkpoint fully (``checkpoint_io.trusted_checkpoints``; only for files you trust)."""
     import torch
+
+    from ..checkpoint_io import trusted_checkpoints
 
     _register_plugins(user_dirs)
     from fairseq import checkpoint_utils
@@ -265,7 +272,8 @@ def load_checkpoint_for_eval(
 
     if not os.path.isfile(checkpoint):
         raise ExtrapolationError(f"checkpoint {checkpoint!r} not found: pass the .pt file fairseq-train saved")
-    state = read_fairseq_checkpoint(checkpoint)
+    with trusted_checkpoints(trust_checkpoint):
+        state = read_fairseq_checkpoint(checkpoint)
     if state.get("args") is not None:
         cfg = convert_namespace_to_omegaconf(state["args"])
         state["args"] = None
@@ -698,6 +706,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--user-dir", action="append", default=[], help="extra fairseq plugin directories")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     return p
 
 
@@ -721,12 +730,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         def on_result(results, info):
             write_reports(results, info, out_dir, plot=False)
 
-        results, info = evaluate_extrapolation(
-            args.checkpoint, args.data, lengths, args.mode, args.split,
-            device="cpu" if args.cpu else None, dtype=args.dtype,
-            lift_max_positions=not args.no_lift_max_positions, user_dirs=args.user_dir,
-            progress=not args.no_progress, on_result=on_result,
-        )
+        with trusted_checkpoints(args.trust_checkpoint):
+            results, info = evaluate_extrapolation(
+                args.checkpoint, args.data, lengths, args.mode, args.split,
+                device="cpu" if args.cpu else None, dtype=args.dtype,
+                lift_max_positions=not args.no_lift_max_positions, user_dirs=args.user_dir,
+                progress=not args.no_progress, on_result=on_result,
+            )
         paths = write_reports(results, info, out_dir, plot=not args.no_plot)
     except (DataError, TokenCountMismatch) as e:
         kind = "token count check failed" if isinstance(e, TokenCountMismatch) else "error"

@@ -53,6 +53,8 @@ import os
 import sys
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from ..checkpoint_io import TRUST_FLAG, TRUST_HELP
+
 INSTALL_HINT = (
     "lm-evaluation-harness is not installed: pip install -e '.[eval]' (or pip install lm_eval==0.4.13) "
     "in this environment"
@@ -205,12 +207,13 @@ class HgrnFairseqLM(TemplateLM):
     ``batch_size``: sequences per forward in ``loglikelihood``; ``rolling_chunk``: tokens per forward
     when a recurrent model reads a long document; ``device``: cpu / cuda (default: cuda if available);
     ``dtype``: fp32 or bf16 (CUDA). ``tokenizer`` / ``spm_model`` / ``gpt2_dir``: see the module docstring.
+    ``trust_checkpoint``: unpickle a checkpoint that holds other Python types fully (only for trusted files).
     """
 
     def __init__(self, path: str, data: Optional[str] = None, batch_size: int = 8, rolling_chunk: int = 2048,
                  max_gen_toks: int = 256, device: Optional[str] = None, dtype: str = "fp32",
                  tokenizer: Optional[str] = None, spm_model: Optional[str] = None, gpt2_dir: Optional[str] = None,
-                 **unused):
+                 trust_checkpoint=False, **unused):
         if _HARNESS_ERROR is not None:
             raise ImportError(INSTALL_HINT) from _HARNESS_ERROR
         super().__init__()
@@ -230,8 +233,9 @@ class HgrnFairseqLM(TemplateLM):
         if dtype == "bf16" and not str(device).startswith("cuda"):
             raise ZeroShotError("dtype=bf16 is for CUDA: use dtype=fp32 on the CPU")
         try:
+            trust = str(trust_checkpoint).strip().lower() in ("1", "true", "yes", "on")
             loaded = load_checkpoint_for_eval(path, data, split=None, device=device, dtype=dtype,
-                                              lift_max_positions=False)
+                                              lift_max_positions=False, trust_checkpoint=trust)
         except DataError as e:  # ExtrapolationError and the task's data checks
             raise ZeroShotError(str(e)) from None
         self.loaded, self.model, self._device = loaded, loaded.model, loaded.device
@@ -482,6 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let Hugging Face datasets use the network (default: offline, HF_DATASETS_OFFLINE=1)")
     p.add_argument("--output", help="write the harness's results (and the model's info) as JSON here")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     return p
 
 
@@ -789,7 +794,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         manager, tasks = load_tasks(names, args.include_path)
         model = HgrnFairseqLM(path=args.path, data=args.data, batch_size=args.batch_size,
                               rolling_chunk=args.rolling_chunk, device=args.device, dtype=args.dtype,
-                              tokenizer=args.tokenizer, spm_model=args.spm_model, gpt2_dir=args.gpt2_dir)
+                              tokenizer=args.tokenizer, spm_model=args.spm_model, gpt2_dir=args.gpt2_dir,
+                              trust_checkpoint=args.trust_checkpoint)
     except (ZeroShotError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

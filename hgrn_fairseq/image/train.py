@@ -36,6 +36,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
+from ..checkpoint_io import TRUST_FLAG, TRUST_HELP
+
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "image"
 CHECKPOINT = "checkpoint_last.pt"
 BEST = "checkpoint_best.pt"
@@ -386,7 +388,7 @@ def count_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def run(cfg, dry_run: bool = False) -> int:
+def run(cfg, dry_run: bool = False, trust_checkpoint: bool = False) -> int:
     from omegaconf import OmegaConf
 
     if OmegaConf.is_missing(cfg.data, "path"):
@@ -436,10 +438,12 @@ def run(cfg, dry_run: bool = False) -> int:
     ok = False
     try:
         if cfg.train.eval_only:
-            code = run_eval_only(cfg, rt, model, val_loader, checkpoint_path, show, plan["classes_sha256"])
+            code = run_eval_only(cfg, rt, model, val_loader, checkpoint_path, show, plan["classes_sha256"],
+                                 trust_checkpoint)
         else:
             code = train_and_log(cfg, rt, model, train_loader, val_loader, sampler, plan, out, show,
-                                 per_gpu, accumulation, lr, batches_per_epoch, updates_per_epoch, num_classes)
+                                 per_gpu, accumulation, lr, batches_per_epoch, updates_per_epoch, num_classes,
+                                 trust_checkpoint)
         ok = True
         return code
     finally:
@@ -475,10 +479,26 @@ def check_classes(state: dict, path: Path, classes_sha256: str) -> None:
                          "differ): evaluate or resume on the data set it was trained on")
 
 
-def run_eval_only(cfg, rt, model, val_loader, checkpoint_path: Path, show: bool, classes_sha256: str) -> int:
+def read_checkpoint(path: Path, trust: bool) -> dict:
+    """``checkpoint_io.load_checkpoint`` of ``path``, its refusal (a damaged file, a type outside the allowlist)
+    raised as ``UsageError``."""
+    from ..checkpoint_io import CheckpointError, load_checkpoint
+
+    try:
+        state = load_checkpoint(path, trust=trust or None)
+    except CheckpointError as e:
+        raise UsageError(str(e)) from None
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        raise UsageError(f"{path} is not a checkpoint of this trainer (no 'model' weights in it): pass train.checkpoint="
+                         "PATH of a checkpoint it wrote")
+    return state
+
+
+def run_eval_only(cfg, rt, model, val_loader, checkpoint_path: Path, show: bool, classes_sha256: str,
+                  trust_checkpoint: bool = False) -> int:
     if not checkpoint_path.is_file():
         raise UsageError(f"train.eval_only: no checkpoint at {checkpoint_path}; pass train.checkpoint=PATH")
-    state = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+    state = read_checkpoint(checkpoint_path, trust_checkpoint)
     check_classes(state, checkpoint_path, classes_sha256)
     model.to(rt.device)
     log = Log(None, rt.main)
@@ -492,7 +512,7 @@ def run_eval_only(cfg, rt, model, val_loader, checkpoint_path: Path, show: bool,
 
 
 def train_loop(cfg, rt, model, train_loader, val_loader, sampler, plan, log, out, show, per_gpu, accumulation,
-               lr, batches_per_epoch, updates_per_epoch, num_classes) -> int:
+               lr, batches_per_epoch, updates_per_epoch, num_classes, trust_checkpoint: bool = False) -> int:
     from timm.optim import create_optimizer_v2
     from timm.scheduler import create_scheduler_v2
     from omegaconf import OmegaConf
@@ -513,7 +533,7 @@ def train_loop(cfg, rt, model, train_loader, val_loader, sampler, plan, log, out
     epoch, batch_in_epoch, num_updates, best_top1, unreadable_total = 0, 0, 0, -1.0, 0
     path = out / CHECKPOINT
     if path.is_file():
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = read_checkpoint(path, trust_checkpoint)
         if state["config"]["model"]["name"] != cfg.model.name:
             raise UsageError(f"{path} holds a {state['config']['model']['name']} run, not {cfg.model.name}: "
                              "pass another train.output_dir")
@@ -677,6 +697,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    "hgrn2_small)")
     p.add_argument("--config-dir", default=None, help=f"folder of the recipes (default {CONFIG_DIR})")
     p.add_argument("--dry-run", action="store_true", help="check the data and the plan, print them, train nothing")
+    p.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     p.add_argument("overrides", nargs="*", help="KEY=VALUE, e.g. model.name=hgrn1d_vit_small optim.epochs=100")
     args = p.parse_args(argv)
     # fairseq's import (through hgrn_fairseq) can leave the root logger at DEBUG: PIL and hydra flood it
@@ -684,7 +705,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.getLogger().setLevel(logging.INFO)
     try:
         cfg = load_config(args.config_name, args.config_dir, args.overrides)
-        return run(cfg, dry_run=args.dry_run)
+        return run(cfg, dry_run=args.dry_run, trust_checkpoint=args.trust_checkpoint)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -6,7 +6,8 @@ import pytest
 import torch
 from fairseq.logging import metrics
 
-import hgrn_fairseq  # noqa: F401  (registers the plugin)
+import hgrn_fairseq
+hgrn_fairseq.register()  # the plugin's models, tasks and criterions, as --user-dir does
 from hgrn_fairseq.criterions.classification_accuracy import ClassificationAccuracyCriterion
 
 

@@ -14,10 +14,12 @@ import pytest
 import torch
 
 from tests import fixtures_corpus
+import hgrn_fairseq
 from hgrn_fairseq.evaluation import extrapolation as ex
 from tests import pyrun
 
 pytestmark = pytest.mark.integration
+hgrn_fairseq.register()  # (_direct_nll loads checkpoints through fairseq before the tool has registered)
 
 TRAIN_LEN = 32
 TRANSFORMER_ARGS = [

@@ -28,7 +28,8 @@ import torch
 
 lm_eval = pytest.importorskip("lm_eval", reason="lm-evaluation-harness is the [eval] extra: pip install -e '.[eval]'")
 
-import hgrn_fairseq  # noqa: E402,F401
+import hgrn_fairseq  # noqa: E402
+hgrn_fairseq.register()  # the plugin's models, tasks and criterions, as --user-dir does
 from hgrn_fairseq.evaluation import lm_eval as ours  # noqa: E402
 from tests.fixtures_corpus import subprocess_env, write_byte_level_gpt2_files  # noqa: E402
 from tests.lm_corpus import write_corpus  # noqa: E402

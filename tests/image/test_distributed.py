@@ -31,7 +31,7 @@ def test_torchrun_two_processes(tmp_path):
     assert len(ev) == 1 and ev[0]["images"] == 6  # 6 validation images over 2 processes, none twice
     # RepeatAugSampler (DeiT's rule): an epoch is as many samples as the data set, 24 / 2 = 12 a process
     # (each image 3 times in the repeated list): 6 batches of 2 = 3 updates of 2 batches
-    state = torch.load(out / "checkpoint_last.pt", weights_only=False)
+    state = torch.load(out / "checkpoint_last.pt", weights_only=True)
     assert (state["epoch"], state["num_updates"]) == (1, 3)
     # one log line per event: only rank 0 writes
     assert sum(1 for e in log if e["event"] == "start") == 1

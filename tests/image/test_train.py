@@ -111,7 +111,7 @@ def test_one_update_evaluation_and_resume(folder, tmp_path, capsys):
     ev = log[2]
     assert ev["images"] == 6 and ev["unreadable_images"] == 0  # 6 classes x 1 validation image
     assert 0 <= ev["top1"] <= ev["top5"] <= 100 and "ema_top1" in ev
-    first = torch.load(out / train.CHECKPOINT, weights_only=False)
+    first = torch.load(out / train.CHECKPOINT, weights_only=True)
     assert (first["num_updates"], first["epoch"], first["batch_in_epoch"]) == (1, 0, 1)
     assert (out / train.BEST).is_file()
     assert os.path.isdir(out / "tensorboard") and os.listdir(out / "tensorboard")
@@ -123,7 +123,7 @@ def test_one_update_evaluation_and_resume(folder, tmp_path, capsys):
     assert log[0] == {**log[0], "event": "resume", "update": 1, "epoch": 0, "batch_in_epoch": 1}
     assert log[0]["changed_settings"] == ["train.max_updates"]
     assert [e["update"] for e in log if e["event"] == "train"] == [2, 3, 4]
-    second = torch.load(out / train.CHECKPOINT, weights_only=False)
+    second = torch.load(out / train.CHECKPOINT, weights_only=True)
     assert second["num_updates"] == 4
     # 24 training images / batch 8 = 3 updates per epoch: update 4 is the first of epoch 1
     assert (second["epoch"], second["batch_in_epoch"]) == (1, 1)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import hgrn_fairseq
+hgrn_fairseq.register()  # the plugin's models, tasks and criterions, as --user-dir does
 from fairseq import options
 from fairseq.data import Dictionary
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf

@@ -13,7 +13,8 @@ import sys
 import pytest
 import torch
 
-import hgrn_fairseq  # noqa: F401  (registers the plugin)
+import hgrn_fairseq
+hgrn_fairseq.register()  # the plugin's models, tasks and criterions, as --user-dir does
 from fairseq import options
 
 from hgrn_fairseq.modules.cuda_graph import GraphedCallCache

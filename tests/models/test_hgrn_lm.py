@@ -12,7 +12,8 @@ import types
 import pytest
 import torch
 
-import hgrn_fairseq  # noqa: F401  (registers the plugin)
+import hgrn_fairseq
+hgrn_fairseq.register()  # the plugin's models, tasks and criterions, as --user-dir does
 from fairseq.data import Dictionary, data_utils
 from fairseq.models import ARCH_CONFIG_REGISTRY
 
@@ -249,7 +250,7 @@ def test_interrupted_training_resumes_with_right_update_and_lr(corpus):
         proc.kill()
         proc.wait()
     assert (save_dir / "checkpoint_last.pt").exists()
-    state = torch.load(save_dir / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    state = torch.load(save_dir / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     saved = state["optimizer_history"][-1]["num_updates"]
     assert saved >= 20 and saved % 10 == 0 and saved < 60
 
@@ -259,7 +260,7 @@ def test_interrupted_training_resumes_with_right_update_and_lr(corpus):
     assert int(first.group(1)) == saved + 1
     # inverse_sqrt after warm-up: lr = LR * sqrt(WARMUP / num_updates)
     assert math.isclose(float(first.group(2)), LR * math.sqrt(WARMUP / (saved + 1)), rel_tol=1e-4)
-    final = torch.load(save_dir / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    final = torch.load(save_dir / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     assert final["optimizer_history"][-1]["num_updates"] == 60
 
 

@@ -7,7 +7,8 @@ import types
 import pytest
 import torch
 
-import hgrn_fairseq  # noqa: F401  (registers the plugin)
+import hgrn_fairseq
+hgrn_fairseq.register()  # the plugin's models, tasks and criterions, as --user-dir does
 from fairseq.models import ARCH_MODEL_REGISTRY, ARCH_CONFIG_REGISTRY
 
 from hgrn_fairseq.models.hgrn_lra import HgrnLraConfig, HgrnLraModel, validate_config

@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import hgrn_fairseq  # noqa: F401  (registers the plugin)
+import hgrn_fairseq
+hgrn_fairseq.register()  # the plugin's models, tasks and criterions, as --user-dir does
 from fairseq import options
 
 from hgrn_fairseq.models.hgrn_lra import HgrnLraConfig, validate_config

@@ -22,7 +22,8 @@ BATCH, SEED, UPDATES = 8, 3, 7
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """(checkpoint path, data dir): an untrained tiny hgrn2_lra_listops saved as fairseq saves a checkpoint."""
-    import hgrn_fairseq  # noqa: F401  (registers the plugin)
+    import hgrn_fairseq
+    hgrn_fairseq.register()  # the plugin's models, tasks and criterions, as --user-dir does
     from fairseq import checkpoint_utils, options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 

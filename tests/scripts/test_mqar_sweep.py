@@ -583,7 +583,7 @@ def tiny_run(out):
 def final_weights(out):
     import torch
 
-    state = torch.load(out / "checkpoints" / TINY_RUN / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    state = torch.load(out / "checkpoints" / TINY_RUN / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     return state["model"], state["last_optimizer_state"]
 
 

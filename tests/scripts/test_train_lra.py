@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-import hgrn_fairseq  # noqa: F401
+import hgrn_fairseq
+hgrn_fairseq.register()  # the plugin's models, tasks and criterions, as --user-dir does
 
 from ..tasks.test_lra_format import write_tiny
 from tests import pyrun
@@ -574,7 +575,7 @@ def test_two_gpu_run_end_to_end_and_resume(tmp_path):
     assert p.returncode == 0, out[-3000:]
     assert "torch.distributed.run --standalone --nproc_per_node 2" in open(save / "logs" / "command.txt").read()
     assert "training on 2 devices" in out, out[-3000:]
-    state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     assert state["cfg"]["distributed_training"]["distributed_world_size"] == 2
     model_cfg = state["cfg"]["model"]  # (a dict in these checkpoints; a Namespace in older fairseq ones)
     norm = model_cfg["norm"] if isinstance(model_cfg, dict) else model_cfg.norm

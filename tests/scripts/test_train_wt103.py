@@ -13,7 +13,8 @@ import warnings
 import pytest
 import torch
 
-import hgrn_fairseq  # noqa: F401  (registers the plugin)
+import hgrn_fairseq
+hgrn_fairseq.register()  # the plugin's models, tasks and criterions, as --user-dir does
 from tests.lm_corpus import write_corpus
 from tests import pyrun
 
@@ -415,12 +416,12 @@ def test_transformer_baseline_size():
 
 # ---- a real run: 5 updates, resume, sample; the hydra config trains the same way ----------------
 def num_updates(checkpoint):
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     return state["optimizer_history"][-1]["num_updates"]
 
 
 def criterion_of(checkpoint):
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     return state["cfg"]["criterion"]["_name"], state["optimizer_history"][-1]["criterion_name"]
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import hgrn_fairseq
+hgrn_fairseq.register()  # the plugin's models, tasks and criterions, as --user-dir does
 from hgrn_fairseq.tasks.checked_language_modeling import CheckedLanguageModelingTask, DataError
 from tests.lm_corpus import binarise, write_corpus
 from tests import pyrun

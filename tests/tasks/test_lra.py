@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-import hgrn_fairseq  # noqa: F401  (registers the plugin)
+import hgrn_fairseq
+hgrn_fairseq.register()  # the plugin's models, tasks and criterions, as --user-dir does
 from hgrn_fairseq.tasks import lra_format as lf
 from hgrn_fairseq.tasks.lra import (
     NORMALISATION,
@@ -513,11 +514,11 @@ def test_append_eos_reaches_the_checkpoint(runs):
     evaluation (scripts/lra_eval.py loads the task from it) appends the same token."""
     rc, out, save_dir = runs["listops_hgrn1_eos"]
     assert rc == 0, out[-3000:]
-    state = torch.load(os.path.join(save_dir, "checkpoint_best.pt"), map_location="cpu", weights_only=False)
+    state = torch.load(os.path.join(save_dir, "checkpoint_best.pt"), map_location="cpu", weights_only=True)
     assert state["cfg"]["task"]["append_eos"] is True
     assert state["task_state"]["hgrn_lra_data"]["append_eos"] is True
     _, _, plain_dir = runs["listops_hgrn2"]
-    plain = torch.load(os.path.join(plain_dir, "checkpoint_best.pt"), map_location="cpu", weights_only=False)
+    plain = torch.load(os.path.join(plain_dir, "checkpoint_best.pt"), map_location="cpu", weights_only=True)
     assert plain["cfg"]["task"]["append_eos"] is False and "append_eos" not in plain["task_state"]["hgrn_lra_data"]
     # scripts/lra_eval.py scores both the way they trained: with the token, and (a checkpoint from before
     # the option existed, its config without the key) without it
@@ -543,7 +544,7 @@ def test_pad_to_length_reaches_the_checkpoint_and_the_evaluation(runs, capsys):
     rc, out, save_dir = runs["listops_hgrn1_unmasked_fixed"]
     assert rc == 0, out[-3000:]
     path = os.path.join(save_dir, "checkpoint_best.pt")
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = torch.load(path, map_location="cpu", weights_only=True)
     assert state["cfg"]["task"]["pad_to_length"] == 30 and state["cfg"]["model"]["unmasked_padding"] is True
 
     scripts = os.path.join(os.path.dirname(PLUGIN), "scripts")
@@ -560,7 +561,7 @@ def test_pad_to_length_reaches_the_checkpoint_and_the_evaluation(runs, capsys):
     assert "unmasked padding, every batch padded to 30" in lra_results.other_runs([r])
     # a checkpoint from before the option (no pad_to_length in its task config): padded to N when asked
     _, _, eos_dir = runs["listops_hgrn1_eos"]
-    old_state = torch.load(os.path.join(eos_dir, "checkpoint_best.pt"), map_location="cpu", weights_only=False)
+    old_state = torch.load(os.path.join(eos_dir, "checkpoint_best.pt"), map_location="cpu", weights_only=True)
     del old_state["cfg"]["task"]["pad_to_length"]
     old = os.path.join(os.path.dirname(eos_dir), "pre_pad_to_checkpoint_best.pt")
     torch.save(old_state, old)
@@ -610,7 +611,7 @@ def test_scratch_positions_reach_the_checkpoint_and_the_evaluation(runs):
     rc, out, save_dir = runs["listops_hgrn1_scratch"]
     assert rc == 0, out[-3000:]
     path = os.path.join(save_dir, "checkpoint_best.pt")
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = torch.load(path, map_location="cpu", weights_only=True)
     assert state["cfg"]["task"]["scratch_positions"] == 3
     assert state["task_state"]["hgrn_lra_data"]["scratch_positions"] == 3
 

@@ -7,7 +7,8 @@ import os
 import numpy as np
 import pytest
 
-import hgrn_fairseq  # noqa: F401  (registers the plugin)
+import hgrn_fairseq
+hgrn_fairseq.register()  # the plugin's models, tasks and criterions, as --user-dir does
 from hgrn_fairseq.tasks import lra_format as lf
 
 LISTOPS_SYMBOLS = [str(i) for i in range(10)] + ["MIN", "MAX", "MED", "SM", "X"]

@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import hgrn_fairseq  # noqa: F401  (registers the plugin)
+import hgrn_fairseq
+hgrn_fairseq.register()  # the plugin's models, tasks and criterions, as --user-dir does
 from fairseq.models import ARCH_CONFIG_REGISTRY
 
 from hgrn_fairseq.criterions.mqar_cross_entropy import MqarCrossEntropyCriterion
