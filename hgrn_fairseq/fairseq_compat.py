@@ -131,10 +131,14 @@ def _help_after_full_parse(parse_args_and_arch):
         parser.parse_known_args = parse_relaxed
         try:
             args, _ = parse_args_and_arch(parser, stripped, True, False, modify_parser)
+        except RuntimeError:  # no or an unknown --arch: fairseq's own help (its options, no arch's)
+            args = None
         finally:
             del parser.parse_known_args
             for action in relaxed:
                 action.required = True
+        if args is None:
+            return parse_args_and_arch(parser, input_args, parse_known, suppress_defaults, modify_parser)
         show_defaults(parser, args)
         parser.print_help()
         sys.exit(0)

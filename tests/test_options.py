@@ -199,6 +199,12 @@ def test_help_without_data_directory_does_not_fail():
     assert "--no-lower-bound" in text and "--tokens-per-sample" in text
 
 
+def test_help_without_an_arch_is_fairseqs_own_help():
+    """``--help`` with no ``--arch`` (fairseq cannot pick an arch's options) prints fairseq's own help."""
+    text = help_text()
+    assert "--max-tokens" in text and "--arch" in text and "Model-specific configuration" not in text
+
+
 # ---- checkpoints written before the rename -----------------------------------------------------
 def legacy_checkpoint(tmp_path, **old):
     """A checkpoint whose model config has the options as they were named before the rename."""
