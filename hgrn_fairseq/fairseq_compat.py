@@ -24,7 +24,8 @@ is registered (``hgrn_fairseq.register()``, run by ``--user-dir hgrn_fairseq``);
    ``checkpoint_last.pt``), shares a save directory between runs and ignores a missing ``--restore-file``:
    ``checkpoint_safety.py``.
 8. ``install_one_line_checkpoint_errors``: fairseq's commands print a traceback for a refused or damaged
-   checkpoint; their ``main`` prints the one-line ``CheckpointError`` message and exits with status 1.
+   checkpoint or unusable data; their ``main`` prints the one-line ``DataError`` message and exits with
+   status 1.
 """
 import argparse
 import functools
@@ -296,15 +297,15 @@ def install_checkpoint_safety() -> None:
     checkpoint_safety.install()
 
 
-# -- 8. one line for a refused or damaged checkpoint ---------------------------------------------------------
+# -- 8. one line for a refused or damaged checkpoint, or data that cannot be used ------------------------------
 def _one_line_for_checkpoint_errors(main):
-    from .checkpoint_io import CheckpointError
+    from .data_checks import DataError  # CheckpointError is one
 
     @functools.wraps(main)
     def wrapped(*args, **kwargs):
         try:
             return main(*args, **kwargs)
-        except CheckpointError as e:
+        except DataError as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(1)
 
@@ -313,7 +314,8 @@ def _one_line_for_checkpoint_errors(main):
 
 
 def install_one_line_checkpoint_errors() -> None:
-    """Fix 8: a ``CheckpointError`` (a refused or damaged checkpoint) in a fairseq command is one line on stderr
+    """Fix 8: a ``DataError`` (a refused or damaged checkpoint, a dictionary the model was not trained with, a
+    damaged split, options the data cannot satisfy) in a fairseq command is one line on stderr
     and exit status 1, not a traceback: the ``main`` of every fairseq command module already imported (its
     ``cli_main`` looks it up when it runs it, after ``--user-dir`` imported the plugin) reports it so."""
     for module in _cli_modules():
