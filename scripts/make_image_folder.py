@@ -134,10 +134,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--val-fraction", type=float, default=0.2)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    # our own checks: one line (p.error would print the usage block first)
     if not 0.0 < args.val_fraction < 1.0:
-        p.error(f"--val-fraction {args.val_fraction} must be in (0, 1)")
+        print(f"make_image_folder.py: error: --val-fraction {args.val_fraction} must be in (0, 1)", file=sys.stderr)
+        return 2
     if args.size < 8:
-        p.error(f"--size {args.size} must be at least 8")
+        print(f"make_image_folder.py: error: --size {args.size} must be at least 8", file=sys.stderr)
+        return 2
     info = {k: v for k, v in vars(args).items() if k != "dest"}
     marker = os.path.join(args.dest, "dataset.json")
     if os.path.isfile(marker):

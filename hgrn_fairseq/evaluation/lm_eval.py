@@ -789,6 +789,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.getLogger("datasets").setLevel(logging.WARNING)
     import lm_eval
 
+    # the inputs first: loading the harness's tasks takes a while and fails on its own terms
+    if not os.path.isfile(args.path):
+        print(f"error: --path {args.path}: checkpoint not found", file=sys.stderr)
+        return 2
+    if args.data is not None and not os.path.isfile(os.path.join(args.data, "dict.txt")):
+        print(f"error: --data {args.data}: {os.path.join(args.data, 'dict.txt')} not found", file=sys.stderr)
+        return 2
     names = [t for t in args.tasks.split(",") if t]
     try:
         manager, tasks = load_tasks(names, args.include_path)
