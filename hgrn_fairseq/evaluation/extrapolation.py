@@ -190,9 +190,13 @@ def check_data_matches_checkpoint(data_dir: str, train_data: Optional[str], embe
     if train_data and os.path.abspath(train_data) != os.path.abspath(data_dir):
         train_dict = os.path.join(train_data, "dict.txt")
         if os.path.isfile(train_dict) and _dict_symbols(train_dict) != _dict_symbols(dict_path):
+            from hgrn_fairseq.data_checks import dictionary_difference, dictionary_record
+
+            trained, given = (dictionary_record(list(Dictionary.load(p).symbols), Dictionary.load(p).nspecial, p)
+                              for p in (train_dict, dict_path))
             raise ExtrapolationError(
                 f"tokenizer mismatch: {dict_path} differs from the training dictionary {train_dict} "
-                f"(same size, different pieces): evaluate on data binarised with the training dictionary"
+                f"({dictionary_difference(trained, given)}): evaluate on data binarised with the training dictionary"
             )
         a, b = _read_marker(train_data), _read_marker(data_dir)
         if a and b and a.get("spm_model_sha256") != b.get("spm_model_sha256"):
