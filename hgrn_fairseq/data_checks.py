@@ -221,8 +221,9 @@ def _read_index(idx: str) -> Tuple[np.dtype, np.ndarray]:
     return dtype, np.array(sizes)
 
 
-def check_split(prefix: str, dictionary_size: int) -> Tuple[int, int]:
-    """Check one binarised split against its index and the dictionary; returns (tokens, largest id)."""
+def check_split_files(prefix: str) -> Tuple[np.dtype, int]:
+    """Check that a binarised split's ``.idx`` is whole and its ``.bin`` holds exactly the tokens it
+    describes, and that there are some; returns (token dtype, tokens). Reads the index only."""
     name = os.path.basename(prefix)
     idx, bin_ = prefix + ".idx", prefix + ".bin"
     missing = [p for p in (idx, bin_) if not os.path.isfile(p)]
@@ -239,6 +240,14 @@ def check_split(prefix: str, dictionary_size: int) -> Tuple[int, int]:
         state = "truncated" if actual < expected_bytes else "longer than its index says"
         raise DataError(f"{bin_} is {state}: {actual} bytes but {idx} describes {num_tokens} tokens "
                         f"({expected_bytes} bytes), so the two are damaged or from different runs: {REBINARISE_HINT}")
+    return dtype, num_tokens
+
+
+def check_split(prefix: str, dictionary_size: int) -> Tuple[int, int]:
+    """Check one binarised split against its index and the dictionary; returns (tokens, largest id)."""
+    name = os.path.basename(prefix)
+    bin_ = prefix + ".bin"
+    dtype, num_tokens = check_split_files(prefix)
     max_id = int(np.memmap(bin_, dtype=dtype, mode="r").max())
     if max_id >= dictionary_size:
         data_dir = os.path.dirname(prefix) or "."

@@ -26,10 +26,13 @@ is registered (``hgrn_fairseq.register()``, run by ``--user-dir hgrn_fairseq``);
 8. ``install_one_line_checkpoint_errors``: fairseq's commands print a traceback for a refused or damaged
    checkpoint or unusable data; their ``main`` prints the one-line ``DataError`` message and exits with
    status 1.
+9. ``install_split_checks``: fairseq reads a damaged or empty binarised split (any task) with a numpy or
+   mmap traceback; ``load_indexed_dataset`` checks the ``.idx`` / ``.bin`` pair first.
 """
 import argparse
 import functools
 import logging
+import os
 import sys
 
 import numpy as np
@@ -49,6 +52,7 @@ def install() -> None:
     install_optimizer_groups()
     install_checkpoint_safety()
     install_one_line_checkpoint_errors()
+    install_split_checks()
 
 
 # -- 1. checkpoints and broadcast state read with weights_only=True ---------------------------------------
@@ -322,3 +326,37 @@ def install_one_line_checkpoint_errors() -> None:
         main = getattr(module, "main", None)
         if main is not None and not getattr(main, "_hgrn_one_line", False):
             module.main = _one_line_for_checkpoint_errors(main)
+
+
+# -- 9. a damaged or empty binarised split, whatever the task ---------------------------------------------
+def _checked_load_indexed_dataset(load):
+    from .data_checks import MMAP_MAGIC, check_split_files
+
+    def mmap_pair(path, impl):
+        """Whether ``path`` names an mmap-format pair (or what is left of one); other formats pass through."""
+        if impl not in (None, "mmap") or not (os.path.isfile(path + ".idx") or os.path.isfile(path + ".bin")):
+            return False
+        if not os.path.isfile(path + ".idx"):
+            return True
+        with open(path + ".idx", "rb") as f:
+            head = f.read(len(MMAP_MAGIC))
+        return MMAP_MAGIC.startswith(head)
+
+    @functools.wraps(load)
+    def wrapped(path, dictionary=None, dataset_impl=None, *args, **kwargs):
+        if mmap_pair(path, dataset_impl):
+            check_split_files(path)
+        return load(path, dictionary, dataset_impl, *args, **kwargs)
+
+    wrapped._hgrn_split_check = True
+    return wrapped
+
+
+def install_split_checks() -> None:
+    """Fix 9: fairseq reads a truncated, mismatched or empty ``.idx`` / ``.bin`` pair with a numpy or mmap
+    traceback (``cannot mmap an empty file``), in any task; its ``load_indexed_dataset`` now checks the
+    pair first (index only, no token read) and raises the one-line ``DataError``."""
+    from fairseq.data import data_utils
+
+    if not getattr(data_utils.load_indexed_dataset, "_hgrn_split_check", False):
+        data_utils.load_indexed_dataset = _checked_load_indexed_dataset(data_utils.load_indexed_dataset)

@@ -8,6 +8,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.integration  # fresh interpreters
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHECK = textwrap.dedent("""
