@@ -16,6 +16,8 @@ from hgrn_fairseq.checkpoint_io import load_checkpoint
 from tests import fixtures_corpus, pyrun
 from tests import hostile_checkpoints as hostile
 
+pytestmark = pytest.mark.integration  # runs the commands
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLUGIN = os.path.join(REPO, "hgrn_fairseq")
 REFUSED = {"os.system": "posix.system", "exec": "builtins.exec", "subprocess": "subprocess.call"}
@@ -215,10 +217,9 @@ def image_run(tmp_path_factory):
     """(image folder, output directory) of a one-update image training run."""
     pytest.importorskip("timm")
     from hgrn_fairseq.image import train
-    from tests.script_module import load_script
+    from scripts import make_image_folder
 
     root = tmp_path_factory.mktemp("img")
-    make_image_folder = load_script(os.path.join(REPO, "scripts", "make_image_folder.py"))
     assert make_image_folder.main(["--dest", str(root / "shapes"), "--per-class", "5", "--size", "16"]) == 0
     out = root / "run"
     assert train.main([f"data.path={root / 'shapes'}", f"train.output_dir={out}", "train.max_updates=1",
