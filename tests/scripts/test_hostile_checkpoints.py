@@ -141,6 +141,30 @@ def test_fairseq_eval_lm_scores_a_written_checkpoint(lm):
     assert proc.returncode == 0 and "Loss (base 2)" in proc.stdout + proc.stderr, proc.stderr[-3000:]
 
 
+def validate_command(data, path):
+    return [sys.executable, "-m", "fairseq_cli.validate", data, "--path", path, "--user-dir", PLUGIN, "--cpu",
+            "--task", "language_modeling", "--tokens-per-sample", "16", "--batch-size", "8", "--num-workers", "0",
+            "--valid-subset", "valid"]
+
+
+@pytest.mark.parametrize("case", ["os.system", "truncated"])
+def test_fairseq_validate(lm, tmp_path, case):
+    data, _, last = lm
+    if case in hostile.WAYS:
+        path, marker = hostile_file(tmp_path, case)
+        assert_one_line_refusal(run(validate_command(data, path)), path, REFUSED[case], *OPT_IN)
+        assert not marker.exists()
+    else:
+        path = damaged_file(tmp_path, case, last)
+        assert_one_line_refusal(run(validate_command(data, path)), path, "cannot be read")
+
+
+def test_fairseq_validate_scores_a_written_checkpoint(lm):
+    data, _, last = lm
+    proc = run(validate_command(data, last))
+    assert proc.returncode == 0 and "valid on 'valid' subset" in proc.stdout + proc.stderr, proc.stderr[-3000:]
+
+
 # -------------------------------------------------------------------------------- the package's own tools
 def extrapolation_command(path, data, *extra):
     return [sys.executable, "-m", "hgrn_fairseq.evaluation.extrapolation", path, data, "--lengths", "16", "--cpu",
