@@ -102,13 +102,25 @@ def read_image_checkpoint(path: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------------- tensors
-def split_shared(state: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, str]]:
-    """(tensors to write, aliases): each tensor contiguous and owning its storage; a name whose tensor is
-    the very same view as an earlier one's (tied weights) becomes ``aliases[name] = earlier name``."""
+def split_shared(state: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, str], Dict[str, Any]]:
+    """(tensors to write, aliases, extra states): each tensor contiguous and owning its storage; a name whose
+    tensor is the very same view as an earlier one's (tied weights) becomes ``aliases[name] = earlier name``;
+    a module's non-tensor extra state (the LM decoder's dictionary record) goes to the JSON config."""
+    import torch
+
     tensors: Dict[str, Any] = {}
     aliases: Dict[str, str] = {}
+    extra: Dict[str, Any] = {}
     seen: Dict[tuple, str] = {}
     for name, t in state.items():
+        if not torch.is_tensor(t):
+            try:
+                json.dumps(t)
+            except (TypeError, ValueError):
+                raise ExportError(f"state entry {name} is a {type(t).__name__} that JSON cannot hold: it cannot "
+                                  "be exported") from None
+            extra[name] = t
+            continue
         if t.device.type != "cpu":
             t = t.cpu()
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
@@ -118,7 +130,7 @@ def split_shared(state: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, str]]
         seen[key] = name
         # a copy of its own: views that share storage without being the same tensor are written apart
         tensors[name] = t.detach().clone().contiguous()
-    return tensors, aliases
+    return tensors, aliases, extra
 
 
 def check_keys(expected, got, weights: str) -> None:
@@ -133,9 +145,13 @@ def check_keys(expected, got, weights: str) -> None:
 
 def load_strict(model, tensors: Dict[str, Any], where: str) -> None:
     """Load ``tensors`` into ``model``; any missing/unexpected key or shape difference is one line."""
+    import torch
+
     expected = model.state_dict()
     check_keys(expected, tensors, where)
     for name, t in tensors.items():
+        if not torch.is_tensor(t):  # a module's extra state
+            continue
         if tuple(t.shape) != tuple(expected[name].shape):
             raise ExportError(f"{where}: {name} has shape {tuple(t.shape)}, the model built from {CONFIG} has "
                               f"{tuple(expected[name].shape)}: export the checkpoint again")
@@ -372,7 +388,7 @@ def export(checkpoint: str, out_dir: str, data: Optional[str] = None, use_ema: b
             raise ExportError(f"--ema is for image trainer checkpoints; {checkpoint} is a fairseq checkpoint")
         config, state, copy_dict, save_dict = export_fairseq(checkpoint, data)
 
-    tensors, aliases = split_shared(state)
+    tensors, aliases, extra = split_shared(state)
     os.makedirs(out_dir, exist_ok=True)
     for name in (WEIGHTS, CONFIG, DICTIONARY):  # --force: nothing of an earlier export survives
         if os.path.exists(os.path.join(out_dir, name)):
@@ -390,7 +406,7 @@ def export(checkpoint: str, out_dir: str, data: Optional[str] = None, use_ema: b
     dtypes = sorted({str(t.dtype).replace("torch.", "") for t in tensors.values()})
     config["weights"] = {"file": WEIGHTS, "sha256": sha256_file(weights), "tensors": len(tensors),
                          "numel": int(sum(t.numel() for t in tensors.values())), "dtypes": dtypes,
-                         "aliases": aliases}
+                         "aliases": aliases, "extra_state": extra}
     tmp = os.path.join(out_dir, CONFIG + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(config, f, indent=1, sort_keys=True)
@@ -440,6 +456,7 @@ def load_exported(directory: str):
         if target not in tensors:
             raise ExportError(f"{weights}: alias {alias} -> {target}, which is not in the file: export it again")
         tensors[alias] = tensors[target]
+    tensors.update(config["weights"].get("extra_state") or {})
     if config["kind"] == "image":
         model = load_image(directory, config)
     else:
