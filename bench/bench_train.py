@@ -447,7 +447,7 @@ def run_worker(args):
 # Driver: runs the workers, assembles JSON and markdown
 # ================================================================================================
 def worker_command(args, name, record_path, loss="fairseq"):
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--record", record_path,
+    cmd = [sys.executable, "-m", "bench.bench_train", "--worker", name, "--record", record_path,
            "--device", args.device, "--kernel-backend", args.kernel_backend, "--amp", args.amp, "--loss", loss]
     if args.quick:
         cmd.append("--quick")
@@ -502,6 +502,7 @@ def run_all(args, jobs):
             # the traceback of a crash) is kept and shown only when the worker fails
             try:
                 proc = subprocess.run(worker_command(args, model, record_path, loss), timeout=limit,
+                                      env=provenance.child_env(),
                                       stderr=None if args.verbose else subprocess.PIPE, text=True)
                 if proc.returncode == 0:
                     status[name] = "ok"

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from bench import bench_train  # same models and loss as the throughput bench
+from bench import bench_train, provenance  # same models and loss as the throughput bench
 
 
 def short_kernel_name(name, width=70):
@@ -140,10 +140,11 @@ def main():
     rows, status = [], {}
     for name in args.models.split(","):
         result = os.path.join(args.out, f"profile_{name}.json")
-        cmd = [sys.executable, __file__, "--out", args.out, "--worker", name, "--result", result,
+        cmd = [sys.executable, "-m", "bench.profile_train", "--out", args.out, "--worker", name, "--result", result,
                "--shapes", args.shapes, "--kernel-backend", args.kernel_backend, "--loss", args.loss, "--device", args.device]
         try:
-            proc = subprocess.run(cmd, timeout=args.timeout_s, capture_output=True, text=True)
+            proc = subprocess.run(cmd, timeout=args.timeout_s, capture_output=True, text=True,
+                                  env=provenance.child_env())
             status[name] = "ok" if proc.returncode == 0 else "failed: " + proc.stderr[-600:]
         except subprocess.TimeoutExpired:
             status[name] = f"timed out after {args.timeout_s} s"

@@ -22,3 +22,11 @@ def git_version(repo: str = REPO) -> Optional[str]:
         return (commit + ("+dirty" if dirty else "")) or None
     except Exception:  # noqa: BLE001 - no git, no repository: the result just says so
         return None
+
+
+def child_env() -> dict:
+    """The environment for a worker started as ``python -m bench.NAME``: the repository root importable
+    wherever the caller's working directory is."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    return env

@@ -27,5 +27,5 @@ def register() -> None:
     _registered = True
 
 
-if "fairseq" in sys.modules:  # imported by fairseq (--user-dir) or after it: register as fairseq expects
+if sys.modules.get("fairseq") is not None:  # imported by fairseq (--user-dir) or after it: register with it
     register()

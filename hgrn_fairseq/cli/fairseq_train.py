@@ -35,6 +35,7 @@ def _bf16_without_tpu(parse_args_and_arch):
         return parsed
 
     parse.__wrapped__ = parse_args_and_arch
+    parse._hgrn_bf16_without_tpu = True
     return parse
 
 
@@ -148,7 +149,8 @@ def main() -> None:
     from fairseq_cli import train
     from fairseq import options
 
-    if not hasattr(options.parse_args_and_arch, "__wrapped__"):
+    # (its own marker: the plugin's --help fix wraps this function too, with functools.wraps)
+    if not getattr(options.parse_args_and_arch, "_hgrn_bf16_without_tpu", False):
         options.parse_args_and_arch = _bf16_without_tpu(options.parse_args_and_arch)
     _log_file_once()
     train.cli_main()
@@ -167,7 +169,7 @@ def _log_file_once() -> None:
 
     from fairseq.logging import progress_bar as module
 
-    if hasattr(module.progress_bar, "__wrapped__"):
+    if getattr(module.progress_bar, "_hgrn_log_once", False):
         return
     make = module.progress_bar
     logger = logging.getLogger(module.__name__)
@@ -180,6 +182,7 @@ def _log_file_once() -> None:
         return make(*args, log_file=log_file, **kwargs)
 
     progress_bar.__wrapped__ = make
+    progress_bar._hgrn_log_once = True
     module.progress_bar = progress_bar
 
 

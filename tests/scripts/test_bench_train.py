@@ -12,7 +12,6 @@ import pytest
 from tests import pyrun
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BENCH = os.path.join(REPO, "bench", "bench_train.py")
 
 
 @pytest.fixture(scope="module")
@@ -116,8 +115,8 @@ def test_cpu_smoke_run(bench, tmp_path):
 @pytest.mark.integration
 def test_workers_run_in_subprocesses_and_budget_is_kept(tmp_path):
     out = tmp_path / "out"
-    proc = pyrun.run([sys.executable, BENCH, "--out", str(out), "--quick", "--device", "cpu",
-                      "--models", "fla_hgrn2"], capture_output=True, text=True, timeout=120)
+    proc = pyrun.run([sys.executable, "-m", "bench.bench_train", "--out", str(out), "--quick", "--device", "cpu",
+                      "--models", "fla_hgrn2"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "bench_train.json").read_text())
     assert summary["status"]["fla_hgrn2"] == "ok"  # the worker ran and reported
@@ -126,9 +125,9 @@ def test_workers_run_in_subprocesses_and_budget_is_kept(tmp_path):
         assert summary["unavailable"]["fla_hgrn2"]
 
     # the worker subprocess gets --loss: a fused-loss row, then the budget
-    proc = pyrun.run([sys.executable, BENCH, "--out", str(out), "--quick", "--device", "cpu",
+    proc = pyrun.run([sys.executable, "-m", "bench.bench_train", "--out", str(out), "--quick", "--device", "cpu",
                       "--models", "hgrn_lm_base", "--loss", "fused", "--shapes", "1x8"],
-                     capture_output=True, text=True, timeout=120)
+                     capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "bench_train.json").read_text())
     assert summary["status"] == {"hgrn_lm_base (fused CE)": "ok"}
@@ -136,9 +135,9 @@ def test_workers_run_in_subprocesses_and_budget_is_kept(tmp_path):
     assert model["criterion"] == "LinearCrossEntropyCriterion" and model["loss"] == "fused"
     assert any(r["kind"] == "train" and r.get("tokens_per_s") for r in summary["records"])
 
-    proc = pyrun.run([sys.executable, BENCH, "--out", str(out), "--quick", "--device", "cpu",
+    proc = pyrun.run([sys.executable, "-m", "bench.bench_train", "--out", str(out), "--quick", "--device", "cpu",
                       "--models", "hgrn_lm_base,transformer_lm", "--budget-s", "5", "--loss", "fairseq,fused"],
-                     capture_output=True, text=True, timeout=120)
+                     capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "bench_train.json").read_text())
     assert all(s.startswith("skipped: the run's time budget") for s in summary["status"].values())
@@ -151,9 +150,9 @@ def test_profile_train_cpu_smoke(tmp_path):
     """bench/profile_train.py (which builds its models and batches through bench_train's helpers) runs
     a tiny model on CPU end to end and reports a row for it."""
     out = tmp_path / "profile"
-    proc = pyrun.run([sys.executable, os.path.join(REPO, "bench", "profile_train.py"), "--out", str(out),
+    proc = pyrun.run([sys.executable, "-m", "bench.profile_train", "--out", str(out),
                       "--device", "cpu", "--models", "hgrn_lm_base", "--shapes", "2x16"],
-                     capture_output=True, text=True, timeout=180)
+                     capture_output=True, text=True, timeout=180, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "profile_train.json").read_text())
     assert summary["status"] == {"hgrn_lm_base": "ok"}, summary["status"]
