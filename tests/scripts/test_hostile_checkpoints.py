@@ -1,6 +1,6 @@
 """Every command that reads a checkpoint refuses a hostile one (its unpickling would create a marker file) in one
 line naming the file, the refused type and the opt-in, with a non-zero exit and the marker never created:
-fairseq-train's resume, fairseq-eval-lm, the extrapolation tool, the lm-evaluation-harness model, the LRA
+fairseq-train's resume, fairseq-eval-lm, -validate, -generate, -interactive, the extrapolation tool, the lm-evaluation-harness model, the LRA
 evaluation and the image trainer (resume and evaluation). Truncated and random-bytes files: one line, no
 traceback. The checkpoints the commands write load without the opt-in; the opt-in loads a legacy file with a
 warning."""
@@ -163,6 +163,21 @@ def test_fairseq_validate_scores_a_written_checkpoint(lm):
     data, _, last = lm
     proc = run(validate_command(data, last))
     assert proc.returncode == 0 and "valid on 'valid' subset" in proc.stdout + proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("command", ["generate", "interactive"])
+def test_fairseq_generate_and_interactive(lm, tmp_path, command):
+    """Both read the checkpoint before any generation: refused there, whatever would follow."""
+    data, _, _ = lm
+    path, marker = hostile_file(tmp_path, "exec")
+    cmd = [sys.executable, "-m", f"fairseq_cli.{command}", data, "--path", path, "--user-dir", PLUGIN, "--cpu",
+           "--task", "language_modeling", "--tokens-per-sample", "16", "--batch-size", "1", "--num-workers", "0"]
+    if command == "generate":
+        cmd += ["--gen-subset", "valid", "--max-len-b", "4"]
+    else:
+        cmd += ["--input", os.devnull]
+    assert_one_line_refusal(run(cmd), path, REFUSED["exec"], *OPT_IN)
+    assert not marker.exists()
 
 
 # -------------------------------------------------------------------------------- the package's own tools
