@@ -1,7 +1,7 @@
 """Every command that reads a checkpoint refuses a hostile one (its unpickling would create a marker file) in one
 line naming the file, the refused type and the opt-in, with a non-zero exit and the marker never created:
-fairseq-train's resume, fairseq-eval-lm, -validate, -generate, -interactive, the extrapolation tool, the lm-evaluation-harness model, the LRA
-evaluation and the image trainer (resume and evaluation). Truncated and random-bytes files: one line, no
+fairseq-train's resume, fairseq-eval-lm, -validate, -generate, -interactive, the extrapolation tool, the
+lm-evaluation-harness model, the LRA evaluation and the image trainer (resume and evaluation). Truncated and random-bytes files: one line, no
 traceback. The checkpoints the commands write load without the opt-in; the opt-in loads a legacy file with a
 warning."""
 import fractions
