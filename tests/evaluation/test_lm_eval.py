@@ -277,7 +277,8 @@ def test_bad_input_is_one_clear_line(trained, tmp_path):
     symbols = open(os.path.join(data, "dict.txt")).read().splitlines()
     # a dictionary of another size, and one of the same size with other words, in other directories
     for name, lines, message in [("smaller", symbols[:-1], "embedding has .* rows"),
-                                 ("other_words", [f"v{i} 1" for i in range(len(symbols))], "same size, different")]:
+                                 ("other_words", [f"v{i} 1" for i in range(len(symbols))],
+                                  r"same size \(\d+ entries\), different symbols: first at id 4 \(dict.txt line 1\)")]:
         other = tmp_path / name
         other.mkdir()
         (other / "dict.txt").write_text("\n".join(lines) + "\n")
