@@ -789,15 +789,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.getLogger("datasets").setLevel(logging.WARNING)
     import lm_eval
 
-    # the inputs first: loading the harness's tasks takes a while and fails on its own terms
-    if not os.path.isfile(args.path):
-        print(f"error: --path {args.path}: checkpoint not found", file=sys.stderr)
-        return 2
-    if args.data is not None and not os.path.isfile(os.path.join(args.data, "dict.txt")):
-        print(f"error: --data {args.data}: {os.path.join(args.data, 'dict.txt')} not found", file=sys.stderr)
-        return 2
     names = [t for t in args.tasks.split(",") if t]
     try:
+        # the inputs first (local task files, then the checkpoint and data): loading the harness's tasks
+        # takes a while and fails on its own terms
+        check_local_tasks(names, args.include_path)
+        if not os.path.isfile(args.path):
+            raise ZeroShotError(f"--path {args.path}: checkpoint not found")
+        if args.data is not None and not os.path.isfile(os.path.join(args.data, "dict.txt")):
+            raise ZeroShotError(f"--data {args.data}: {os.path.join(args.data, 'dict.txt')} not found")
         manager, tasks = load_tasks(names, args.include_path)
         model = HgrnFairseqLM(path=args.path, data=args.data, batch_size=args.batch_size,
                               rolling_chunk=args.rolling_chunk, device=args.device, dtype=args.dtype,

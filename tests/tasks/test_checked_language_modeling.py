@@ -31,7 +31,7 @@ def train_error(data_dir, *extra):
     proc = pyrun.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0, proc.stdout[-2000:]
     last = [line for line in proc.stderr.strip().splitlines() if line.strip()][-1]
-    assert last.startswith("hgrn_fairseq.data_checks.DataError: "), proc.stderr[-3000:]
+    assert last.startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     return last
 
 
