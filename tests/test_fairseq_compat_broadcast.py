@@ -4,6 +4,7 @@ others as a pickle (``fairseq.distributed.utils.broadcast_object``). torch >= 2.
 run whatever the state carried. Two gloo processes on CPU send a checkpoint-like object with an omegaconf
 config (received), then one carrying code (refused on the receiving rank, which runs none of it)."""
 import os
+from datetime import timedelta
 
 import pytest
 import torch
@@ -22,7 +23,10 @@ def _worker(rank, folder):
     from tests.hostile_checkpoints import RunsCode
 
     hgrn_fairseq.register()  # the compat fixes, as --user-dir applies them
-    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=2)
+    # gloo on loopback: a container's hostname may resolve to an interface the peers cannot reach
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=120))
     try:
         sent = None
         if rank == 0:
