@@ -20,13 +20,14 @@ with ``torch.load(weights_only=True)``). OUT_DIR gets:
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
 import sys
 import zipfile
 from typing import Any, Dict, Optional, Sequence, Tuple
+
+from .preprocessing.sentencepiece_bpe import sha256_file
 
 FORMAT = "hgrn-fairseq-export/1"
 WEIGHTS = "model.safetensors"
@@ -43,12 +44,6 @@ class ExportError(ValueError):
     """A checkpoint or export directory that cannot be used: one line naming the file and the fix."""
 
 
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------- reading
